@@ -1,0 +1,40 @@
+// Version of the library and the feature macros the build enabled.
+//
+// The CMake targets elastic::cuda, elastic::nccl, elastic::gloo and elastic::etcd define the
+// matching ELASTIC_WITH_* macro to 1; without them every feature is off and the parts that need
+// it are not included by the umbrella header. Never test __CUDACC__ in public headers: the API
+// has the same shape with or without CUDA.
+#pragma once
+
+#define ELASTIC_VERSION_MAJOR 0
+#define ELASTIC_VERSION_MINOR 1
+#define ELASTIC_VERSION_PATCH 0
+#define ELASTIC_VERSION_STRING "0.1.0"
+
+#ifndef ELASTIC_WITH_CUDA
+#define ELASTIC_WITH_CUDA 0
+#endif
+#ifndef ELASTIC_WITH_NCCL
+#define ELASTIC_WITH_NCCL 0
+#endif
+#ifndef ELASTIC_WITH_GLOO
+#define ELASTIC_WITH_GLOO 0
+#endif
+#ifndef ELASTIC_WITH_ETCD
+#define ELASTIC_WITH_ETCD 0
+#endif
+
+namespace elastic {
+
+/// The library version as a value, for run-time checks and log lines.
+struct version_info {
+  int major;
+  int minor;
+  int patch;
+  const char* string;
+};
+
+inline constexpr version_info version{ELASTIC_VERSION_MAJOR, ELASTIC_VERSION_MINOR,
+                                      ELASTIC_VERSION_PATCH, ELASTIC_VERSION_STRING};
+
+}  // namespace elastic

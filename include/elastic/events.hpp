@@ -1,0 +1,271 @@
+// The structured event log of DESIGN.md: one JSON object per line, appended with O_APPEND so
+// lines from many processes never interleave, so that a killed worker's story outlives it.
+//
+//   {"ts":"2026-11-22T20:28:00.123456Z","event":"watchdog_kill","run_id":"job7","host":"h1",
+//    "pid":4242,"rank":0,"target_pid":4300,"scope":"allreduce",...}
+#pragma once
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <ctime>
+#include <filesystem>
+#include <iterator>
+#include <initializer_list>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include <elastic/detail/env.hpp>
+#include <elastic/error.hpp>
+
+namespace elastic {
+
+namespace events {
+
+/// Where finished lines go. A sink receives one whole line (with its '\n') per call and must
+/// write it with a single write so that concurrent writers never interleave.
+class sink {
+ public:
+  virtual ~sink() = default;
+  /// Writes one line; never throws (an event log must not take training down).
+  virtual void write(std::string_view line) noexcept = 0;
+};
+
+/// Appends to a file opened with O_APPEND; many processes may share the file.
+class file_sink final : public sink {
+ public:
+  /// Opens (creating with mode 0644) `path` for appending; throws elastic::error when it cannot.
+  explicit file_sink(const std::filesystem::path& path)
+      : fd_(::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644)) {
+    if (fd_ < 0) throw os_error("cannot open events file '" + path.string() + "' for appending");
+  }
+  file_sink(const file_sink&) = delete;
+  file_sink& operator=(const file_sink&) = delete;
+  ~file_sink() override { ::close(fd_); }
+
+  void write(std::string_view line) noexcept override {
+    // Regular files opened with O_APPEND take one write() atomically; retry only on EINTR.
+    while (::write(fd_, line.data(), line.size()) < 0 && errno == EINTR) {
+    }
+  }
+
+ private:
+  int fd_;
+};
+
+/// Writes to a descriptor it does not own, such as stderr.
+class fd_sink final : public sink {
+ public:
+  explicit fd_sink(int fd) noexcept : fd_(fd) {}
+  void write(std::string_view line) noexcept override {
+    while (::write(fd_, line.data(), line.size()) < 0 && errno == EINTR) {
+    }
+  }
+
+ private:
+  int fd_;
+};
+
+}  // namespace events
+
+/// A value of an event field: integer, floating point, boolean, string or null.
+class event_value {
+ public:
+  enum class kind { null, boolean, integer, unsigned_integer, floating, string };
+
+  event_value() noexcept = default;
+  event_value(std::nullptr_t) noexcept {}
+  event_value(bool b) noexcept : kind_(kind::boolean), i_(b) {}
+  template <class T>
+    requires(std::is_integral_v<T> && !std::is_same_v<T, bool> && std::is_signed_v<T>)
+  event_value(T v) noexcept : kind_(kind::integer), i_(v) {}
+  template <class T>
+    requires(std::is_integral_v<T> && !std::is_same_v<T, bool> && std::is_unsigned_v<T>)
+  event_value(T v) noexcept : kind_(kind::unsigned_integer), u_(v) {}
+  event_value(double v) noexcept : kind_(kind::floating), d_(v) {}
+  event_value(std::string_view s) noexcept : kind_(kind::string), s_(s) {}
+  event_value(const char* s) noexcept : kind_(kind::string), s_(s) {}
+  event_value(const std::string& s) noexcept : kind_(kind::string), s_(s) {}
+
+  /// Appends this value as JSON.
+  void append_json(fmt::memory_buffer& out) const;
+
+ private:
+  kind kind_ = kind::null;
+  std::int64_t i_ = 0;
+  std::uint64_t u_ = 0;
+  double d_ = 0;
+  std::string_view s_;
+};
+
+/// One `"key": value` pair of an event.
+struct event_field {
+  std::string_view key;
+  event_value value;
+};
+
+namespace detail {
+
+/// Appends `s` as a JSON string literal (quotes included), escaping what JSON requires.
+inline void append_json_string(fmt::memory_buffer& out, std::string_view s) {
+  out.push_back('"');
+  for (char c : s) {
+    auto u = static_cast<unsigned char>(c);
+    switch (c) {
+      case '"': out.append(std::string_view("\\\"")); break;
+      case '\\': out.append(std::string_view("\\\\")); break;
+      case '\n': out.append(std::string_view("\\n")); break;
+      case '\r': out.append(std::string_view("\\r")); break;
+      case '\t': out.append(std::string_view("\\t")); break;
+      default:
+        if (u < 0x20) {
+          fmt::format_to(std::back_inserter(out), "\\u{:04x}", static_cast<unsigned>(u));
+        } else {
+          out.push_back(c);
+        }
+    }
+  }
+  out.push_back('"');
+}
+
+/// The current UTC time as RFC 3339 with microseconds: 2026-11-22T20:28:00.123456Z.
+inline void append_rfc3339_now(fmt::memory_buffer& out) {
+  timespec ts;
+  ::clock_gettime(CLOCK_REALTIME, &ts);
+  std::tm tm{};
+  ::gmtime_r(&ts.tv_sec, &tm);
+  fmt::format_to(std::back_inserter(out), "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:06}Z",
+                 tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                 ts.tv_nsec / 1000);
+}
+
+}  // namespace detail
+
+inline void event_value::append_json(fmt::memory_buffer& out) const {
+  auto it = std::back_inserter(out);
+  switch (kind_) {
+    case kind::null: out.append(std::string_view("null")); break;
+    case kind::boolean: out.append(i_ ? std::string_view("true") : std::string_view("false")); break;
+    case kind::integer: fmt::format_to(it, "{}", i_); break;
+    case kind::unsigned_integer: fmt::format_to(it, "{}", u_); break;
+    case kind::floating:
+      // JSON has no NaN or infinity.
+      if (d_ != d_ || d_ - d_ != 0) {
+        out.append(std::string_view("null"));
+      } else {
+        fmt::format_to(it, "{}", d_);
+      }
+      break;
+    case kind::string: detail::append_json_string(out, s_); break;
+  }
+}
+
+/// Who writes the events: the common fields of every line.
+struct event_identity {
+  std::string run_id;       ///< ELASTIC_RUN_ID, or empty
+  std::string host;         ///< gethostname()
+  std::optional<long> rank; ///< ELASTIC_RANK when set
+
+  /// Reads ELASTIC_RUN_ID and ELASTIC_RANK (a malformed rank is left out) and the host name.
+  static event_identity from_env() {
+    event_identity id;
+    id.run_id = elastic::detail::env_string("ELASTIC_RUN_ID").value_or("");
+    id.rank = elastic::detail::env_index_or_none("ELASTIC_RANK");
+    char host[256] = {};
+    if (::gethostname(host, sizeof host - 1) == 0) id.host = host;
+    return id;
+  }
+};
+
+/// A JSON-lines event log. Copies share the sink. Emitting is thread-safe and lock-free: each
+/// line is formatted in a local buffer and handed to the sink in one write.
+class event_log {
+ public:
+  /// A log that drops everything.
+  event_log() = default;
+
+  /// A log writing to `sink` with the given common fields.
+  explicit event_log(std::shared_ptr<events::sink> sink,
+                     event_identity identity = event_identity::from_env())
+      : sink_(std::move(sink)), id_(std::move(identity)) {}
+
+  /// Appends to `path` (created if missing).
+  static event_log to_file(const std::filesystem::path& path,
+                           event_identity identity = event_identity::from_env()) {
+    return event_log(std::make_shared<events::file_sink>(path), std::move(identity));
+  }
+
+  /// Appends to the file named by ELASTIC_EVENTS; without it, writes to stderr.
+  static event_log from_env() {
+    if (auto path = elastic::detail::env_string("ELASTIC_EVENTS")) return to_file(*path);
+    return event_log(std::make_shared<events::fd_sink>(STDERR_FILENO));
+  }
+
+  [[nodiscard]] bool enabled() const noexcept { return sink_ != nullptr; }
+  [[nodiscard]] const event_identity& identity() const noexcept { return id_; }
+  void set_rank(std::optional<long> rank) { id_.rank = rank; }
+
+  /// The line `emit` would write, without its newline.
+  [[nodiscard]] std::string format(std::string_view event,
+                                   std::initializer_list<event_field> fields = {}) const {
+    fmt::memory_buffer buf;
+    format_to(buf, event, fields);
+    return std::string(buf.data(), buf.size());
+  }
+
+  /// Writes one event. Never throws: a failure to log is dropped, not turned into a crash.
+  void emit(std::string_view event, std::initializer_list<event_field> fields = {}) const noexcept {
+    if (!sink_) return;
+    try {
+      fmt::memory_buffer buf;
+      format_to(buf, event, fields);
+      buf.push_back('\n');
+      sink_->write(std::string_view(buf.data(), buf.size()));
+    } catch (...) {
+    }
+  }
+
+ private:
+  void format_to(fmt::memory_buffer& buf, std::string_view event,
+                 std::initializer_list<event_field> fields) const {
+    auto key = [&](std::string_view k) {
+      buf.push_back(',');
+      detail::append_json_string(buf, k);
+      buf.push_back(':');
+    };
+    buf.append(std::string_view("{\"ts\":\""));
+    detail::append_rfc3339_now(buf);
+    buf.append(std::string_view("\",\"event\":"));
+    detail::append_json_string(buf, event);
+    key("run_id");
+    detail::append_json_string(buf, id_.run_id);
+    key("host");
+    detail::append_json_string(buf, id_.host);
+    key("pid");
+    fmt::format_to(std::back_inserter(buf), "{}", static_cast<long>(::getpid()));
+    if (id_.rank) {
+      key("rank");
+      fmt::format_to(std::back_inserter(buf), "{}", *id_.rank);
+    }
+    for (const auto& f : fields) {
+      key(f.key);
+      f.value.append_json(buf);
+    }
+    buf.push_back('}');
+  }
+
+  std::shared_ptr<events::sink> sink_;
+  event_identity id_;
+};
+
+}  // namespace elastic

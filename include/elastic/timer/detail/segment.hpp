@@ -1,0 +1,294 @@
+// Creating, adopting and opening the watchdog's shared-memory segment, with every check that
+// keeps a wrong segment from being used or overwritten.
+//
+// The serving watchdog holds an exclusive flock on the segment for as long as it lives; the
+// kernel drops it when the watchdog dies, however it dies. So "is a watchdog serving this
+// segment?" is one non-blocking flock, with no pid to go stale, and a new watchdog can adopt the
+// segment of a dead one (its slots, and so the deadlines of running workers, carry on).
+#pragma once
+
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <boost/interprocess/mapped_region.hpp>
+#include <boost/interprocess/shared_memory_object.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+
+#include <elastic/detail/process.hpp>
+#include <elastic/error.hpp>
+#include <elastic/timer/detail/table.hpp>
+
+namespace elastic::timer::detail {
+
+namespace bip = boost::interprocess;
+
+/// Longest segment name accepted (the shm name adds a prefix; NAME_MAX is 255).
+inline constexpr std::size_t max_segment_name = 200;
+
+/// Throws errc::bad_name unless `name` is 1..200 characters of [A-Za-z0-9._-], not starting
+/// with '.' or '-'.
+inline void validate_segment_name(std::string_view name) {
+  auto bad = [&](const std::string& why) {
+    throw error(errc::bad_name, "watchdog segment name '" + std::string(name) + "' " + why +
+                                    ": use 1 to 200 characters of A-Z a-z 0-9 . _ -");
+  };
+  if (name.empty()) bad("is empty");
+  if (name.size() > max_segment_name) bad("is " + std::to_string(name.size()) + " characters long");
+  if (name.front() == '.' || name.front() == '-') bad("starts with '" + std::string(1, name.front()) + "'");
+  for (char c : name) {
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '.' || c == '_' || c == '-';
+    if (!ok) {
+      auto u = static_cast<unsigned char>(c);
+      bad(u < 0x20 || u >= 0x7f ? "holds a control or non-ASCII byte"
+                                : "holds the character '" + std::string(1, c) + "'");
+    }
+  }
+}
+
+/// The POSIX shared-memory object behind a segment name (/dev/shm/elastic-timer.NAME).
+inline std::string shm_object_name(std::string_view name) {
+  return "elastic-timer." + std::string(name);
+}
+
+/// A mapped watchdog segment. Move-only; unmaps and closes on destruction (and so releases the
+/// watchdog's lock); it unlinks the name only when asked with remove().
+class segment {
+ public:
+  segment() = default;
+
+  /// For a watchdog: creates the segment with `slot_count` slots and mode 0600, or adopts an
+  /// existing one whose watchdog is gone (keeping its slots and their deadlines). Throws
+  /// already_running when a live watchdog serves it, owner_mismatch when another user made it,
+  /// version_mismatch or corrupt when it is not a segment this build can read; none of these
+  /// writes a byte to the existing segment.
+  static segment create_or_adopt(std::string_view name, std::uint32_t slot_count) {
+    validate_segment_name(name);
+    if (slot_count == 0 || slot_count > (1u << 20)) {
+      throw error(errc::invalid_argument, "watchdog capacity " + std::to_string(slot_count) +
+                                              " slots is out of range: use 1 to 1048576");
+    }
+    segment s;
+    s.name_ = std::string(name);
+    const std::string obj = shm_object_name(name);
+    // Create-or-open loop: the object may vanish between a failed create and the open.
+    for (int attempt = 0;; ++attempt) {
+      try {
+        bip::permissions perm;
+        perm.set_permissions(0600);
+        s.shm_ = bip::shared_memory_object(bip::create_only, obj.c_str(), bip::read_write, perm);
+        s.created_ = true;
+        break;
+      } catch (const bip::interprocess_exception& e) {
+        if (e.get_native_error() != EEXIST) throw open_error(name, e);
+      }
+      try {
+        s.shm_ = bip::shared_memory_object(bip::open_only, obj.c_str(), bip::read_write);
+        break;
+      } catch (const bip::interprocess_exception& e) {
+        if (e.get_native_error() != ENOENT || attempt > 100) throw open_error(name, e);
+      }
+    }
+    s.check_owner();
+    if (::flock(s.fd(), LOCK_EX | LOCK_NB) != 0) {
+      if (errno != EWOULDBLOCK) throw os_error("cannot lock watchdog segment '" + s.name_ + "'");
+      std::string who = s.peek_watchdog_pid();
+      throw error(errc::already_running,
+                  "watchdog segment '" + s.name_ + "' is already served by a live watchdog" + who +
+                      ": stop it first or choose another --name");
+    }
+    // We hold the lock: no other watchdog touches the segment until we drop it.
+    const auto size = s.file_size();
+    if (size == 0) {
+      s.initialize(slot_count);
+    } else if (size < sizeof(segment_header)) {
+      throw error(errc::corrupt, "watchdog segment '" + s.name_ + "' is " + std::to_string(size) +
+                                     " bytes, too small for a header: it is not ours; remove /dev/shm/" +
+                                     obj + " if it is stale, or choose another --name");
+    } else {
+      s.map();
+      auto& h = s.table().header();
+      if (h.magic.load(std::memory_order_acquire) == 0 && s.all_zero()) {
+        // A watchdog died while creating it; no worker ever used it.
+        s.region_ = bip::mapped_region();
+        s.initialize(slot_count);
+      } else {
+        s.validate();
+        s.adopted_ = true;
+      }
+    }
+    auto& h = s.table().header();
+    h.watchdog_start_time.store(elastic::detail::process_start_time(::getpid()), std::memory_order_relaxed);
+    h.watchdog_pid.store(static_cast<std::int32_t>(::getpid()), std::memory_order_release);
+    return s;
+  }
+
+  /// For a worker: opens an existing segment and checks it. Waits up to `ready_timeout` for a
+  /// watchdog that is still initializing it.
+  static segment open(std::string_view name,
+                      std::chrono::milliseconds ready_timeout = std::chrono::milliseconds(2000)) {
+    validate_segment_name(name);
+    segment s;
+    s.name_ = std::string(name);
+    const std::string obj = shm_object_name(name);
+    try {
+      s.shm_ = bip::shared_memory_object(bip::open_only, obj.c_str(), bip::read_write);
+    } catch (const bip::interprocess_exception& e) {
+      throw open_error(name, e);
+    }
+    s.check_owner();
+    const auto until = std::chrono::steady_clock::now() + ready_timeout;
+    for (;;) {
+      if (s.file_size() >= sizeof(segment_header)) {
+        if (!s.region_.get_address()) s.map();
+        if (s.table().header().magic.load(std::memory_order_acquire) != 0) break;
+      }
+      if (std::chrono::steady_clock::now() >= until) {
+        throw error(errc::corrupt, "watchdog segment '" + s.name_ +
+                                       "' was never initialized: its watchdog died while creating "
+                                       "it; restart the watchdog");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    s.validate();
+    return s;
+  }
+
+  [[nodiscard]] table_view table() const noexcept { return table_view(region_.get_address()); }
+  [[nodiscard]] const std::string& name() const noexcept { return name_; }
+  /// True when create_or_adopt() found the segment of a dead watchdog and took it over.
+  [[nodiscard]] bool adopted() const noexcept { return adopted_; }
+  [[nodiscard]] int fd() const noexcept { return shm_.get_mapping_handle().handle; }
+
+  /// Unlinks the name; workers that have it mapped keep their mapping.
+  void remove() noexcept {
+    if (!name_.empty()) bip::shared_memory_object::remove(shm_object_name(name_).c_str());
+  }
+
+  /// Removes the segment named `name` if it exists; true when something was removed.
+  static bool remove(std::string_view name) {
+    validate_segment_name(name);
+    return bip::shared_memory_object::remove(shm_object_name(name).c_str());
+  }
+
+ private:
+  static error open_error(std::string_view name, const bip::interprocess_exception& e) {
+    const int err = e.get_native_error();
+    const std::string n(name);
+    if (err == ENOENT) {
+      return error(errc::not_found, "no watchdog segment '" + n + "': start `elastic-watchdog --name " + n +
+                                        "` (or run under elastic-run), or unset ELASTIC_WATCHDOG");
+    }
+    if (err == EACCES || err == EPERM) {
+      return error(errc::owner_mismatch,
+                   "watchdog segment '" + n + "' belongs to another user (mode 0600): run as that "
+                   "user or choose another --name",
+                   std::error_code(err, std::generic_category()));
+    }
+    return error(errc::os_error, "cannot open watchdog segment '" + n + "': " + e.what(),
+                 std::error_code(err, std::generic_category()));
+  }
+
+  [[nodiscard]] std::uint64_t file_size() const {
+    struct stat st{};
+    if (::fstat(fd(), &st) != 0) throw os_error("cannot stat watchdog segment '" + name_ + "'");
+    return static_cast<std::uint64_t>(st.st_size);
+  }
+
+  void check_owner() const {
+    struct stat st{};
+    if (::fstat(fd(), &st) != 0) throw os_error("cannot stat watchdog segment '" + name_ + "'");
+    if (st.st_uid != ::geteuid()) {
+      throw error(errc::owner_mismatch,
+                  "watchdog segment '" + name_ + "' belongs to uid " + std::to_string(st.st_uid) +
+                      ", not to this process's uid " + std::to_string(::geteuid()) +
+                      ": run as that user or choose another --name");
+    }
+  }
+
+  void map() { region_ = bip::mapped_region(shm_, bip::read_write); }
+
+  [[nodiscard]] bool all_zero() const noexcept {
+    const auto* p = static_cast<const unsigned char*>(region_.get_address());
+    for (std::size_t i = 0; i < region_.get_size(); ++i)
+      if (p[i] != 0) return false;
+    return true;
+  }
+
+  /// Fills a fresh (or abandoned, all-zero) segment and publishes its magic last, so a worker
+  /// never sees a half-written header.
+  void initialize(std::uint32_t slot_count) {
+    const std::size_t bytes = segment_bytes(slot_count);
+    shm_.truncate(static_cast<bip::offset_t>(bytes));
+    map();
+    auto& h = table().header();
+    h.layout_version = layout_version;
+    h.slot_count = slot_count;
+    h.scopes_per_slot = scopes_per_slot;
+    h.slot_bytes = sizeof(slot);
+    h.owner_uid = ::geteuid();
+    h.total_bytes = bytes;
+    h.default_signal.store(SIGKILL, std::memory_order_relaxed);
+    h.next_wake_ns.store(0, std::memory_order_relaxed);
+    for (std::uint32_t i = 0; i < slot_count; ++i) table().at(i).head.rank.store(-1, std::memory_order_relaxed);
+    h.magic.store(segment_magic, std::memory_order_release);
+  }
+
+  /// Checks a published header against this build; throws without writing anything.
+  void validate() const {
+    const auto& h = table().header();
+    const std::string path = "/dev/shm/" + shm_object_name(name_);
+    const std::uint64_t magic = h.magic.load(std::memory_order_acquire);
+    if (magic != segment_magic) {
+      throw error(errc::corrupt, "'" + path + "' is not an elastic watchdog segment (bad magic): "
+                                 "remove it if it is stale, or choose another --name");
+    }
+    if (h.layout_version != layout_version) {
+      throw error(errc::version_mismatch,
+                  "watchdog segment '" + name_ + "' was created by layout v" +
+                      std::to_string(h.layout_version) + ", this build reads v" +
+                      std::to_string(layout_version) +
+                      ": stop the old watchdog and workers, or choose another --name");
+    }
+    if (h.owner_uid != ::geteuid()) {
+      throw error(errc::owner_mismatch, "watchdog segment '" + name_ + "' records owner uid " +
+                                            std::to_string(h.owner_uid) + ", this process runs as uid " +
+                                            std::to_string(::geteuid()) + ": choose another --name");
+    }
+    if (h.scopes_per_slot != scopes_per_slot || h.slot_bytes != sizeof(slot) || h.slot_count == 0 ||
+        h.total_bytes != segment_bytes(h.slot_count) || file_size() < h.total_bytes ||
+        region_.get_size() < h.total_bytes) {
+      throw error(errc::corrupt, "watchdog segment '" + name_ + "' has an inconsistent header (" +
+                                     std::to_string(file_size()) + " bytes for " +
+                                     std::to_string(h.slot_count) + " slots): remove " + path +
+                                     " if it is stale, or choose another --name");
+    }
+  }
+
+  /// " (pid N)" when the header names the serving watchdog, for messages.
+  [[nodiscard]] std::string peek_watchdog_pid() {
+    try {
+      if (file_size() < sizeof(segment_header)) return {};
+      map();
+      int pid = table().header().watchdog_pid.load(std::memory_order_acquire);
+      return pid > 0 ? " (pid " + std::to_string(pid) + ")" : std::string();
+    } catch (...) {
+      return {};
+    }
+  }
+
+  bip::shared_memory_object shm_;
+  bip::mapped_region region_;
+  std::string name_;
+  bool created_ = false;
+  bool adopted_ = false;
+};
+
+}  // namespace elastic::timer::detail

@@ -1,0 +1,163 @@
+// Layout of the watchdog's shared-memory table, and the protocol by which workers write it and
+// the watchdog reads it. Every process that maps the segment relies on what is written here.
+//
+//   [segment_header][slot 0][slot 1]...[slot N-1]
+//   slot = [slot_header][scope_entry 0]...[scope_entry K-1]
+//
+// Who writes what:
+//   - segment_header: the watchdog, except `slots_high_water`, `table_full` (workers, atomic RMW)
+//     and `doorbell` (workers ring it).
+//   - slot_header.owner: claimed by a worker thread with a CAS from 0; released by that thread,
+//     or by the watchdog once the owning process is gone.
+//   - everything else in a slot: only the owning thread, while it owns the slot.
+// The watchdog never writes a slot it does not reclaim, so a worker's hot path never contends.
+//
+// Torn reads: an entry is live while its `generation` is non-zero. A worker writes the fields of
+// a free entry (generation 0) and then publishes a generation no other push of this slot has
+// used; it clears the generation to pop. The watchdog reads generation, fields, generation again
+// (with the fences of a sequence lock) and trusts the fields only if both reads match. A scope's
+// deadline may also change while live (extend()); it is one atomic word, so either value is
+// consistent with the rest of the entry.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string_view>
+
+namespace elastic::timer::detail {
+
+/// "ELWDOG01" read as a little-endian integer: the first 8 bytes of every segment.
+inline constexpr std::uint64_t segment_magic = 0x3130474F'44574C45ULL;
+/// Bumped on any change to the structs below. Offsets 0 (magic) and 8 (layout_version) never
+/// move, so every version can read another's version number and refuse it clearly.
+inline constexpr std::uint32_t layout_version = 1;
+
+inline constexpr std::uint32_t default_slot_count = 4096;
+inline constexpr std::uint32_t scopes_per_slot = 32;
+inline constexpr std::size_t scope_name_bytes = 32;  ///< 31 characters and a NUL
+
+static_assert(std::atomic<std::uint64_t>::is_always_lock_free);
+static_assert(std::atomic<std::int64_t>::is_always_lock_free);
+static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
+static_assert(sizeof(std::atomic<std::uint64_t>) == 8 && sizeof(std::atomic<std::int32_t>) == 4,
+              "atomics must have the size of their values to be shared between processes");
+
+/// One timer scope: a deadline with a name and a signal.
+struct alignas(64) scope_entry {
+  std::atomic<std::uint64_t> generation;  ///< 0: free; otherwise unique within the slot
+  std::atomic<std::int64_t> deadline_ns;  ///< CLOCK_MONOTONIC
+  std::atomic<std::int64_t> entered_ns;   ///< CLOCK_MONOTONIC when the scope began
+  std::atomic<std::int32_t> signal;       ///< 0: the watchdog's default
+  std::atomic<std::uint32_t> reserved;
+  std::atomic<std::uint64_t> name[scope_name_bytes / 8];  ///< NUL-padded, truncated
+};
+static_assert(sizeof(scope_entry) == 64);
+
+/// Per-thread bookkeeping in front of the thread's stack of scopes.
+struct alignas(64) slot_header {
+  std::atomic<std::uint64_t> owner;       ///< pid of the owning process; 0: free
+  std::atomic<std::uint64_t> start_time;  ///< owner's start time (see proc_stat); 0 while claiming
+  std::atomic<std::int32_t> tid;          ///< owning thread
+  std::atomic<std::int32_t> rank;         ///< ELASTIC_RANK of the owner, -1 unknown
+  std::atomic<std::uint32_t> depth;       ///< entries [0, depth) may be live
+  std::atomic<std::uint32_t> dropped;     ///< scopes not watched because the stack was full
+  std::atomic<std::uint64_t> generation;  ///< next generation base; survives owners
+};
+
+struct alignas(64) slot {
+  slot_header head;
+  scope_entry scopes[scopes_per_slot];
+};
+static_assert(sizeof(slot) == 64 * (1 + scopes_per_slot));
+
+/// The first bytes of the segment.
+struct alignas(64) segment_header {
+  std::atomic<std::uint64_t> magic;  ///< written last when the segment is created
+  std::uint32_t layout_version;
+  std::uint32_t slot_count;
+  std::uint32_t scopes_per_slot;
+  std::uint32_t slot_bytes;
+  std::uint32_t owner_uid;
+  std::uint32_t reserved0;
+  std::uint64_t total_bytes;
+  std::atomic<std::int32_t> watchdog_pid;   ///< the serving watchdog; 0 when none
+  std::atomic<std::int32_t> default_signal; ///< what a scope with signal 0 gets
+  std::atomic<std::uint64_t> watchdog_start_time;
+  std::atomic<std::uint32_t> slots_high_water;  ///< slots at or above this were never claimed
+  std::atomic<std::uint32_t> reserved1;
+  std::atomic<std::uint64_t> table_full;  ///< scopes not watched because no slot was free
+
+  // Its own cache line: read by workers on every scope entry, written by the watchdog once per
+  // scan, so it must not share a line with anything workers write.
+  alignas(64) std::atomic<std::int64_t> next_wake_ns;  ///< when the watchdog looks next
+  std::atomic<std::uint32_t> doorbell;  ///< futex word: workers bump it to wake the watchdog
+};
+static_assert(offsetof(segment_header, magic) == 0);
+static_assert(offsetof(segment_header, layout_version) == 8);
+
+/// Bytes of a segment with `slot_count` slots.
+constexpr std::size_t segment_bytes(std::uint32_t slot_count) noexcept {
+  return sizeof(segment_header) + std::size_t{slot_count} * sizeof(slot);
+}
+
+/// Copies `name` into an entry's name words (relaxed stores: the generation publishes them).
+inline void store_name(scope_entry& e, std::string_view name) noexcept {
+  char buf[scope_name_bytes] = {};
+  std::memcpy(buf, name.data(), name.size() < scope_name_bytes - 1 ? name.size() : scope_name_bytes - 1);
+  for (std::size_t i = 0; i < scope_name_bytes / 8; ++i) {
+    std::uint64_t w;
+    std::memcpy(&w, buf + 8 * i, 8);
+    e.name[i].store(w, std::memory_order_relaxed);
+  }
+}
+
+/// A consistent copy of a live entry, as the watchdog sees it.
+struct entry_snapshot {
+  std::uint64_t generation = 0;
+  std::int64_t deadline_ns = 0;
+  std::int64_t entered_ns = 0;
+  std::int32_t signal = 0;
+  char name[scope_name_bytes] = {};
+};
+
+/// Reads `e` if it is live and not being rewritten. Returns false for a free entry or one that
+/// changed during the read (the caller looks again at its next scan).
+inline bool read_entry(const scope_entry& e, entry_snapshot& out) noexcept {
+  std::uint64_t g = e.generation.load(std::memory_order_acquire);
+  if (g == 0) return false;
+  out.deadline_ns = e.deadline_ns.load(std::memory_order_relaxed);
+  out.entered_ns = e.entered_ns.load(std::memory_order_relaxed);
+  out.signal = e.signal.load(std::memory_order_relaxed);
+  for (std::size_t i = 0; i < scope_name_bytes / 8; ++i) {
+    std::uint64_t w = e.name[i].load(std::memory_order_relaxed);
+    std::memcpy(out.name + 8 * i, &w, 8);
+  }
+  std::atomic_thread_fence(std::memory_order_acquire);
+  if (e.generation.load(std::memory_order_relaxed) != g) return false;
+  out.name[scope_name_bytes - 1] = '\0';
+  out.generation = g;
+  return true;
+}
+
+/// A mapped table: the header and its slots. Cheap to copy; owns nothing.
+class table_view {
+ public:
+  table_view() = default;
+  explicit table_view(void* base) noexcept : base_(static_cast<std::byte*>(base)) {}
+
+  [[nodiscard]] segment_header& header() const noexcept {
+    return *reinterpret_cast<segment_header*>(base_);
+  }
+  [[nodiscard]] std::uint32_t slot_count() const noexcept { return header().slot_count; }
+  [[nodiscard]] slot& at(std::uint32_t i) const noexcept {
+    return reinterpret_cast<slot*>(base_ + sizeof(segment_header))[i];
+  }
+  [[nodiscard]] explicit operator bool() const noexcept { return base_ != nullptr; }
+
+ private:
+  std::byte* base_ = nullptr;
+};
+
+}  // namespace elastic::timer::detail

@@ -1,0 +1,159 @@
+// Timer scopes: a region of code that must finish before a deadline, or its process is killed
+// by the watchdog.
+//
+//   {
+//     auto guard = elastic::expires(30s, "allreduce");
+//     do_allreduce();
+//   }  // deadline cleared here
+//
+// Entering and leaving a scope is a handful of stores to this thread's slot in shared memory:
+// no lock, no allocation (after the thread's first scope), and no system call, except that a
+// scope whose deadline falls before the watchdog's next planned look rings its doorbell (one
+// futex wake), so short deadlines are enforced as promptly as long ones.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <string_view>
+
+#include <elastic/detail/clock.hpp>
+#include <elastic/timer/client.hpp>
+#include <elastic/timer/detail/table.hpp>
+
+namespace elastic::timer {
+
+/// An RAII timer scope. Movable, not copyable. While it lives, its deadline is watched; the
+/// earliest deadline among a thread's live scopes governs. A default-constructed or moved-from
+/// scope watches nothing.
+class [[nodiscard]] scope {
+ public:
+  scope() noexcept = default;
+
+  /// Enters a scope that expires `timeout_ns` from now. `signal` 0 means the watchdog's default
+  /// (SIGKILL unless it was configured otherwise). Names longer than 31 bytes are truncated.
+  scope(std::int64_t timeout_ns, std::string_view name, int signal) noexcept {
+    client* c = client::current();
+    if (c == nullptr) return;
+    detail::thread_binding& b = detail::this_thread();
+    if (b.held == nullptr || (b.owner != c && b.depth == 0)) [[unlikely]] {
+      if (!c->bind(b)) return;
+    }
+    if (b.depth >= detail::scopes_per_slot) [[unlikely]] {
+      b.owner->note_stack_full(b);
+      return;
+    }
+    const std::int64_t now = elastic::detail::monotonic_ns();
+    const std::int64_t deadline = elastic::detail::deadline_after(now, timeout_ns);
+    detail::scope_entry& e = b.held->scopes[b.depth];
+    const std::uint64_t g = ++b.generation;
+    // Pairs with the acquire fence in read_entry(): a reader that sees any field written below
+    // also sees the generation this entry had before (0), so it cannot mistake a half-written
+    // entry for the previous one.
+    std::atomic_thread_fence(std::memory_order_release);
+    e.deadline_ns.store(deadline, std::memory_order_relaxed);
+    e.entered_ns.store(now, std::memory_order_relaxed);
+    e.signal.store(signal, std::memory_order_relaxed);
+    detail::store_name(e, name);
+    e.generation.store(g, std::memory_order_release);
+    b.held->head.depth.store(++b.depth, std::memory_order_release);
+    binding_ = &b;
+    slot_ = b.held;
+    generation_ = g;
+    index_ = b.depth - 1;
+    if (deadline < b.header->next_wake_ns.load(std::memory_order_relaxed)) [[unlikely]] {
+      detail::futex_ring(b.header->doorbell);
+    }
+  }
+
+  scope(scope&& other) noexcept
+      : binding_(other.binding_), slot_(other.slot_), generation_(other.generation_), index_(other.index_) {
+    other.slot_ = nullptr;
+  }
+  scope& operator=(scope&& other) noexcept {
+    if (this != &other) {
+      leave();
+      binding_ = other.binding_;
+      slot_ = other.slot_;
+      generation_ = other.generation_;
+      index_ = other.index_;
+      other.slot_ = nullptr;
+    }
+    return *this;
+  }
+  scope(const scope&) = delete;
+  scope& operator=(const scope&) = delete;
+
+  ~scope() { leave(); }
+
+  /// True when a watchdog watches this scope (false without a watchdog, or when the table or
+  /// the thread's stack of scopes was full).
+  [[nodiscard]] bool watched() const noexcept { return slot_ != nullptr; }
+
+  /// Pushes the deadline to `d` from now, never earlier than it already is: a heartbeat for a
+  /// long loop. No effect on an unwatched scope.
+  template <class Rep, class Period>
+  void extend(std::chrono::duration<Rep, Period> d) noexcept {
+    if (slot_ == nullptr) return;
+    auto& e = slot_->scopes[index_];
+    if (e.generation.load(std::memory_order_relaxed) != generation_) return;
+    const std::int64_t want =
+        elastic::detail::deadline_after(elastic::detail::monotonic_ns(), elastic::detail::saturating_ns(d));
+    // One atomic word: the watchdog reads either deadline, each consistent with the entry.
+    if (want > e.deadline_ns.load(std::memory_order_relaxed)) e.deadline_ns.store(want, std::memory_order_release);
+  }
+
+  /// Time left before the deadline (negative once it has passed); zero for an unwatched scope.
+  [[nodiscard]] std::chrono::nanoseconds remaining() const noexcept {
+    if (slot_ == nullptr) return std::chrono::nanoseconds(0);
+    return std::chrono::nanoseconds(slot_->scopes[index_].deadline_ns.load(std::memory_order_relaxed) -
+                                    elastic::detail::monotonic_ns());
+  }
+
+  /// Ends the scope now (as its destructor would).
+  void leave() noexcept {
+    if (slot_ == nullptr) return;
+    detail::slot* s = slot_;
+    slot_ = nullptr;
+    detail::scope_entry& e = s->scopes[index_];
+    detail::thread_binding& b = detail::this_thread();
+    if (&b != binding_) {
+      // Left on another thread than it was entered on: clear the entry only if it is still ours;
+      // the owning thread drops it from its stack when it next leaves a scope.
+      std::uint64_t g = generation_;
+      e.generation.compare_exchange_strong(g, 0, std::memory_order_acq_rel);
+      return;
+    }
+    // Same thread, but after fork() in the child (the slot is the parent's), or after the
+    // thread moved to another watchdog: nothing of ours to clear.
+    if (b.held != s || e.generation.load(std::memory_order_relaxed) != generation_) return;
+    e.generation.store(0, std::memory_order_release);
+    if (index_ + 1 == b.depth) {
+      std::uint32_t d = index_;
+      // Scopes left out of order (or on other threads) below us are free already: pop them too.
+      while (d > 0 && s->scopes[d - 1].generation.load(std::memory_order_relaxed) == 0) --d;
+      b.depth = d;
+      s->head.depth.store(d, std::memory_order_release);
+    }
+  }
+
+ private:
+  detail::thread_binding* binding_ = nullptr;
+  detail::slot* slot_ = nullptr;
+  std::uint64_t generation_ = 0;
+  std::uint32_t index_ = 0;
+};
+
+/// Enters a timer scope that expires after `timeout`: if the scope is still open then, the
+/// watchdog sends its process `signal` (0: the watchdog's default, SIGKILL unless configured).
+template <class Rep, class Period>
+[[nodiscard]] scope expires(std::chrono::duration<Rep, Period> timeout, std::string_view name = {},
+                            int signal = 0) noexcept {
+  return scope(elastic::detail::saturating_ns(timeout), name, signal);
+}
+
+}  // namespace elastic::timer
+
+namespace elastic {
+using timer::expires;
+}  // namespace elastic

@@ -1,0 +1,356 @@
+// The watchdog: owns the shared-memory table of timer scopes, scans it, and signals every
+// process whose scope has expired.
+//
+//   elastic::timer::watchdog wd({.name = "job7"});   // creates the segment, starts scanning
+//   // workers run with ELASTIC_WATCHDOG=job7 ...
+//
+// It sleeps until the earliest deadline it knows of, at most `poll`, and is woken early by a
+// worker that enters a scope due before then; so an idle watchdog costs nothing measurable and
+// an expired scope is acted on within a fraction of a millisecond.
+#pragma once
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <limits>
+#include <stop_token>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <elastic/detail/clock.hpp>
+#include <elastic/detail/process.hpp>
+#include <elastic/error.hpp>
+#include <elastic/events.hpp>
+#include <elastic/timer/detail/futex.hpp>
+#include <elastic/timer/detail/segment.hpp>
+#include <elastic/timer/detail/table.hpp>
+
+namespace elastic::timer {
+
+/// How a watchdog is set up. Only `name` is required.
+struct watchdog_options {
+  std::string name;  ///< segment name: what workers find in ELASTIC_WATCHDOG
+  std::uint32_t capacity = detail::default_slot_count;  ///< threads watched at once (new segments)
+  std::chrono::milliseconds poll{20};  ///< longest sleep between two scans
+  int signal = SIGKILL;                ///< for scopes that name no signal
+  /// After a scope's signal other than SIGKILL (say SIGABRT, for a core dump), a process still
+  /// alive this much later gets SIGKILL.
+  std::chrono::milliseconds escalate_after{5000};
+  std::chrono::milliseconds reclaim_interval{1000};  ///< how often slots of dead processes are freed
+  bool remove_on_stop = true;  ///< unlink the segment when the watchdog stops cleanly
+  bool start_thread = true;    ///< false: the owner calls scan_once()/run() itself
+  event_log events = event_log::from_env();
+};
+
+/// Counters since the watchdog started.
+struct watchdog_stats {
+  std::uint64_t scans = 0;
+  std::uint64_t signals = 0;      ///< scope signals sent (first signal per expiry)
+  std::uint64_t escalations = 0;  ///< SIGKILLs sent after a grace
+  std::uint64_t reclaimed = 0;    ///< slots freed after their process died
+  std::int64_t max_late_ns = 0;   ///< worst delay from a deadline to its signal
+};
+
+/// What one scan saw.
+struct scan_result {
+  std::int64_t next_deadline_ns = std::numeric_limits<std::int64_t>::max();
+  std::uint32_t owned_slots = 0;
+  std::uint32_t live_scopes = 0;
+  std::uint32_t signals_sent = 0;
+};
+
+class watchdog {
+ public:
+  /// Creates the segment (or adopts the one of a dead watchdog) and, unless
+  /// `start_thread` is false, starts scanning on its own thread. Throws elastic::error.
+  explicit watchdog(watchdog_options opts)
+      : opts_(std::move(opts)), segment_(detail::segment::create_or_adopt(opts_.name, opts_.capacity)) {
+    if (opts_.poll <= std::chrono::milliseconds(0)) {
+      throw error(errc::invalid_argument, "watchdog poll interval must be positive, got " +
+                                              std::to_string(opts_.poll.count()) + " ms");
+    }
+    if (opts_.signal <= 0 || opts_.signal >= NSIG) {
+      throw error(errc::invalid_argument, "watchdog signal " + std::to_string(opts_.signal) + " is not a signal number");
+    }
+    auto& h = segment_.table().header();
+    h.default_signal.store(opts_.signal, std::memory_order_relaxed);
+    if (segment_.adopted()) {
+      const std::uint32_t reclaimed = sweep(elastic::detail::monotonic_ns());
+      opts_.events.emit("watchdog_adopt", {{"segment", opts_.name},
+                                           {"slots", h.slot_count},
+                                           {"reclaimed_slots", reclaimed},
+                                           {"live_slots", count_owned()}});
+    }
+    opts_.events.emit("watchdog_start", {{"segment", opts_.name},
+                                         {"slots", h.slot_count},
+                                         {"poll_ms", static_cast<std::int64_t>(opts_.poll.count())},
+                                         {"signal", elastic::detail::signal_name(opts_.signal)}});
+    if (opts_.start_thread) {
+      thread_ = std::jthread([this](std::stop_token st) { run(st); });
+    }
+  }
+
+  watchdog(const watchdog&) = delete;
+  watchdog& operator=(const watchdog&) = delete;
+
+  ~watchdog() { stop(); }
+
+  /// Stops scanning (joins the thread) and, with remove_on_stop, unlinks the segment. Workers
+  /// still running keep their mapping; their scopes are simply no longer enforced.
+  void stop() noexcept {
+    if (stopped_.exchange(true)) return;
+    if (thread_.joinable()) {
+      thread_.request_stop();
+      detail::futex_ring(segment_.table().header().doorbell);
+      thread_.join();
+    }
+    segment_.table().header().watchdog_pid.store(0, std::memory_order_release);
+    opts_.events.emit("watchdog_stop", {{"segment", opts_.name},
+                                        {"scans", stats_.scans.load()},
+                                        {"signals", stats_.signals.load()},
+                                        {"reclaimed_slots", stats_.reclaimed.load()}});
+    if (opts_.remove_on_stop) segment_.remove();
+  }
+
+  /// Scans until `stop` is requested. Called by the watchdog's own thread; call it yourself
+  /// only with start_thread = false.
+  void run(std::stop_token stop) {
+    auto& h = segment_.table().header();
+    std::int64_t next_sweep = elastic::detail::monotonic_ns() + ns(opts_.reclaim_interval);
+    while (!stop.stop_requested()) {
+      const std::uint32_t seen = h.doorbell.load(std::memory_order_acquire);
+      // While we scan, a worker entering any scope rings: we might scan its slot too early.
+      h.next_wake_ns.store(std::numeric_limits<std::int64_t>::max(), std::memory_order_relaxed);
+      std::int64_t now = elastic::detail::monotonic_ns();
+      if (now >= next_sweep) {
+        sweep(now);
+        next_sweep = now + ns(opts_.reclaim_interval);
+      }
+      const scan_result r = scan_once(now);
+      const std::int64_t wake = std::min({r.next_deadline_ns, now + ns(opts_.poll), next_sweep});
+      h.next_wake_ns.store(wake, std::memory_order_release);
+      if (stop.stop_requested()) break;
+      detail::futex_wait_until(h.doorbell, seen, wake);
+    }
+  }
+
+  /// One pass over the table at time `now`: signals processes whose scopes expired, escalates,
+  /// and returns the earliest deadline still ahead.
+  scan_result scan_once(std::int64_t now = elastic::detail::monotonic_ns()) {
+    scan_result r;
+    const auto t = segment_.table();
+    const std::uint32_t hw = std::min(t.header().slots_high_water.load(std::memory_order_acquire), t.slot_count());
+    for (std::uint32_t i = 0; i < hw; ++i) {
+      detail::slot& s = t.at(i);
+      const auto pid = static_cast<pid_t>(s.head.owner.load(std::memory_order_acquire));
+      if (pid == 0) continue;
+      const std::uint64_t start = s.head.start_time.load(std::memory_order_acquire);
+      if (start == 0) continue;  // being claimed
+      ++r.owned_slots;
+      const std::uint32_t depth = std::min(s.head.depth.load(std::memory_order_acquire), detail::scopes_per_slot);
+      for (std::uint32_t j = 0; j < depth; ++j) {
+        detail::entry_snapshot e;
+        if (!read_stable(s.scopes[j], e)) continue;
+        ++r.live_scopes;
+        if (e.deadline_ns > now) {
+          r.next_deadline_ns = std::min(r.next_deadline_ns, e.deadline_ns);
+        } else if (on_expired(s, pid, start, e, now)) {
+          ++r.signals_sent;
+        }
+      }
+    }
+    r.next_deadline_ns = std::min(r.next_deadline_ns, escalate(now));
+    stats_.scans.fetch_add(1, std::memory_order_relaxed);
+    return r;
+  }
+
+  /// Frees the slots of processes that are gone; returns how many.
+  std::uint32_t sweep(std::int64_t now = elastic::detail::monotonic_ns()) {
+    (void)now;
+    std::uint32_t freed = 0;
+    std::unordered_map<pid_t, bool> alive;
+    const auto t = segment_.table();
+    const std::uint32_t hw = std::min(t.header().slots_high_water.load(std::memory_order_acquire), t.slot_count());
+    for (std::uint32_t i = 0; i < hw; ++i) {
+      detail::slot& s = t.at(i);
+      const auto pid = static_cast<pid_t>(s.head.owner.load(std::memory_order_acquire));
+      if (pid == 0) continue;
+      const std::uint64_t start = s.head.start_time.load(std::memory_order_acquire);
+      if (start == 0) {
+        // Claiming: only a process that died mid-claim stays here; any process with the pid
+        // being alive keeps the slot until the next sweep.
+        if (elastic::detail::process_alive(pid, 0)) continue;
+      } else {
+        auto [it, inserted] = alive.try_emplace(pid, false);
+        if (inserted) it->second = elastic::detail::process_alive(pid, start);
+        if (it->second) continue;
+      }
+      freed += reclaim_process(pid, start, "process gone");
+    }
+    return freed;
+  }
+
+  [[nodiscard]] watchdog_stats stats() const noexcept {
+    return {stats_.scans.load(), stats_.signals.load(), stats_.escalations.load(), stats_.reclaimed.load(),
+            stats_.max_late_ns.load()};
+  }
+  [[nodiscard]] const std::string& name() const noexcept { return opts_.name; }
+  [[nodiscard]] detail::table_view table() const noexcept { return segment_.table(); }
+  [[nodiscard]] bool adopted() const noexcept { return segment_.adopted(); }
+
+ private:
+  struct kill_record {
+    std::uint64_t start_time;
+    int signal;
+    std::int64_t sent_ns;
+    bool final;  ///< SIGKILL sent (or escalation done): wait for it to die
+  };
+
+  static std::int64_t ns(std::chrono::milliseconds ms) noexcept { return ms.count() * 1'000'000; }
+
+  /// read_entry, retried a few times when the owner is rewriting the entry right now.
+  static bool read_stable(const detail::scope_entry& e, detail::entry_snapshot& out) noexcept {
+    for (int attempt = 0; attempt < 4; ++attempt) {
+      if (detail::read_entry(e, out)) return true;
+      if (e.generation.load(std::memory_order_relaxed) == 0) return false;
+    }
+    return false;
+  }
+
+  std::uint32_t count_owned() const noexcept {
+    std::uint32_t n = 0;
+    const auto t = segment_.table();
+    for (std::uint32_t i = 0; i < t.slot_count(); ++i)
+      if (t.at(i).head.owner.load(std::memory_order_acquire) != 0) ++n;
+    return n;
+  }
+
+  /// Handles one expired scope of process (pid, start). True when a signal was sent.
+  bool on_expired(detail::slot& s, pid_t pid, std::uint64_t start, const detail::entry_snapshot& e,
+                  std::int64_t now) {
+    auto it = kills_.find(pid);
+    if (it != kills_.end() && it->second.start_time == start) {
+      // Already signalled for this process; escalate() follows up. Free its slots once it died.
+      if (!elastic::detail::process_alive(pid, start)) reclaim_process(pid, start, "killed");
+      return false;
+    }
+    const int sig = e.signal != 0 ? e.signal : opts_.signal;
+    const auto result = elastic::detail::signal_process(pid, start, sig);
+    if (result == elastic::detail::signal_result::gone) {
+      // Died on its own (or the pid now names a newer process): nothing to kill.
+      reclaim_process(pid, start, "process gone");
+      return false;
+    }
+    const int err = errno;
+    kills_[pid] = kill_record{start, sig, now, sig == SIGKILL || result != elastic::detail::signal_result::sent};
+    const std::int64_t late = now - e.deadline_ns;
+    const int rank = s.head.rank.load(std::memory_order_relaxed);
+    if (result == elastic::detail::signal_result::failed) {
+      opts_.events.emit("watchdog_kill_failed",
+                        {{"segment", opts_.name}, {"target_pid", pid}, {"scope", std::string_view(e.name)},
+                         {"signal", elastic::detail::signal_name(sig)}, {"errno", err}});
+      return false;
+    }
+    stats_.signals.fetch_add(1, std::memory_order_relaxed);
+    std::int64_t prev = stats_.max_late_ns.load(std::memory_order_relaxed);
+    while (late > prev && !stats_.max_late_ns.compare_exchange_weak(prev, late)) {
+    }
+    opts_.events.emit("watchdog_kill",
+                      {{"segment", opts_.name},
+                       {"target_pid", pid},
+                       {"target_tid", s.head.tid.load(std::memory_order_relaxed)},
+                       {"target_rank", rank >= 0 ? event_value(rank) : event_value(nullptr)},
+                       {"scope", std::string_view(e.name)},
+                       {"signal", elastic::detail::signal_name(sig)},
+                       {"signo", sig},
+                       {"limit_ms", static_cast<double>(e.deadline_ns - e.entered_ns) / 1e6},
+                       {"held_ms", static_cast<double>(now - e.entered_ns) / 1e6},
+                       {"late_ms", static_cast<double>(late) / 1e6}});
+    return true;
+  }
+
+  /// Sends SIGKILL to processes still alive `escalate_after` past a softer signal; forgets
+  /// processes that are gone. Returns when it next needs to look.
+  std::int64_t escalate(std::int64_t now) {
+    std::int64_t next = std::numeric_limits<std::int64_t>::max();
+    for (auto it = kills_.begin(); it != kills_.end();) {
+      const pid_t pid = it->first;
+      kill_record& k = it->second;
+      if (!elastic::detail::process_alive(pid, k.start_time)) {
+        reclaim_process(pid, k.start_time, "killed");
+        it = kills_.erase(it);
+        continue;
+      }
+      if (!k.final) {
+        const std::int64_t due = k.sent_ns + ns(opts_.escalate_after);
+        if (now >= due) {
+          k.final = true;
+          if (elastic::detail::signal_process(pid, k.start_time, SIGKILL) == elastic::detail::signal_result::sent) {
+            stats_.escalations.fetch_add(1, std::memory_order_relaxed);
+            opts_.events.emit("watchdog_escalate", {{"segment", opts_.name},
+                                                    {"target_pid", pid},
+                                                    {"after_signal", elastic::detail::signal_name(k.signal)},
+                                                    {"signal", "SIGKILL"},
+                                                    {"grace_ms", static_cast<std::int64_t>(opts_.escalate_after.count())}});
+          }
+        } else {
+          next = std::min(next, due);
+        }
+      }
+      ++it;
+    }
+    return next;
+  }
+
+  /// Frees every slot of the process (pid, start). Its deadlines are dropped: a process that
+  /// no longer exists is never signalled, and a newer process with the same pid never is
+  /// for the old one's scopes.
+  std::uint32_t reclaim_process(pid_t pid, std::uint64_t start, std::string_view reason) {
+    std::uint32_t freed = 0;
+    const auto t = segment_.table();
+    const std::uint32_t hw = std::min(t.header().slots_high_water.load(std::memory_order_acquire), t.slot_count());
+    for (std::uint32_t i = 0; i < hw; ++i) {
+      detail::slot& s = t.at(i);
+      if (s.head.owner.load(std::memory_order_acquire) != static_cast<std::uint64_t>(pid)) continue;
+      if (s.head.start_time.load(std::memory_order_acquire) != start) continue;
+      for (auto& e : s.scopes) e.generation.store(0, std::memory_order_relaxed);
+      s.head.depth.store(0, std::memory_order_relaxed);
+      s.head.rank.store(-1, std::memory_order_relaxed);
+      // Move the generation far past anything the dead owner may have published.
+      s.head.generation.fetch_add(std::uint64_t{1} << 40, std::memory_order_relaxed);
+      s.head.start_time.store(0, std::memory_order_relaxed);
+      s.head.owner.store(0, std::memory_order_release);
+      ++freed;
+    }
+    if (freed > 0) {
+      stats_.reclaimed.fetch_add(freed, std::memory_order_relaxed);
+      opts_.events.emit("watchdog_reclaim",
+                        {{"segment", opts_.name}, {"target_pid", pid}, {"slots", freed}, {"reason", reason}});
+    }
+    return freed;
+  }
+
+  struct atomic_stats {
+    std::atomic<std::uint64_t> scans{0};
+    std::atomic<std::uint64_t> signals{0};
+    std::atomic<std::uint64_t> escalations{0};
+    std::atomic<std::uint64_t> reclaimed{0};
+    std::atomic<std::int64_t> max_late_ns{0};
+  };
+
+  watchdog_options opts_;
+  detail::segment segment_;
+  std::unordered_map<pid_t, kill_record> kills_;  // only the scanning thread touches it
+  atomic_stats stats_;
+  std::atomic<bool> stopped_{false};
+  std::jthread thread_;  // last: it must stop before the members it uses go away
+};
+
+}  // namespace elastic::timer
