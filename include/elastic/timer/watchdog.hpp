@@ -36,7 +36,7 @@ namespace elastic::timer {
 
 /// How a watchdog is set up. Only `name` is required.
 struct watchdog_options {
-  std::string name;  ///< segment name: what workers find in ELASTIC_WATCHDOG
+  std::string name{};  ///< segment name: what workers find in ELASTIC_WATCHDOG
   std::uint32_t capacity = detail::default_slot_count;  ///< threads watched at once (new segments)
   std::chrono::milliseconds poll{20};  ///< longest sleep between two scans
   int signal = SIGKILL;                ///< for scopes that name no signal

@@ -34,9 +34,26 @@ inline constexpr std::size_t max_segment_name = 200;
 
 /// Throws errc::bad_name unless `name` is 1..200 characters of [A-Za-z0-9._-], not starting
 /// with '.' or '-'.
+/// `name` with control and non-ASCII bytes written as \xNN, so an error message can quote it.
+inline std::string printable(std::string_view name) {
+  std::string out;
+  for (char c : name) {
+    auto u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u >= 0x7f) {
+      constexpr char hex[] = "0123456789abcdef";
+      out += "\\x";
+      out += hex[u >> 4];
+      out += hex[u & 15];
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
 inline void validate_segment_name(std::string_view name) {
   auto bad = [&](const std::string& why) {
-    throw error(errc::bad_name, "watchdog segment name '" + std::string(name) + "' " + why +
+    throw error(errc::bad_name, "watchdog segment name '" + printable(name) + "' " + why +
                                     ": use 1 to 200 characters of A-Z a-z 0-9 . _ -");
   };
   if (name.empty()) bad("is empty");

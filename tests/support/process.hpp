@@ -1,0 +1,198 @@
+// Real child processes for multi-process tests: fork/exec, a pipe on the child's stdout, bounded
+// waits, and a destructor that always kills and reaps.
+#pragma once
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace elastic::test {
+
+/// A child process started with fork/exec. Move-only; kills (SIGKILL) and reaps on destruction.
+class child_process {
+ public:
+  child_process() = default;
+
+  /// Starts `argv` with `env` added to this process's environment; the child's stdout is piped
+  /// to read_line(), its stderr is inherited.
+  static child_process spawn(std::vector<std::string> argv,
+                             std::vector<std::pair<std::string, std::string>> env = {}) {
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error("pipe2 failed");
+    std::vector<char*> args;
+    for (auto& a : argv) args.push_back(a.data());
+    args.push_back(nullptr);
+    const pid_t pid = ::fork();
+    if (pid < 0) throw std::runtime_error("fork failed");
+    if (pid == 0) {
+      // Only async-signal-safe calls until exec: the parent may have threads.
+      ::dup2(fds[1], STDOUT_FILENO);
+      for (auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
+      ::execv(args[0], args.data());
+      ::_exit(127);
+    }
+    ::close(fds[1]);
+    child_process c;
+    c.pid_ = pid;
+    c.out_ = fds[0];
+    return c;
+  }
+
+  child_process(child_process&& o) noexcept { *this = std::move(o); }
+  child_process& operator=(child_process&& o) noexcept {
+    if (this != &o) {
+      reap();
+      pid_ = std::exchange(o.pid_, -1);
+      out_ = std::exchange(o.out_, -1);
+      status_ = o.status_;
+      buffer_ = std::move(o.buffer_);
+    }
+    return *this;
+  }
+  ~child_process() { reap(); }
+
+  [[nodiscard]] pid_t pid() const noexcept { return pid_; }
+
+  /// Sends `sig` if the child has not been reaped yet.
+  void kill(int sig) const noexcept {
+    if (pid_ > 0 && !status_) ::kill(pid_, sig);
+  }
+
+  /// The next line of the child's stdout (without '\n'), or nullopt on EOF or timeout.
+  std::optional<std::string> read_line(std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
+    const auto until = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      if (auto nl = buffer_.find('\n'); nl != std::string::npos) {
+        std::string line = buffer_.substr(0, nl);
+        buffer_.erase(0, nl + 1);
+        return line;
+      }
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+      if (left.count() <= 0 || out_ < 0) return std::nullopt;
+      pollfd p{out_, POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
+      char buf[4096];
+      const ssize_t n = ::read(out_, buf, sizeof buf);
+      if (n <= 0) {
+        ::close(out_);
+        out_ = -1;
+        if (buffer_.empty()) return std::nullopt;
+        std::string rest = std::move(buffer_);
+        buffer_.clear();
+        return rest;
+      }
+      buffer_.append(buf, static_cast<std::size_t>(n));
+    }
+  }
+
+  /// The wait status once the child has ended within `timeout`; nullopt if it still runs.
+  std::optional<int> wait_for(std::chrono::milliseconds timeout) {
+    if (status_) return status_;
+    const auto until = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      int st = 0;
+      const pid_t r = ::waitpid(pid_, &st, WNOHANG);
+      if (r == pid_) {
+        status_ = st;
+        return status_;
+      }
+      if (std::chrono::steady_clock::now() >= until) return std::nullopt;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+
+  /// True when the child has ended by signal `sig` (waiting up to `timeout`).
+  bool killed_by(int sig, std::chrono::milliseconds timeout) {
+    auto st = wait_for(timeout);
+    return st && WIFSIGNALED(*st) && WTERMSIG(*st) == sig;
+  }
+
+  /// Exit code if the child exited normally within `timeout`.
+  std::optional<int> exit_code(std::chrono::milliseconds timeout) {
+    auto st = wait_for(timeout);
+    if (!st || !WIFEXITED(*st)) return std::nullopt;
+    return WEXITSTATUS(*st);
+  }
+
+ private:
+  void reap() noexcept {
+    if (out_ >= 0) ::close(out_);
+    out_ = -1;
+    if (pid_ > 0 && !status_) {
+      ::kill(pid_, SIGKILL);
+      int st = 0;
+      while (::waitpid(pid_, &st, 0) < 0 && errno == EINTR) {
+      }
+    }
+    pid_ = -1;
+  }
+
+  pid_t pid_ = -1;
+  int out_ = -1;
+  std::optional<int> status_;
+  std::string buffer_;
+};
+
+/// Lines of a JSON-lines events file that mention `"event":"NAME"`.
+inline std::vector<std::string> events_named(const std::string& path, const std::string& name) {
+  std::vector<std::string> out;
+  std::ifstream in(path);
+  const std::string needle = "\"event\":\"" + name + "\"";
+  for (std::string line; std::getline(in, line);)
+    if (line.find(needle) != std::string::npos) out.push_back(line);
+  return out;
+}
+
+/// Waits up to `timeout` for at least `count` events named `name` in `path`.
+inline std::vector<std::string> wait_for_events(const std::string& path, const std::string& name, std::size_t count,
+                                                std::chrono::milliseconds timeout) {
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    auto found = events_named(path, name);
+    if (found.size() >= count || std::chrono::steady_clock::now() >= until) return found;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+/// A fresh name for a segment or file, unique to this process and call.
+inline std::string unique_name(const std::string& prefix) {
+  static int counter = 0;
+  return prefix + "-" + std::to_string(::getpid()) + "-" + std::to_string(++counter);
+}
+
+/// A temporary directory removed (recursively) on destruction.
+class temp_dir {
+ public:
+  temp_dir() {
+    std::string tmpl = (std::getenv("TMPDIR") ? std::string(std::getenv("TMPDIR")) : std::string("/tmp")) +
+                       "/elastic-test-XXXXXX";
+    if (::mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+    path_ = tmpl;
+  }
+  temp_dir(const temp_dir&) = delete;
+  temp_dir& operator=(const temp_dir&) = delete;
+  ~temp_dir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  [[nodiscard]] const std::string& path() const noexcept { return path_; }
+  [[nodiscard]] std::string file(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+}  // namespace elastic::test
