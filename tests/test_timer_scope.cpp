@@ -18,16 +18,27 @@
 using namespace std::chrono_literals;
 namespace td = elastic::timer::detail;
 
-// Counts allocations to check the hot path makes none.
+// Counts allocations to check the hot path makes none. Every replaceable form that a library
+// may pair with another is replaced, so new and delete always agree (ASan checks that).
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 static std::atomic<long> g_allocations{0};
-void* operator new(std::size_t n) {
+static void* counted_alloc(std::size_t n) noexcept {
   g_allocations.fetch_add(1, std::memory_order_relaxed);
-  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  return std::malloc(n == 0 ? 1 : n);
+}
+void* operator new(std::size_t n) {
+  if (void* p = counted_alloc(n)) return p;
   throw std::bad_alloc();
 }
+void* operator new[](std::size_t n) { return ::operator new(n); }
+void* operator new(std::size_t n, const std::nothrow_t&) noexcept { return counted_alloc(n); }
+void* operator new[](std::size_t n, const std::nothrow_t&) noexcept { return counted_alloc(n); }
 void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
 
 namespace {
 
