@@ -44,6 +44,7 @@ int worker(int steps, std::chrono::milliseconds timeout) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines in order when piped along with the worker's
   int steps = 3;
   std::chrono::milliseconds timeout = 500ms;
   for (int i = 1; i < argc; ++i) {
@@ -72,6 +73,7 @@ int main(int argc, char** argv) {
   }
   std::printf("launched worker pid %d: %d steps, each scope must finish within %lld ms\n", static_cast<int>(pid),
               steps, static_cast<long long>(timeout.count()));
+  std::fflush(stdout);  // before the worker's lines when both go to one pipe
   int status = 0;
   ::waitpid(pid, &status, 0);
   const auto ran = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();

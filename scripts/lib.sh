@@ -1,0 +1,22 @@
+# Shared by the quick-start scripts: install what is missing, pick a parallelism.
+# Sourced, not run.
+
+# ensure_packages PKG...: apt-get install the Debian packages that are not installed yet.
+ensure_packages() {
+  local missing=()
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  local sudo=()
+  [ "$(id -u)" -ne 0 ] && sudo=(sudo)
+  echo "elastic: installing ${missing[*]}" >&2
+  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+# What building and testing elastic needs, by Debian package name.
+ELASTIC_BUILD_PACKAGES=(g++ cmake ninja-build libboost-dev libfmt-dev)
+ELASTIC_TEST_PACKAGES=(catch2 libbenchmark-dev procps)
+
+jobs() { nproc 2>/dev/null || echo 2; }

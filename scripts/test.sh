@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The whole test suite: a release build, then ASan+UBSan and TSan builds, each running every
+# test through CTest. The packaging tests (install + find_package, FetchContent) run once.
+#   scripts/test.sh [--fast]     --fast: the release build only
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+. "$root/scripts/lib.sh"
+ensure_packages "${ELASTIC_BUILD_PACKAGES[@]}" "${ELASTIC_TEST_PACKAGES[@]}"
+
+configs=("default" "asan" "tsan")
+[ "${1:-}" = "--fast" ] && configs=("default")
+
+for c in "${configs[@]}"; do
+  case "$c" in
+    default) dir=build type=RelWithDebInfo san="" exclude="" ;;
+    asan) dir=build-asan type=Debug san="address,undefined" exclude="packaging" ;;
+    tsan) dir=build-tsan type=RelWithDebInfo san="thread" exclude="packaging" ;;
+  esac
+  echo "=== elastic: $c build ($dir) ==="
+  cmake -S "$root" -B "$root/$dir" -G Ninja -DCMAKE_BUILD_TYPE=$type -DELASTIC_SANITIZE="$san" \
+    -DELASTIC_BUILD_BENCHMARKS=$([ -z "$san" ] && echo ON || echo OFF) >/dev/null
+  cmake --build "$root/$dir" -j "$(jobs)"
+  ctest --test-dir "$root/$dir" --output-on-failure -j "$(jobs)" ${exclude:+-LE "$exclude"}
+done
+echo "=== elastic: all tests passed (${configs[*]}) ==="
