@@ -22,6 +22,7 @@ enum class errc {
   capacity_exhausted,    ///< a fixed-size table or budget is full
   timeout,               ///< a bounded wait ran out
   os_error,              ///< a system call failed; os_code() holds its errno
+  mismatch,              ///< data that is valid but does not fit what the caller declared
 };
 
 /// A short, stable name for a code (used in events and messages).
@@ -37,6 +38,7 @@ constexpr std::string_view to_string(errc code) noexcept {
     case errc::capacity_exhausted: return "capacity_exhausted";
     case errc::timeout: return "timeout";
     case errc::os_error: return "os_error";
+    case errc::mismatch: return "mismatch";
   }
   return "unknown";
 }

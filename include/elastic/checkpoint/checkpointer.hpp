@@ -1,0 +1,426 @@
+// The snapshot engine and the background persister.
+//
+// snapshot(step) returns at once: values and objects are captured on the spot (they are small),
+// buffers are copied into host staging in the background: memcpy on the copier thread for host
+// buffers, cudaMemcpyAsync on a non-blocking side stream for device buffers (after an event on
+// the user's stream, so the copy sees every kernel queued before the snapshot). The next step's
+// forward/backward runs meanwhile; before_update() is the fence the optimizer step must pass.
+// A persister thread then writes the staged copy (storage.hpp) while training goes on. Staging
+// is allocated once: two slots when the budget allows, so one snapshot can be copied while the
+// previous one is written.
+#pragma once
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <elastic/checkpoint/detail/cuda.hpp>
+#include <elastic/checkpoint/detail/host_memory.hpp>
+#include <elastic/checkpoint/format.hpp>
+#include <elastic/checkpoint/state.hpp>
+#include <elastic/checkpoint/storage.hpp>
+#include <elastic/detail/clock.hpp>
+#include <elastic/detail/env.hpp>
+#include <elastic/error.hpp>
+#include <elastic/events.hpp>
+
+namespace elastic::checkpoint {
+
+/// A CUDA stream as the caller has it (cudaStream_t), or the default stream.
+using stream_handle = detail::cuda::stream_t;
+
+struct checkpointer_options {
+  std::filesystem::path dir{};      ///< where steps are written (created if missing)
+  std::size_t keep_last = 3;        ///< committed steps kept (at least 1)
+  int rank = -1;                    ///< -1: ELASTIC_RANK, else 0
+  int world_size = -1;              ///< -1: ELASTIC_WORLD_SIZE, else 1
+  std::string run_id{};             ///< empty: ELASTIC_RUN_ID
+  std::size_t staging_budget = 0;   ///< host staging bytes; 0: two copies, at most half the RAM
+  std::chrono::milliseconds commit_timeout{std::chrono::minutes(2)};  ///< rank 0 waits this long for the others
+  std::uint64_t chunk_bytes = default_chunk_bytes;
+  std::optional<event_log> events{};  ///< nothing: event_log::from_env()
+};
+
+/// What the engine has done so far.
+struct checkpointer_stats {
+  std::uint64_t snapshots = 0;
+  std::uint64_t committed = 0;  ///< parts written (rank != 0) or steps committed (rank 0)
+  std::uint64_t failed = 0;
+  std::optional<std::uint64_t> last_durable_step;
+  double stall_seconds = 0;       ///< caller blocked in snapshot() and before_update()
+  double last_stall_seconds = 0;  ///< of the newest snapshot
+  double last_persist_seconds = 0;
+  std::uint64_t bytes_written = 0;
+};
+
+class checkpointer {
+ public:
+  checkpointer(state& st, checkpointer_options opts) : st_(st), opts_(std::move(opts)), events_(resolve_events(opts_)) {
+    if (opts_.dir.empty()) throw error(errc::invalid_argument, "checkpointer: no directory given");
+    if (opts_.rank < 0) opts_.rank = static_cast<int>(elastic::detail::env_index("ELASTIC_RANK").value_or(0));
+    if (opts_.world_size < 0) opts_.world_size = static_cast<int>(elastic::detail::env_index("ELASTIC_WORLD_SIZE").value_or(1));
+    if (opts_.run_id.empty()) opts_.run_id = elastic::detail::env_string("ELASTIC_RUN_ID").value_or("");
+    if (opts_.world_size < 1 || opts_.rank >= opts_.world_size) {
+      throw error(errc::invalid_argument, "checkpointer: rank " + std::to_string(opts_.rank) + " of world size " +
+                                              std::to_string(opts_.world_size) + " is impossible");
+    }
+    if (opts_.chunk_bytes == 0) throw error(errc::invalid_argument, "checkpointer: chunk_bytes must be positive");
+    std::error_code ec;
+    std::filesystem::create_directories(opts_.dir, ec);
+    if (ec) throw error(errc::os_error, "cannot create checkpoint directory " + opts_.dir.string(), ec);
+    allocate_slots();
+    if (st_.has_device_entries()) side_ = detail::cuda::stream::create();
+    copier_ = std::jthread([this] { copy_loop(); });
+    persister_ = std::jthread([this] { persist_loop(); });
+  }
+
+  checkpointer(const checkpointer&) = delete;
+  checkpointer& operator=(const checkpointer&) = delete;
+
+  /// Finishes what was queued (a snapshot taken is a snapshot kept), then stops the threads.
+  ~checkpointer() {
+    {
+      std::unique_lock lk(mu_);
+      cv_.wait(lk, [&] { return idle_locked(); });
+      stopping_ = true;
+    }
+    cv_.notify_all();
+  }
+
+  [[nodiscard]] int rank() const noexcept { return opts_.rank; }
+  [[nodiscard]] int world_size() const noexcept { return opts_.world_size; }
+  [[nodiscard]] const checkpointer_options& options() const noexcept { return opts_; }
+  [[nodiscard]] const event_log& events() const noexcept { return events_; }
+  [[nodiscard]] std::size_t staging_slots() const noexcept { return slots_.size(); }
+
+  /// Loads the newest valid step into the state; returns its manifest, or nothing for a fresh
+  /// start. Call before training (no snapshot in flight).
+  std::optional<format::step_manifest> restore() {
+    wait_durable_quiet();
+    const auto t0 = std::chrono::steady_clock::now();
+    auto m = storage::restore_newest(opts_.dir, st_, opts_.rank, events_);
+    if (m) {
+      const double s = seconds_since(t0);
+      events_.emit("checkpoint_restore", {{"step", m->step},
+                                          {"dir", (opts_.dir / format::step_dir_name(m->step)).string()},
+                                          {"world_size_then", m->world_size},
+                                          {"world_size_now", opts_.world_size},
+                                          {"seconds", s}});
+    }
+    return m;
+  }
+
+  /// Captures the state as of now under `step` and returns; the copy and the write go on in
+  /// the background. `stream` is the stream whose queued work must land in the snapshot.
+  void snapshot(std::uint64_t step, std::map<std::string, std::string> metadata = {}, stream_handle stream = nullptr) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::unique_lock lk(mu_);
+    // Backpressure: with every slot still being written, wait (the stall is counted).
+    cv_.wait(lk, [&] { return free_slot_locked() != nullptr; });
+    slot& s = *free_slot_locked();
+    s.phase = slot_phase::filling;  // ours while we fill it unlocked
+    lk.unlock();
+
+    s.step = step;
+    s.metadata = std::move(metadata);
+    s.staged.clear();
+    s.objects.clear();
+    s.objects.reserve(st_.entries().size());
+    s.has_host_copies = false;
+    s.has_device_copies = false;
+    const auto& entries = st_.entries();
+    for (std::size_t i = 0; i < entries.size(); ++i) {
+      const entry& e = entries[i];
+      if (e.kind == entry_kind::object) {
+        auto& bytes = s.objects.emplace_back();
+        e.save(bytes);
+        s.staged.push_back({&e, std::span<const std::byte>(bytes)});
+        continue;
+      }
+      std::byte* dst = s.memory.data() + offsets_[i];
+      if (e.kind == entry_kind::value) {
+        std::memcpy(dst, e.data, e.bytes);
+      } else if (e.where == location::device) {
+        if (!s.has_device_copies) {
+          // The copies start once everything queued on the user's stream before now is done.
+          s.ready.record(stream);
+          s.ready.make_wait(side_.get());
+        }
+        detail::cuda::copy_to_host_async(dst, e.data, e.bytes, side_.get());
+        s.has_device_copies = true;
+      } else {
+        s.has_host_copies = true;
+      }
+      s.staged.push_back({&e, std::span<const std::byte>(dst, e.bytes)});
+    }
+    if (s.has_device_copies) s.copied.record(side_.get());
+
+    lk.lock();
+    s.phase = slot_phase::copying;
+    s.sequence = ++sequence_;
+    fence_slot_ = &s;
+    ++stats_.snapshots;
+    const double stall = seconds_since(t0);
+    stats_.stall_seconds += stall;
+    stats_.last_stall_seconds = stall;
+    lk.unlock();
+    cv_.notify_all();
+  }
+
+  /// The fence before the optimizer overwrites the state: host buffers of the newest snapshot
+  /// must be copied (a host wait), device buffers are waited for on `stream` (no host wait).
+  void before_update(stream_handle stream = nullptr) {
+    std::unique_lock lk(mu_);
+    slot* s = fence_slot_;
+    if (!s) return;
+    if (s->has_device_copies && !s->device_fenced) {
+      s->copied.make_wait(stream);
+      s->device_fenced = true;
+    }
+    if (s->phase == slot_phase::copying && s->has_host_copies) {
+      const auto t0 = std::chrono::steady_clock::now();
+      cv_.wait(lk, [&] { return s->phase != slot_phase::copying; });
+      const double stall = seconds_since(t0);
+      stats_.stall_seconds += stall;
+      stats_.last_stall_seconds += stall;
+    }
+    if (!s->has_device_copies || s->device_fenced) fence_slot_ = nullptr;
+  }
+
+  /// Blocks until every snapshot taken so far is durable; throws the first persistence error
+  /// since the last call (and forgets it).
+  void wait_durable() {
+    std::unique_lock lk(mu_);
+    cv_.wait(lk, [&] { return idle_locked(); });
+    if (failure_) std::rethrow_exception(std::exchange(failure_, nullptr));
+  }
+
+  /// Like wait_durable() but up to `timeout`; false if still writing.
+  bool wait_durable_for(std::chrono::milliseconds timeout) {
+    std::unique_lock lk(mu_);
+    if (!cv_.wait_for(lk, timeout, [&] { return idle_locked(); })) return false;
+    if (failure_) std::rethrow_exception(std::exchange(failure_, nullptr));
+    return true;
+  }
+
+  [[nodiscard]] checkpointer_stats stats() const {
+    std::lock_guard lk(mu_);
+    return stats_;
+  }
+
+ private:
+  enum class slot_phase { free, filling, copying, persisting };
+
+  struct slot {
+    detail::host_memory memory;
+    std::vector<std::vector<std::byte>> objects;
+    std::vector<staged_entry> staged;
+    std::map<std::string, std::string> metadata;
+    std::uint64_t step = 0;
+    std::uint64_t sequence = 0;
+    slot_phase phase = slot_phase::free;
+    bool copy_started = false;
+    bool persist_started = false;
+    bool has_host_copies = false;
+    bool has_device_copies = false;
+    bool device_fenced = false;
+    detail::cuda::event ready, copied;
+  };
+
+  static event_log resolve_events(const checkpointer_options& o) { return o.events ? *o.events : event_log::from_env(); }
+
+  static double seconds_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+
+  void allocate_slots() {
+    std::size_t fixed = 0;
+    offsets_.clear();
+    for (const auto& e : st_.entries()) {
+      offsets_.push_back(fixed);
+      if (e.kind != entry_kind::object) fixed += (e.bytes + 63) / 64 * 64;  // cache-line aligned copies
+    }
+    std::size_t budget = opts_.staging_budget;
+    if (budget == 0) {
+      const auto ram = static_cast<std::size_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+      budget = std::min(2 * fixed, std::max(fixed, ram / 2));
+    }
+    if (fixed > budget) {
+      throw error(errc::capacity_exhausted,
+                  fmt::format("checkpoint staging needs {} bytes for one snapshot of the registered state but the "
+                              "budget is {} bytes: raise staging_budget, or register less state",
+                              fixed, budget));
+    }
+    const std::size_t n = fixed == 0 ? 2 : std::min<std::size_t>(2, budget / fixed);
+    const bool pinned = st_.has_device_entries();
+    for (std::size_t i = 0; i < n; ++i) {
+      auto& s = slots_.emplace_back(std::make_unique<slot>());
+      s->memory = detail::host_memory(fixed, pinned);
+      if (st_.has_device_entries()) {
+        s->ready = detail::cuda::event::create();
+        s->copied = detail::cuda::event::create();
+      }
+    }
+  }
+
+  slot* free_slot_locked() {
+    for (auto& s : slots_)
+      if (s->phase == slot_phase::free) return s.get();
+    return nullptr;
+  }
+  bool idle_locked() const {
+    for (const auto& s : slots_)
+      if (s->phase != slot_phase::free) return false;
+    return true;
+  }
+  void wait_durable_quiet() {
+    std::unique_lock lk(mu_);
+    cv_.wait(lk, [&] { return idle_locked(); });
+  }
+
+  void copy_loop() {
+    std::unique_lock lk(mu_);
+    for (;;) {
+      slot* s = nullptr;
+      cv_.wait(lk, [&] {
+        for (auto& c : slots_)
+          if (c->phase == slot_phase::copying && !c->copy_started && (!s || c->sequence < s->sequence)) s = c.get();
+        return s != nullptr || stopping_;
+      });
+      if (!s) return;
+      s->copy_started = true;
+      lk.unlock();
+      try {
+        const auto& entries = st_.entries();
+        for (std::size_t i = 0; i < entries.size(); ++i) {
+          const entry& e = entries[i];
+          if (e.kind == entry_kind::buffer && e.where == location::host && e.bytes) {
+            std::memcpy(s->memory.data() + offsets_[i], e.data, e.bytes);
+          }
+        }
+        if (s->has_device_copies) s->copied.synchronize();
+      } catch (...) {
+        // A failed device copy: the snapshot is lost, training is not.
+        lk.lock();
+        fail_locked(*s, std::current_exception());
+        continue;
+      }
+      lk.lock();
+      s->phase = slot_phase::persisting;
+      cv_.notify_all();
+    }
+  }
+
+  void persist_loop() {
+    std::unique_lock lk(mu_);
+    for (;;) {
+      slot* s = nullptr;
+      cv_.wait(lk, [&] { return (s = oldest_persisting_locked()) != nullptr || (stopping_ && idle_locked()); });
+      if (!s) return;
+      s->persist_started = true;
+      lk.unlock();
+      const auto t0 = std::chrono::steady_clock::now();
+      std::uint64_t bytes = 0;
+      std::exception_ptr failure;
+      try {
+        bytes = storage::write_rank_part(opts_.dir, s->step, opts_.rank, opts_.world_size, opts_.run_id, s->staged,
+                                         opts_.chunk_bytes);
+        if (opts_.rank == 0) {
+          format::step_manifest m;
+          m.step = s->step;
+          m.world_size = opts_.world_size;
+          m.run_id = opts_.run_id;
+          m.time = now_rfc3339();
+          m.metadata = s->metadata;
+          storage::commit_step(opts_.dir, m, opts_.commit_timeout, events_);
+          storage::retain(opts_.dir, opts_.keep_last, events_);
+        }
+      } catch (...) {
+        failure = std::current_exception();
+      }
+      const double secs = seconds_since(t0);
+      lk.lock();
+      if (failure) {
+        fail_locked(*s, failure);
+        continue;
+      }
+      ++stats_.committed;
+      stats_.last_durable_step = s->step;
+      stats_.last_persist_seconds = secs;
+      stats_.bytes_written += bytes;
+      events_.emit(opts_.rank == 0 ? "checkpoint_commit" : "checkpoint_part",
+                   {{"step", s->step},
+                    {"dir", (opts_.dir / format::step_dir_name(s->step)).string()},
+                    {"bytes", bytes},
+                    {"persist_s", secs},
+                    {"write_mb_s", secs > 0 ? static_cast<double>(bytes) / secs / 1e6 : 0.0}});
+      release_locked(*s);
+    }
+  }
+
+  slot* oldest_persisting_locked() {
+    slot* best = nullptr;
+    for (auto& s : slots_)
+      if (s->phase == slot_phase::persisting && !s->persist_started && (!best || s->sequence < best->sequence)) best = s.get();
+    return best;
+  }
+
+  void fail_locked(slot& s, std::exception_ptr e) {
+    ++stats_.failed;
+    std::string what = "unknown error";
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& x) {
+      what = x.what();
+    } catch (...) {
+    }
+    events_.emit("checkpoint_failed", {{"step", s.step}, {"reason", what}});
+    if (!failure_) failure_ = e;
+    release_locked(s);
+  }
+
+  void release_locked(slot& s) {
+    s.phase = slot_phase::free;
+    s.copy_started = false;
+    s.persist_started = false;
+    s.device_fenced = false;
+    if (fence_slot_ == &s) fence_slot_ = nullptr;
+    cv_.notify_all();
+  }
+
+  static std::string now_rfc3339() {
+    fmt::memory_buffer b;
+    elastic::detail::append_rfc3339_now(b);
+    return std::string(b.data(), b.size());
+  }
+
+  state& st_;
+  checkpointer_options opts_;
+  event_log events_;
+  std::vector<std::size_t> offsets_;
+  std::vector<std::unique_ptr<slot>> slots_;
+  detail::cuda::stream side_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  std::uint64_t sequence_ = 0;
+  slot* fence_slot_ = nullptr;
+  checkpointer_stats stats_;
+  std::exception_ptr failure_;
+  std::jthread copier_, persister_;  // last: they stop before the members they use go away
+};
+
+}  // namespace elastic::checkpoint

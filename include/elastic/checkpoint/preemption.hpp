@@ -1,0 +1,76 @@
+// Preemption notices. A cloud (GCE, Kubernetes) sends SIGTERM, waits a grace period (~30 s),
+// then SIGKILLs. The handler only sets a flag (async-signal-safe); the training loop acts on it
+// at the end of the step. A second notice means "now": the process exits 75 at once, which is
+// safe because a step becomes visible only by an atomic rename, so the previous one is intact.
+#pragma once
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <csignal>
+#include <cstdint>
+
+#include <elastic/detail/clock.hpp>
+#include <elastic/error.hpp>
+
+namespace elastic {
+
+/// Exit status of a worker that stopped for a preemption and can be retried (EX_TEMPFAIL).
+inline constexpr int exit_preempted = 75;
+
+namespace detail {
+// The process's one signal flag: the signal number of the first notice, 0 for none, and when it
+// came (CLOCK_MONOTONIC ns; clock_gettime is async-signal-safe).
+inline std::atomic<int> preemption_signal{0};
+inline std::atomic<std::int64_t> preemption_ns{0};
+
+inline void on_preemption_signal(int sig) noexcept {
+  int expected = 0;
+  if (preemption_signal.compare_exchange_strong(expected, sig)) {
+    preemption_ns.store(monotonic_ns(), std::memory_order_relaxed);
+  } else {
+    static constexpr char msg[] = "elastic: second preemption signal: exiting now; the last committed checkpoint stands\n";
+    [[maybe_unused]] auto n = ::write(STDERR_FILENO, msg, sizeof msg - 1);
+    ::_exit(exit_preempted);
+  }
+}
+}  // namespace detail
+
+/// Installs the SIGTERM/SIGINT handlers for its lifetime and restores the previous ones after.
+class preemption_handler {
+ public:
+  preemption_handler() {
+    struct sigaction sa {};
+    sa.sa_handler = detail::on_preemption_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    if (::sigaction(SIGTERM, &sa, &old_term_) != 0 || ::sigaction(SIGINT, &sa, &old_int_) != 0) {
+      throw os_error("cannot install the preemption signal handlers");
+    }
+  }
+  preemption_handler(const preemption_handler&) = delete;
+  preemption_handler& operator=(const preemption_handler&) = delete;
+  ~preemption_handler() {
+    ::sigaction(SIGTERM, &old_term_, nullptr);
+    ::sigaction(SIGINT, &old_int_, nullptr);
+  }
+
+  /// The signal of the first notice, or 0.
+  [[nodiscard]] static int requested() noexcept { return detail::preemption_signal.load(std::memory_order_relaxed); }
+  /// When the first notice came (CLOCK_MONOTONIC ns), or 0.
+  [[nodiscard]] static std::int64_t requested_at_ns() noexcept { return detail::preemption_ns.load(std::memory_order_relaxed); }
+  /// Asks for a preemption as if a signal had come (for tests and for a launcher in-process).
+  static void request(int sig = SIGTERM) noexcept { detail::on_preemption_signal(sig); }
+  /// Forgets a notice (a new loop in the same process starts clean).
+  static void clear() noexcept {
+    detail::preemption_signal.store(0);
+    detail::preemption_ns.store(0);
+  }
+
+ private:
+  struct sigaction old_term_ {};
+  struct sigaction old_int_ {};
+};
+
+}  // namespace elastic

@@ -1,0 +1,203 @@
+// The registry of what makes up training state. Declared once; every snapshot and every restore
+// walks it.
+//
+//   elastic::checkpoint::state st;
+//   st.add("weights", elastic::device_span(d_w, n));   // device memory (CUDA builds)
+//   st.add("adam_m", std::span<float>(host_m));        // host memory
+//   st.add_shard("emb", std::span(local), offset, n);  // this rank's slice of a global buffer
+//   st.add_value("step", step);                        // trivially copyable scalars
+//   st.add_object("loader", loader);                   // user type via elastic_checkpoint()
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <elastic/checkpoint/archive.hpp>
+#include <elastic/checkpoint/device_span.hpp>
+#include <elastic/checkpoint/dtype.hpp>
+#include <elastic/config.hpp>
+#include <elastic/error.hpp>
+
+namespace elastic::checkpoint {
+
+/// Where an entry's bytes live.
+enum class location : std::uint8_t { host, device };
+
+/// What kind of thing an entry is: a buffer (copied by the snapshot engine), a small value
+/// (copied when the snapshot is taken) or an object (serialized when the snapshot is taken).
+enum class entry_kind : std::uint8_t { buffer, value, object };
+
+/// This rank's contiguous slice of a global 1-D buffer, in elements.
+struct shard_range {
+  std::uint64_t offset = 0;        ///< first global element this rank holds
+  std::uint64_t global_count = 0;  ///< elements in the whole buffer, all ranks together
+};
+
+/// One registered piece of state.
+struct entry {
+  std::string name;
+  entry_kind kind = entry_kind::buffer;
+  dtype type = dtype::bytes;
+  std::vector<std::uint64_t> shape;  ///< elements per dimension; product * element_bytes == bytes
+  std::size_t element_bytes = 1;     ///< sizeof the C++ element (size_of(type) unless `bytes`)
+  location where = location::host;
+  std::size_t bytes = 0;                     ///< buffers and values; objects: 0 until serialized
+  void* data = nullptr;                      ///< buffers and values
+  std::optional<shard_range> shard;          ///< buffers only
+  std::function<void(std::vector<std::byte>&)> save;            ///< objects only
+  std::function<void(std::span<const std::byte>)> load;         ///< objects only
+
+  [[nodiscard]] std::uint64_t elements() const noexcept {
+    std::uint64_t n = 1;
+    for (auto d : shape) n *= d;
+    return n;
+  }
+};
+
+/// The registry. Entries keep pointers to the caller's memory: the caller keeps it alive and in
+/// place as long as the state is used.
+class state {
+ public:
+  /// A host buffer.
+  template <class T>
+  state& add(std::string name, std::span<T> data, std::vector<std::uint64_t> shape = {}) {
+    return add_buffer<T>(std::move(name), data.data(), data.size(), location::host, std::move(shape), {});
+  }
+  template <class T, class A>
+  state& add(std::string name, std::vector<T, A>& data, std::vector<std::uint64_t> shape = {}) {
+    return add(std::move(name), std::span<T>(data), std::move(shape));
+  }
+  /// A device buffer: needs a build with ELASTIC_WITH_CUDA.
+  template <class T>
+  state& add(std::string name, device_span<T> data, std::vector<std::uint64_t> shape = {}) {
+    if constexpr (!ELASTIC_WITH_CUDA) {
+      throw error(errc::invalid_argument, "checkpoint entry '" + name +
+                                              "' is device memory, but this build has no CUDA: "
+                                              "link elastic::cuda (ELASTIC_WITH_CUDA=1)");
+    }
+    return add_buffer<T>(std::move(name), data.data, data.count, location::device, std::move(shape), {});
+  }
+  /// This rank's slice [offset, offset + data.size()) of a global 1-D buffer of `global_count`
+  /// elements. Restoring with another number of ranks reassembles each rank's new slice.
+  template <class T>
+  state& add_shard(std::string name, std::span<T> data, std::uint64_t offset, std::uint64_t global_count) {
+    return add_buffer<T>(std::move(name), data.data(), data.size(), location::host, {}, shard_range{offset, global_count});
+  }
+  template <class T>
+  state& add_shard(std::string name, device_span<T> data, std::uint64_t offset, std::uint64_t global_count) {
+    if constexpr (!ELASTIC_WITH_CUDA) return add(std::move(name), data);  // throws the same clear error
+    return add_buffer<T>(std::move(name), data.data, data.count, location::device, {}, shard_range{offset, global_count});
+  }
+
+  /// A trivially copyable value (step counter, RNG state, a small struct), copied at snapshot.
+  template <class T>
+  state& add_value(std::string name, T& value) {
+    static_assert(std::is_trivially_copyable_v<T>,
+                  "add_value takes trivially copyable values; use add_object with an elastic_checkpoint() hook");
+    entry e;
+    e.name = std::move(name);
+    e.kind = entry_kind::value;
+    e.type = dtype_of<T>();
+    e.shape = {1};
+    e.element_bytes = sizeof(T);
+    e.bytes = sizeof(T);
+    e.data = &value;
+    return push(std::move(e));
+  }
+
+  /// A user object serialized through `elastic_checkpoint(Archive&, T&)` (see archive.hpp).
+  template <class T>
+  state& add_object(std::string name, T& object) {
+    entry e;
+    e.name = name;
+    e.kind = entry_kind::object;
+    e.type = dtype::bytes;
+    e.save = [&object](std::vector<std::byte>& out) {
+      output_archive ar(out);
+      ar(object);
+    };
+    e.load = [&object, name](std::span<const std::byte> in) {
+      input_archive ar(in, "checkpoint object '" + name + "'");
+      ar(object);
+      ar.finish();
+    };
+    return push(std::move(e));
+  }
+
+  [[nodiscard]] const std::vector<entry>& entries() const noexcept { return entries_; }
+  [[nodiscard]] bool empty() const noexcept { return entries_.empty(); }
+  [[nodiscard]] const entry* find(std::string_view name) const noexcept {
+    for (const auto& e : entries_)
+      if (e.name == name) return &e;
+    return nullptr;
+  }
+  /// Bytes of buffers and values (objects are sized when serialized).
+  [[nodiscard]] std::size_t fixed_bytes() const noexcept {
+    std::size_t n = 0;
+    for (const auto& e : entries_) n += e.bytes;
+    return n;
+  }
+  [[nodiscard]] bool has_device_entries() const noexcept {
+    for (const auto& e : entries_)
+      if (e.where == location::device) return true;
+    return false;
+  }
+
+ private:
+  template <class T>
+  state& add_buffer(std::string name, T* data, std::size_t count, location where,
+                    std::vector<std::uint64_t> shape, std::optional<shard_range> shard) {
+    static_assert(std::is_trivially_copyable_v<std::remove_cv_t<T>>, "checkpoint buffers hold trivially copyable elements");
+    static_assert(!std::is_const_v<T>, "a checkpoint buffer is written on restore: pass a span of non-const elements");
+    entry e;
+    e.name = std::move(name);
+    e.kind = entry_kind::buffer;
+    e.type = dtype_of<T>();
+    e.where = where;
+    e.bytes = count * sizeof(T);
+    e.data = data;
+    e.shard = shard;
+    e.element_bytes = sizeof(T);
+    if (shape.empty()) shape = {count};
+    e.shape = std::move(shape);
+    if (e.elements() != count) {
+      throw error(errc::invalid_argument, "checkpoint entry '" + e.name + "': its shape holds " +
+                                              std::to_string(e.elements()) + " elements, its memory " +
+                                              std::to_string(count));
+    }
+    if (shard && (shard->offset > shard->global_count || count > shard->global_count - shard->offset)) {
+      throw error(errc::invalid_argument, "checkpoint entry '" + e.name + "': slice [" + std::to_string(shard->offset) +
+                                              ", " + std::to_string(shard->offset + count) +
+                                              ") lies outside the global buffer of " +
+                                              std::to_string(shard->global_count) + " elements");
+    }
+    return push(std::move(e));
+  }
+
+  state& push(entry e) {
+    if (e.name.empty() || e.name.size() > 256) {
+      throw error(errc::invalid_argument, "checkpoint entry names are 1 to 256 characters, got '" + e.name + "'");
+    }
+    for (unsigned char c : e.name) {
+      if (c < 0x20 || c == 0x7f) {
+        throw error(errc::invalid_argument, "checkpoint entry name '" + e.name + "' holds a control character");
+      }
+    }
+    if (find(e.name)) throw error(errc::invalid_argument, "checkpoint entry '" + e.name + "' is registered twice");
+    if (e.kind == entry_kind::buffer && e.data == nullptr && e.bytes != 0) {
+      throw error(errc::invalid_argument, "checkpoint entry '" + e.name + "' points to null");
+    }
+    entries_.push_back(std::move(e));
+    return *this;
+  }
+
+  std::vector<entry> entries_;
+};
+
+}  // namespace elastic::checkpoint

@@ -1,0 +1,140 @@
+// A small deterministic trainer for the checkpoint tests: real state (weights, optimizer
+// moments, an RNG, a data loader object), real checkpoints, real signals.
+//
+//   train_worker DIR STEPS EVERY [options]
+//     --size N          weights (floats), default 65536
+//     --sleep-us N      per step, default 0
+//     --rank R --world W  (sharded weights: each rank holds a slice of the global vector)
+//     --timeout-ms N    step timer scope
+//     --adaptive F      max_overhead for the adaptive interval
+//     --no-final        no checkpoint at the end
+//
+// Prints "start STEP" once restored, then at the end "end REASON STEP CHECKSUM" where the
+// checksum covers every byte of state, and exits with the loop's exit code.
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include <elastic/checkpoint.hpp>
+#include <elastic/detail/crc32c.hpp>
+
+namespace {
+
+struct loader {
+  std::uint64_t epoch = 0;
+  std::uint64_t cursor = 0;
+  std::vector<std::uint32_t> order;
+  std::string name = "synthetic";
+};
+
+template <class Archive>
+void elastic_checkpoint(Archive& ar, loader& l) {
+  ar(l.epoch, l.cursor, l.order, l.name);
+}
+
+std::uint64_t splitmix(std::uint64_t& s) {
+  std::uint64_t z = (s += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 4) {
+    std::fprintf(stderr, "usage: train_worker DIR STEPS EVERY [options]\n");
+    return 2;
+  }
+  const std::string dir = argv[1];
+  const std::uint64_t steps = std::strtoull(argv[2], nullptr, 10);
+  const std::uint64_t every = std::strtoull(argv[3], nullptr, 10);
+  std::size_t size = 65536;
+  long sleep_us = 0, timeout_ms = 0;
+  int rank = 0, world = 1;
+  double adaptive = 0;
+  bool final_ckpt = true;
+  for (int i = 4; i < argc; ++i) {
+    std::string_view a = argv[i];
+    auto next = [&] { return i + 1 < argc ? argv[++i] : (std::fprintf(stderr, "missing value\n"), std::exit(2), argv[0]); };
+    if (a == "--size") size = std::strtoull(next(), nullptr, 10);
+    else if (a == "--sleep-us") sleep_us = std::atol(next());
+    else if (a == "--rank") rank = std::atoi(next());
+    else if (a == "--world") world = std::atoi(next());
+    else if (a == "--timeout-ms") timeout_ms = std::atol(next());
+    else if (a == "--adaptive") adaptive = std::atof(next());
+    else if (a == "--no-final") final_ckpt = false;
+    else {
+      std::fprintf(stderr, "unknown option %s\n", argv[i]);
+      return 2;
+    }
+  }
+  // The global model is `size` floats; this rank holds an even slice of it.
+  const std::size_t lo = size * static_cast<std::size_t>(rank) / static_cast<std::size_t>(world);
+  const std::size_t hi = size * static_cast<std::size_t>(rank + 1) / static_cast<std::size_t>(world);
+  std::vector<float> w(hi - lo), m(hi - lo);
+  for (std::size_t i = lo; i < hi; ++i) w[i - lo] = static_cast<float>(i % 97) / 97.0f;
+  std::uint64_t rng = 42, step_value = 0;
+  loader data;
+  data.order.resize(64);
+  for (std::uint32_t i = 0; i < 64; ++i) data.order[i] = i;
+
+  elastic::checkpoint::state st;
+  if (world > 1) st.add_shard("weights", std::span<float>(w), lo, size);
+  else st.add("weights", w);
+  if (world > 1) st.add_shard("adam_m", std::span<float>(m), lo, size);
+  else st.add("adam_m", m);
+  st.add_value("rng", rng);
+  st.add_value("step", step_value);
+  st.add_object("loader", data);
+
+  try {
+    elastic::training_loop loop({.dir = dir,
+                                 .steps = steps,
+                                 .every_steps = every,
+                                 .keep_last = 3,
+                                 .step_timeout = std::chrono::milliseconds(timeout_ms),
+                                 .max_overhead = adaptive,
+                                 .checkpoint_at_end = final_ckpt,
+                                 .rank = rank,
+                                 .world_size = world},
+                                st);
+    std::printf("start %" PRIu64 "\n", loop.start_step());
+    std::fflush(stdout);
+    for (auto& step : loop) {
+      // "forward/backward": a gradient from the batch the loader and the RNG pick.
+      const std::uint32_t sample = data.order[data.cursor];
+      const float g = static_cast<float>(splitmix(rng) % 1000) / 1000.0f - 0.5f + 0.001f * static_cast<float>(sample);
+      if (sleep_us) std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
+      step.before_update();
+      for (std::size_t i = 0; i < w.size(); ++i) {
+        m[i] = 0.9f * m[i] + 0.1f * g * w[i];
+        w[i] -= 0.01f * m[i];
+      }
+      if (++data.cursor == data.order.size()) {
+        data.cursor = 0;
+        ++data.epoch;
+        for (std::size_t i = data.order.size() - 1; i > 0; --i) std::swap(data.order[i], data.order[splitmix(rng) % (i + 1)]);
+      }
+      step_value = step.index() + 1;
+    }
+    std::uint32_t crc = elastic::detail::crc32c(w.data(), w.size() * sizeof(float));
+    crc = elastic::detail::crc32c(m.data(), m.size() * sizeof(float), crc);
+    crc = elastic::detail::crc32c(&rng, sizeof rng, crc);
+    crc = elastic::detail::crc32c(data.order.data(), data.order.size() * sizeof(std::uint32_t), crc);
+    std::printf("end %s %" PRIu64 " %08x %" PRIu64 " %" PRIu64 "\n", std::string(to_string(loop.reason())).c_str(),
+                loop.completed_steps(), crc, step_value, loop.interval_steps());
+    std::fflush(stdout);
+    return loop.exit_code();
+  } catch (const elastic::error& e) {
+    std::printf("error %s\n", std::string(elastic::to_string(e.code())).c_str());
+    std::fprintf(stderr, "train_worker: %s\n", e.what());
+    return 1;
+  }
+}

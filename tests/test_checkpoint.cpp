@@ -1,0 +1,386 @@
+// The state registry, the archive of user objects, and storage: round trips, retention,
+// resharding, and every kind of damage a checkpoint directory can suffer.
+#include <sys/resource.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include <elastic/checkpoint.hpp>
+
+#include "support/catch.hpp"
+#include "support/process.hpp"
+
+namespace fs = std::filesystem;
+namespace ck = elastic::checkpoint;
+using elastic::errc;
+
+namespace {
+
+struct cursor {
+  std::uint64_t epoch = 0;
+  std::vector<std::uint32_t> order;
+  std::string tag;
+};
+template <class Archive>
+void elastic_checkpoint(Archive& ar, cursor& c) {
+  ar(c.epoch, c.order, c.tag);
+}
+
+template <class F>
+elastic::error catch_error(F&& f) {
+  try {
+    f();
+  } catch (const elastic::error& e) {
+    return e;
+  }
+  FAIL("expected an elastic::error");
+  return elastic::error(errc::invalid_argument, "unreachable");
+}
+
+/// A small state with one of everything, filled from `seed`.
+struct model {
+  std::vector<float> w = std::vector<float>(300000);
+  std::vector<double> m = std::vector<double>(1000);
+  std::uint64_t step = 0;
+  cursor c;
+  ck::state st;
+
+  explicit model(int seed = 0) {
+    fill(seed);
+    st.add("w", w).add("m", m).add_value("step", step).add_object("cursor", c);
+  }
+  void fill(int seed) {
+    for (std::size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i * 7 + seed);
+    for (std::size_t i = 0; i < m.size(); ++i) m[i] = static_cast<double>(i) / 3.0 + seed;
+    step = static_cast<std::uint64_t>(seed);
+    c.epoch = static_cast<std::uint64_t>(seed) * 10;
+    c.order.assign(static_cast<std::size_t>(5 + seed), static_cast<std::uint32_t>(seed));
+    c.tag = "seed-" + std::to_string(seed);
+  }
+  bool same_as(const model& o) const { return w == o.w && m == o.m && step == o.step && c.epoch == o.c.epoch && c.order == o.c.order && c.tag == o.c.tag; }
+};
+
+ck::checkpointer_options opts(const std::string& dir, const std::string& events, int rank = 0, int world = 1) {
+  return {.dir = dir, .keep_last = 3, .rank = rank, .world_size = world, .run_id = "test",
+          .commit_timeout = std::chrono::seconds(10), .chunk_bytes = 64 * 1024, .events = elastic::event_log::to_file(events)};
+}
+
+/// Saves `m` as `step` into `dir`, durably.
+void save(model& m, const std::string& dir, std::uint64_t step, const std::string& events) {
+  ck::checkpointer c(m.st, opts(dir, events));
+  c.snapshot(step);
+  c.before_update();
+  c.wait_durable();
+}
+
+void flip_byte(const fs::path& p, std::uint64_t at) {
+  std::fstream f(p, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(static_cast<std::streamoff>(at));
+  char b = 0;
+  f.read(&b, 1);
+  b = static_cast<char>(b ^ 0x20);
+  f.seekp(static_cast<std::streamoff>(at));
+  f.write(&b, 1);
+}
+
+std::string step_dir(const std::string& dir, std::uint64_t s) { return dir + "/" + ck::format::step_dir_name(s); }
+
+}  // namespace
+
+TEST_CASE("the registry refuses duplicates, bad names and wrong shapes") {
+  std::vector<float> a(10);
+  std::uint64_t v = 0;
+  ck::state st;
+  st.add("a", a).add_value("v", v);
+  CHECK(catch_error([&] { st.add("a", a); }).code() == errc::invalid_argument);
+  CHECK(catch_error([&] { st.add("", a); }).code() == errc::invalid_argument);
+  CHECK(catch_error([&] { st.add("bad\nname", a); }).code() == errc::invalid_argument);
+  CHECK(catch_error([&] { st.add("shaped", a, {3, 4}); }).code() == errc::invalid_argument);
+  CHECK_NOTHROW(st.add("shaped", a, {2, 5}));
+  CHECK(catch_error([&] { st.add_shard("s", std::span<float>(a), 95, 100); }).code() == errc::invalid_argument);
+  const auto e = catch_error([&] { st.add("dev", elastic::device_span<float>(a.data(), a.size())); });
+  if (!ELASTIC_WITH_CUDA) {
+    CHECK(e.code() == errc::invalid_argument);
+    CHECK(std::string(e.what()).find("CUDA") != std::string::npos);
+  }
+  CHECK(st.find("shaped")->type == ck::dtype::f32);
+  CHECK(st.fixed_bytes() == 2 * 10 * sizeof(float) + sizeof v);
+}
+
+TEST_CASE("objects round-trip through their hook and refuse a changed layout") {
+  cursor c{7, {1, 2, 3}, "x"};
+  std::vector<std::byte> bytes;
+  ck::output_archive out(bytes);
+  out(c);
+  cursor d;
+  ck::input_archive in(bytes, "cursor");
+  in(d);
+  in.finish();
+  CHECK(d.epoch == 7);
+  CHECK(d.order == std::vector<std::uint32_t>{1, 2, 3});
+  CHECK(d.tag == "x");
+  // Fewer bytes than the hook reads, or more: a clear mismatch, never garbage.
+  std::vector<std::byte> shorter(bytes.begin(), bytes.end() - 1);
+  ck::input_archive in2(shorter, "cursor");
+  CHECK(catch_error([&] { in2(d); }).code() == errc::mismatch);
+  bytes.push_back(std::byte{0});
+  ck::input_archive in3(bytes, "cursor");
+  in3(d);
+  CHECK(catch_error([&] { in3.finish(); }).code() == errc::mismatch);
+}
+
+TEST_CASE("a snapshot restores bit for bit, and the newest of several steps wins") {
+  elastic::test::temp_dir tmp;
+  const auto dir = tmp.file("ckpt"), events = tmp.file("events.jsonl");
+  model a(1);
+  {
+    ck::checkpointer c(a.st, opts(dir, events));
+    CHECK(c.staging_slots() == 2);
+    for (int s = 1; s <= 5; ++s) {
+      a.fill(s);
+      c.snapshot(static_cast<std::uint64_t>(s) * 10);
+      c.before_update();
+      a.fill(100);  // the "update" after the fence must not reach the snapshot
+    }
+    c.wait_durable();
+    CHECK(c.stats().committed == 5);
+  }
+  CHECK(ck::storage::list_steps(dir) == std::vector<std::uint64_t>{50, 40, 30});  // keep_last = 3
+  model b(0), expect(5);
+  ck::checkpointer c(b.st, opts(dir, events));
+  const auto m = c.restore();
+  REQUIRE(m);
+  CHECK(m->step == 50);
+  CHECK(m->run_id == "test");
+  CHECK(b.same_as(expect));
+  CHECK(elastic::test::events_named(events, "checkpoint_commit").size() == 5);
+  CHECK(elastic::test::events_named(events, "checkpoint_restore").size() == 1);
+}
+
+TEST_CASE("an empty directory is a fresh start") {
+  elastic::test::temp_dir tmp;
+  model b(3), expect(3);
+  ck::checkpointer c(b.st, opts(tmp.file("none"), tmp.file("e")));
+  CHECK_FALSE(c.restore());
+  CHECK(b.same_as(expect));
+}
+
+TEST_CASE("damaged steps are skipped with an event and the previous one is loaded") {
+  elastic::test::temp_dir tmp;
+  const auto dir = tmp.file("ckpt"), events = tmp.file("events.jsonl");
+  model a(1);
+  save(a, dir, 1, events);
+  a.fill(2);
+  save(a, dir, 2, events);
+  const fs::path newest = step_dir(dir, 2);
+
+  using damage = std::function<void()>;
+  const std::vector<std::pair<std::string, damage>> cases = {
+      {"flipped data byte", [&] { flip_byte(newest / "rank-00000.data", 1000); }},
+      {"flipped byte in the last chunk", [&] { flip_byte(newest / "rank-00000.data", 300000 * 4 - 1); }},
+      {"truncated data", [&] { fs::resize_file(newest / "rank-00000.data", 4096); }},
+      {"flipped manifest byte", [&] { flip_byte(newest / "manifest.json", 30); }},
+      {"flipped rank manifest byte", [&] { flip_byte(newest / "rank-00000.json", 120); }},
+      {"truncated rank manifest", [&] { fs::resize_file(newest / "rank-00000.json", 50); }},
+      {"missing rank file", [&] { fs::remove(newest / "rank-00000.json"); }},
+      {"missing data file", [&] { fs::remove(newest / "rank-00000.data"); }},
+      {"missing manifest", [&] { fs::remove(newest / "manifest.json"); }},
+  };
+  for (const auto& [what, hurt] : cases) {
+    INFO(what);
+    fs::remove_all(newest);
+    a.fill(2);
+    save(a, dir, 2, events);
+    hurt();
+    fs::remove(events);
+    model b(9), expect(1);
+    ck::checkpointer c(b.st, opts(dir, events));
+    const auto m = c.restore();
+    REQUIRE(m);
+    CHECK(m->step == 1);
+    CHECK(b.same_as(expect));
+    const auto skipped = elastic::test::events_named(events, "checkpoint_skipped");
+    REQUIRE(skipped.size() == 1);
+    CHECK(skipped[0].find("\"step\":2") != std::string::npos);
+  }
+}
+
+TEST_CASE("a corrupt only step leaves the caller's state untouched") {
+  elastic::test::temp_dir tmp;
+  const auto dir = tmp.file("ckpt"), events = tmp.file("events.jsonl");
+  model a(4);
+  save(a, dir, 7, events);
+  flip_byte(fs::path(step_dir(dir, 7)) / "rank-00000.data", 300000 * 4 - 10);  // the last chunk of 'w'
+  model b(5), expect(5);
+  ck::checkpointer c(b.st, opts(dir, events));
+  CHECK_FALSE(c.restore());
+  CHECK(b.same_as(expect));
+}
+
+TEST_CASE("a manifest of a newer format version is refused with a clear reason") {
+  elastic::test::temp_dir tmp;
+  const auto dir = tmp.file("ckpt"), events = tmp.file("events.jsonl");
+  model a(1);
+  save(a, dir, 1, events);
+  save(a, dir, 2, events);
+  // Rewrite step 2's manifest as a future version, correctly sealed: only the version is wrong.
+  ck::format::step_manifest m;
+  m.version = ck::format_version + 1;
+  m.step = 2;
+  m.run_id = "test";
+  m.time = "2030-01-01T00:00:00Z";
+  std::ofstream(fs::path(step_dir(dir, 2)) / "manifest.json", std::ios::trunc) << ck::format::encode(m);
+  const auto e = catch_error([&] { ck::storage::load_step(dir, 2, a.st, 0); });
+  CHECK(e.code() == errc::version_mismatch);
+  CHECK(std::string(e.what()).find("upgrade elastic") != std::string::npos);
+  model b(0);
+  ck::checkpointer c(b.st, opts(dir, events));
+  CHECK(c.restore()->step == 1);
+  const auto skipped = elastic::test::events_named(events, "checkpoint_skipped");
+  REQUIRE(skipped.size() == 1);
+  CHECK(skipped[0].find("version_mismatch") != std::string::npos);
+}
+
+TEST_CASE("a step that does not fit the registered state is an error, not a fallback") {
+  elastic::test::temp_dir tmp;
+  const auto dir = tmp.file("ckpt"), events = tmp.file("events.jsonl");
+  model a(1);
+  save(a, dir, 1, events);
+  std::vector<float> w(300000);
+  std::vector<double> other(5);
+  std::uint64_t step = 0;
+  cursor c;
+  ck::state renamed;
+  renamed.add("weights", w).add("m", other).add_value("step", step).add_object("cursor", c);
+  const auto e = catch_error([&] { ck::checkpointer(renamed, opts(dir, events)).restore(); });
+  CHECK(e.code() == errc::mismatch);
+  const std::string what = e.what();
+  CHECK(what.find("'weights' is registered but not in the checkpoint") != std::string::npos);
+  CHECK(what.find("'w' is in the checkpoint but not registered") != std::string::npos);
+  CHECK(what.find("'m' is 40 bytes here but 8000 in the checkpoint") != std::string::npos);
+  CHECK(w == std::vector<float>(300000));  // untouched
+}
+
+TEST_CASE("pending directories are invisible to readers and swept after the next commit") {
+  elastic::test::temp_dir tmp;
+  const auto dir = tmp.file("ckpt"), events = tmp.file("events.jsonl");
+  model a(1);
+  save(a, dir, 5, events);
+  fs::create_directories(fs::path(dir) / ck::format::pending_dir_name(3));
+  fs::create_directories(fs::path(dir) / ck::format::pending_dir_name(9));
+  std::ofstream(fs::path(dir) / ck::format::pending_dir_name(9) / "rank-00000.data") << "partial";
+  CHECK(ck::storage::list_steps(dir) == std::vector<std::uint64_t>{5});
+  save(a, dir, 10, events);
+  CHECK_FALSE(fs::exists(fs::path(dir) / ck::format::pending_dir_name(3)));
+  CHECK_FALSE(fs::exists(fs::path(dir) / ck::format::pending_dir_name(9)));
+}
+
+TEST_CASE("sharded entries are reassembled for another number of ranks") {
+  elastic::test::temp_dir tmp;
+  const auto dir = tmp.file("ckpt"), events = tmp.file("events.jsonl");
+  const std::size_t global = 100003;
+  std::vector<float> truth(global);
+  std::iota(truth.begin(), truth.end(), 0.5f);
+  auto slice = [&](int r, int world) {
+    return std::pair{global * static_cast<std::size_t>(r) / static_cast<std::size_t>(world),
+                     global * static_cast<std::size_t>(r + 1) / static_cast<std::size_t>(world)};
+  };
+  // Written by 2 ranks (rank 1 first: rank 0 waits for it before committing).
+  std::uint64_t counter = 77;
+  for (int r : {1, 0}) {
+    auto [lo, hi] = slice(r, 2);
+    std::vector<float> part(truth.begin() + static_cast<std::ptrdiff_t>(lo), truth.begin() + static_cast<std::ptrdiff_t>(hi));
+    ck::state st;
+    st.add_shard("emb", std::span<float>(part), lo, global).add_value("counter", counter);
+    ck::checkpointer c(st, opts(dir, events, r, 2));
+    c.snapshot(4);
+    c.wait_durable();
+  }
+  REQUIRE(ck::storage::list_steps(dir) == std::vector<std::uint64_t>{4});
+  // Read back by 3 ranks, then by 1.
+  for (int world : {3, 1}) {
+    for (int r = 0; r < world; ++r) {
+      auto [lo, hi] = slice(r, world);
+      std::vector<float> part(hi - lo);
+      std::uint64_t c0 = 0;
+      ck::state st;
+      st.add_shard("emb", std::span<float>(part), lo, global).add_value("counter", c0);
+      REQUIRE(ck::storage::load_step(dir, 4, st, r).step == 4);
+      CHECK(std::equal(part.begin(), part.end(), truth.begin() + static_cast<std::ptrdiff_t>(lo)));
+      CHECK(c0 == 77);
+    }
+  }
+}
+
+TEST_CASE("rank 0 does not commit a step while another rank's part is missing") {
+  elastic::test::temp_dir tmp;
+  const auto dir = tmp.file("ckpt"), events = tmp.file("events.jsonl");
+  std::vector<float> part(10);
+  ck::state st;
+  st.add_shard("emb", std::span<float>(part), 0, 20);
+  auto o = opts(dir, events, 0, 2);
+  o.commit_timeout = std::chrono::milliseconds(200);
+  ck::checkpointer c(st, o);
+  c.snapshot(1);
+  const auto e = catch_error([&] { c.wait_durable(); });
+  CHECK(e.code() == errc::timeout);
+  CHECK(ck::storage::list_steps(dir).empty());
+  CHECK(elastic::test::events_named(events, "checkpoint_failed").size() == 1);
+}
+
+TEST_CASE("a full disk fails the write with a clear error and keeps the previous step") {
+  elastic::test::temp_dir tmp;
+  const auto dir = tmp.file("ckpt"), events = tmp.file("events.jsonl");
+  model a(1);
+  save(a, dir, 1, events);
+  // A child process whose file size limit is 100 KB: the kernel fails its writes (EFBIG) as a
+  // full disk would (ENOSPC); both take the same path.
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    std::signal(SIGXFSZ, SIG_IGN);
+    rlimit lim{100 * 1024, 100 * 1024};
+    ::setrlimit(RLIMIT_FSIZE, &lim);
+    try {
+      model b(2);
+      ck::checkpointer c(b.st, opts(dir, events));
+      c.snapshot(2);
+      c.wait_durable();
+      std::_Exit(10);  // should have thrown
+    } catch (const elastic::error& e) {
+      std::_Exit(e.code() == errc::os_error && std::string(e.what()).find("cannot write") != std::string::npos ? 0 : 11);
+    } catch (...) {
+      std::_Exit(12);
+    }
+  }
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  CHECK(ck::storage::list_steps(dir) == std::vector<std::uint64_t>{1});
+  const auto failed = elastic::test::events_named(events, "checkpoint_failed");
+  REQUIRE(failed.size() == 1);
+  CHECK(failed[0].find("File too large") != std::string::npos);
+  model b(0), expect(1);
+  ck::checkpointer c(b.st, opts(dir, events));
+  CHECK(c.restore()->step == 1);
+  CHECK(b.same_as(expect));
+}
+
+TEST_CASE("a staging budget too small for the state is refused up front") {
+  elastic::test::temp_dir tmp;
+  model a(1);
+  auto o = opts(tmp.file("ckpt"), tmp.file("e"));
+  o.staging_budget = 1000;
+  const auto e = catch_error([&] { ck::checkpointer c(a.st, o); });
+  CHECK(e.code() == errc::capacity_exhausted);
+  CHECK(std::string(e.what()).find("raise staging_budget") != std::string::npos);
+  o.staging_budget = a.st.fixed_bytes() + 4096;  // room for one copy: no double buffering
+  ck::checkpointer c(a.st, o);
+  CHECK(c.staging_slots() == 1);
+}
