@@ -113,7 +113,7 @@ TEST_CASE("SIGKILL at random moments never leaves a partial checkpoint, and the 
   elastic::test::temp_dir tmp;
   const auto events = tmp.file("events.jsonl");
   const std::uint64_t every = 3, endless = 1000000000;
-  const std::vector<std::string> extra{"--size", "200000", "--sleep-us", "100"};
+  const std::vector<std::string> extra{"--size", "50000", "--sleep-us", "100"};
   // Kill delays scale with the speed of this build (sanitizers are slower), so that kills land
   // in steps, snapshots and writes alike: up to ~40 steps' worth after the restore.
   const auto t0 = std::chrono::steady_clock::now();
