@@ -8,13 +8,16 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 ensure_packages "${ELASTIC_BUILD_PACKAGES[@]}" "${ELASTIC_TEST_PACKAGES[@]}"
 
 configs=("default" "asan" "tsan")
+# GPU tests (label gpu) run only where a GPU answers; never under the sanitizers.
+gpu_exclude="gpu"
+command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1 && gpu_exclude=""
 [ "${1:-}" = "--fast" ] && configs=("default")
 
 for c in "${configs[@]}"; do
   case "$c" in
-    default) dir=build type=RelWithDebInfo san="" exclude="" ;;
-    asan) dir=build-asan type=Debug san="address,undefined" exclude="packaging" ;;
-    tsan) dir=build-tsan type=RelWithDebInfo san="thread" exclude="packaging" ;;
+    default) dir=build type=RelWithDebInfo san="" exclude="$gpu_exclude" ;;
+    asan) dir=build-asan type=Debug san="address,undefined" exclude="packaging|gpu" ;;
+    tsan) dir=build-tsan type=RelWithDebInfo san="thread" exclude="packaging|gpu" ;;
   esac
   echo "=== elastic: $c build ($dir) ==="
   cmake -S "$root" -B "$root/$dir" -G Ninja -DCMAKE_BUILD_TYPE=$type -DELASTIC_SANITIZE="$san" \
