@@ -111,7 +111,10 @@ class checkpointer {
   std::optional<format::step_manifest> restore() {
     wait_durable_quiet();
     const auto t0 = std::chrono::steady_clock::now();
-    auto m = storage::restore_newest(opts_.dir, st_, opts_.rank, events_);
+    // Idle, so a snapshot slot is free to serve as the restore's staging.
+    auto& slot0 = *slots_.front();
+    auto m = storage::restore_newest(opts_.dir, st_, opts_.rank, events_,
+                                     std::span<std::byte>(slot0.memory.data(), slot0.memory.size()));
     if (m) {
       const double s = seconds_since(t0);
       events_.emit("checkpoint_restore", {{"step", m->step},
@@ -204,14 +207,14 @@ class checkpointer {
   /// since the last call (and forgets it).
   void wait_durable() {
     std::unique_lock lk(mu_);
-    cv_.wait(lk, [&] { return idle_locked(); });
+    cv_.wait(lk, [&] { return durable_locked(); });
     if (failure_) std::rethrow_exception(std::exchange(failure_, nullptr));
   }
 
   /// Like wait_durable() but up to `timeout`; false if still writing.
   bool wait_durable_for(std::chrono::milliseconds timeout) {
     std::unique_lock lk(mu_);
-    if (!cv_.wait_for(lk, timeout, [&] { return idle_locked(); })) return false;
+    if (!cv_.wait_for(lk, timeout, [&] { return durable_locked(); })) return false;
     if (failure_) std::rethrow_exception(std::exchange(failure_, nullptr));
     return true;
   }
@@ -281,11 +284,14 @@ class checkpointer {
       if (s->phase == slot_phase::free) return s.get();
     return nullptr;
   }
-  bool idle_locked() const {
+  /// Every snapshot taken is durable (or failed).
+  bool durable_locked() const {
     for (const auto& s : slots_)
       if (s->phase != slot_phase::free) return false;
     return true;
   }
+  /// ...and the persister is not deleting old steps either.
+  bool idle_locked() const { return durable_locked() && !retaining_; }
   void wait_durable_quiet() {
     std::unique_lock lk(mu_);
     cv_.wait(lk, [&] { return idle_locked(); });
@@ -346,7 +352,6 @@ class checkpointer {
           m.time = now_rfc3339();
           m.metadata = s->metadata;
           storage::commit_step(opts_.dir, m, opts_.commit_timeout, events_);
-          storage::retain(opts_.dir, opts_.keep_last, events_);
         }
       } catch (...) {
         failure = std::current_exception();
@@ -368,6 +373,19 @@ class checkpointer {
                     {"persist_s", secs},
                     {"write_mb_s", secs > 0 ? static_cast<double>(bytes) / secs / 1e6 : 0.0}});
       release_locked(*s);
+      if (opts_.rank == 0) {
+        // Housekeeping after the step is durable, so waiters do not wait for old steps to go.
+        retaining_ = true;
+        lk.unlock();
+        try {
+          storage::retain(opts_.dir, opts_.keep_last, events_);
+        } catch (const std::exception& e) {
+          events_.emit("checkpoint_retention_failed", {{"reason", e.what()}});
+        }
+        lk.lock();
+        retaining_ = false;
+        cv_.notify_all();
+      }
     }
   }
 
@@ -416,6 +434,7 @@ class checkpointer {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool stopping_ = false;
+  bool retaining_ = false;  // the persister is deleting old steps (after a commit)
   std::uint64_t sequence_ = 0;
   slot* fence_slot_ = nullptr;
   checkpointer_stats stats_;

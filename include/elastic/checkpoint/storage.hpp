@@ -189,7 +189,11 @@ inline void retain(const fs::path& dir, std::size_t keep_last, const event_log& 
 /// Throws errc::corrupt (checksum, truncation, missing part), errc::version_mismatch (a newer
 /// format) or os_error: the step cannot be used; errc::mismatch: the step is fine but does not
 /// fit `st` (an entry missing, renamed or resized), which no older step will fix either.
-inline format::step_manifest load_step(const fs::path& dir, std::uint64_t step, const state& st, int rank) {
+///
+/// `scratch` is staging memory to use when it is large enough (the checkpointer lends one of
+/// its snapshot slots, so a restore allocates nothing); otherwise staging is allocated here.
+inline format::step_manifest load_step(const fs::path& dir, std::uint64_t step, const state& st, int rank,
+                                       std::span<std::byte> scratch = {}) {
   const fs::path sdir = dir / format::step_dir_name(step);
   const fs::path mpath = sdir / std::string(format::step_manifest_name);
   const auto manifest = format::decode_step(elastic::detail::read_small_file(mpath), mpath.string());
@@ -280,9 +284,13 @@ inline format::step_manifest load_step(const fs::path& dir, std::uint64_t step, 
 
   std::uint64_t total = 0;
   for (const auto& e : st.entries()) total += e.kind == entry_kind::object ? home.find(e.name)->bytes : e.bytes;
-  detail::host_memory staging(static_cast<std::size_t>(total), st.has_device_entries());
+  detail::host_memory own;
+  std::byte* at = scratch.data();
+  if (scratch.size() < total) {
+    own = detail::host_memory(static_cast<std::size_t>(total), st.has_device_entries());
+    at = own.data();
+  }
   std::vector<std::span<const std::byte>> staged;
-  std::byte* at = staging.data();
   for (const auto& e : st.entries()) {
     const auto* rec = home.find(e.name);
     const std::uint64_t n = e.kind == entry_kind::object ? rec->bytes : e.bytes;
@@ -328,10 +336,11 @@ inline format::step_manifest load_step(const fs::path& dir, std::uint64_t step, 
 /// Returns nothing when `dir` holds no usable step (a fresh start). A step that does not fit
 /// the registered state is the caller's error, not damage: it is thrown, not skipped.
 inline std::optional<format::step_manifest> restore_newest(const fs::path& dir, const state& st, int rank,
-                                                           const event_log& events = {}) {
+                                                           const event_log& events = {},
+                                                           std::span<std::byte> scratch = {}) {
   for (auto step : list_steps(dir)) {
     try {
-      return load_step(dir, step, st, rank);
+      return load_step(dir, step, st, rank, scratch);
     } catch (const error& e) {
       if (e.code() == errc::mismatch) throw;
       events.emit("checkpoint_skipped",
