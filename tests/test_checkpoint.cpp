@@ -14,6 +14,7 @@
 #include <elastic/checkpoint.hpp>
 
 #include "support/catch.hpp"
+#include "support/errors.hpp"
 #include "support/process.hpp"
 
 namespace fs = std::filesystem;
@@ -32,16 +33,7 @@ void elastic_checkpoint(Archive& ar, cursor& c) {
   ar(c.epoch, c.order, c.tag);
 }
 
-template <class F>
-elastic::error catch_error(F&& f) {
-  try {
-    f();
-  } catch (const elastic::error& e) {
-    return e;
-  }
-  FAIL("expected an elastic::error");
-  return elastic::error(errc::invalid_argument, "unreachable");
-}
+using elastic::test::error_of;
 
 /// A small state with one of everything, filled from `seed`.
 struct model {
@@ -98,13 +90,13 @@ TEST_CASE("the registry refuses duplicates, bad names and wrong shapes") {
   std::uint64_t v = 0;
   ck::state st;
   st.add("a", a).add_value("v", v);
-  CHECK(catch_error([&] { st.add("a", a); }).code() == errc::invalid_argument);
-  CHECK(catch_error([&] { st.add("", a); }).code() == errc::invalid_argument);
-  CHECK(catch_error([&] { st.add("bad\nname", a); }).code() == errc::invalid_argument);
-  CHECK(catch_error([&] { st.add("shaped", a, {3, 4}); }).code() == errc::invalid_argument);
+  CHECK(error_of([&] { st.add("a", a); }).code() == errc::invalid_argument);
+  CHECK(error_of([&] { st.add("", a); }).code() == errc::invalid_argument);
+  CHECK(error_of([&] { st.add("bad\nname", a); }).code() == errc::invalid_argument);
+  CHECK(error_of([&] { st.add("shaped", a, {3, 4}); }).code() == errc::invalid_argument);
   CHECK_NOTHROW(st.add("shaped", a, {2, 5}));
-  CHECK(catch_error([&] { st.add_shard("s", std::span<float>(a), 95, 100); }).code() == errc::invalid_argument);
-  const auto e = catch_error([&] { st.add("dev", elastic::device_span<float>(a.data(), a.size())); });
+  CHECK(error_of([&] { st.add_shard("s", std::span<float>(a), 95, 100); }).code() == errc::invalid_argument);
+  const auto e = error_of([&] { st.add("dev", elastic::device_span<float>(a.data(), a.size())); });
   if (!ELASTIC_WITH_CUDA) {
     CHECK(e.code() == errc::invalid_argument);
     CHECK(std::string(e.what()).find("CUDA") != std::string::npos);
@@ -128,11 +120,11 @@ TEST_CASE("objects round-trip through their hook and refuse a changed layout") {
   // Fewer bytes than the hook reads, or more: a clear mismatch, never garbage.
   std::vector<std::byte> shorter(bytes.begin(), bytes.end() - 1);
   ck::input_archive in2(shorter, "cursor");
-  CHECK(catch_error([&] { in2(d); }).code() == errc::mismatch);
+  CHECK(error_of([&] { in2(d); }).code() == errc::mismatch);
   bytes.push_back(std::byte{0});
   ck::input_archive in3(bytes, "cursor");
   in3(d);
-  CHECK(catch_error([&] { in3.finish(); }).code() == errc::mismatch);
+  CHECK(error_of([&] { in3.finish(); }).code() == errc::mismatch);
 }
 
 TEST_CASE("a snapshot restores bit for bit, and the newest of several steps wins") {
@@ -236,7 +228,7 @@ TEST_CASE("a manifest of a newer format version is refused with a clear reason")
   m.run_id = "test";
   m.time = "2030-01-01T00:00:00Z";
   std::ofstream(fs::path(step_dir(dir, 2)) / "manifest.json", std::ios::trunc) << ck::format::encode(m);
-  const auto e = catch_error([&] { ck::storage::load_step(dir, 2, a.st, 0); });
+  const auto e = error_of([&] { ck::storage::load_step(dir, 2, a.st, 0); });
   CHECK(e.code() == errc::version_mismatch);
   CHECK(std::string(e.what()).find("upgrade elastic") != std::string::npos);
   model b(0);
@@ -258,7 +250,7 @@ TEST_CASE("a step that does not fit the registered state is an error, not a fall
   cursor c;
   ck::state renamed;
   renamed.add("weights", w).add("m", other).add_value("step", step).add_object("cursor", c);
-  const auto e = catch_error([&] { ck::checkpointer(renamed, opts(dir, events)).restore(); });
+  const auto e = error_of([&] { ck::checkpointer(renamed, opts(dir, events)).restore(); });
   CHECK(e.code() == errc::mismatch);
   const std::string what = e.what();
   CHECK(what.find("'weights' is registered but not in the checkpoint") != std::string::npos);
@@ -328,7 +320,7 @@ TEST_CASE("rank 0 does not commit a step while another rank's part is missing") 
   o.commit_timeout = std::chrono::milliseconds(200);
   ck::checkpointer c(st, o);
   c.snapshot(1);
-  const auto e = catch_error([&] { c.wait_durable(); });
+  const auto e = error_of([&] { c.wait_durable(); });
   CHECK(e.code() == errc::timeout);
   CHECK(ck::storage::list_steps(dir).empty());
   CHECK(elastic::test::events_named(events, "checkpoint_failed").size() == 1);
@@ -377,7 +369,7 @@ TEST_CASE("a staging budget too small for the state is refused up front") {
   model a(1);
   auto o = opts(tmp.file("ckpt"), tmp.file("e"));
   o.staging_budget = 1000;
-  const auto e = catch_error([&] { ck::checkpointer c(a.st, o); });
+  const auto e = error_of([&] { ck::checkpointer c(a.st, o); });
   CHECK(e.code() == errc::capacity_exhausted);
   CHECK(std::string(e.what()).find("raise staging_budget") != std::string::npos);
   o.staging_budget = a.st.fixed_bytes() + 4096;  // room for one copy: no double buffering

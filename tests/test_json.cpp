@@ -11,23 +11,14 @@
 #include <elastic/error.hpp>
 
 #include "support/catch.hpp"
+#include "support/errors.hpp"
 
 using elastic::errc;
 using elastic::detail::json;
 
 namespace {
 
-/// The error a call throws; fails the test when it throws nothing.
-template <class F>
-elastic::error error_of(F&& f) {
-  try {
-    f();
-  } catch (const elastic::error& e) {
-    return e;
-  }
-  FAIL("expected an elastic::error");
-  return elastic::error(errc::invalid_argument, "unreachable");
-}
+using elastic::test::error_of;
 
 bool contains(std::string_view text, std::string_view part) { return text.find(part) != std::string_view::npos; }
 

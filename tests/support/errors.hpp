@@ -1,0 +1,22 @@
+// Catching the library's errors in tests.
+#pragma once
+
+#include <elastic/error.hpp>
+
+#include "support/catch.hpp"
+
+namespace elastic::test {
+
+/// The error a call throws; fails the test when it throws nothing.
+template <class F>
+elastic::error error_of(F&& f) {
+  try {
+    f();
+  } catch (const elastic::error& e) {
+    return e;
+  }
+  FAIL("expected an elastic::error");
+  return elastic::error(errc::invalid_argument, "unreachable");
+}
+
+}  // namespace elastic::test
