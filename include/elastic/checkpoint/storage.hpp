@@ -252,6 +252,9 @@ inline format::step_manifest load_step(const fs::path& dir, std::uint64_t step, 
         throw error(errc::corrupt, fmt::format("{} is {} bytes, shorter than the {} its manifest describes (truncated)",
                                                p.string(), sb.st_size, parts[static_cast<std::size_t>(r)].data_bytes));
       }
+      // Let the disk stream ahead while we verify and copy what has arrived.
+      ::posix_fadvise(f.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
+      ::posix_fadvise(f.get(), 0, 0, POSIX_FADV_WILLNEED);
     }
     return f.get();
   };
