@@ -11,6 +11,9 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <atomic>
+#include <exception>
+#include <mutex>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -258,31 +261,40 @@ inline format::step_manifest load_step(const fs::path& dir, std::uint64_t step, 
     }
     return f.get();
   };
-  // Reads bytes [from, to) of record `rec` of rank `r` into `out`, verifying every chunk touched.
-  std::vector<std::byte> chunk;
+  // The reads to do, one per checksummed chunk: bytes [from, to) of a chunk of record `rec` of
+  // rank `r` land at `out`. Planned first, then run on a few threads: reading, verifying and
+  // copying then overlap on the cores while the disk streams ahead.
+  struct chunk_read {
+    int r;
+    const format::entry_record* rec;
+    std::uint64_t chunk, from, to;
+    std::byte* out;
+  };
+  std::vector<chunk_read> plan;
   auto read_range = [&](int r, const format::entry_record& rec, std::uint64_t from, std::uint64_t to, std::byte* out) {
-    const auto& part = parts[static_cast<std::size_t>(r)];
-    const std::uint64_t cb = part.chunk_bytes;
-    const fs::path p = sdir / format::rank_data_name(r);
+    const std::uint64_t cb = parts[static_cast<std::size_t>(r)].chunk_bytes;
     for (std::uint64_t c = from / cb; c * cb < to; ++c) {
-      const std::uint64_t c0 = c * cb, c1 = std::min(c0 + cb, rec.bytes);
-      const bool whole = from <= c0 && c1 <= to;
-      std::byte* dst = out + (c0 - from);
-      if (!whole) {
-        chunk.resize(static_cast<std::size_t>(c1 - c0));
-        dst = chunk.data();
-      }
-      elastic::detail::pread_all(file(r), dst, static_cast<std::size_t>(c1 - c0), rec.offset + c0, p);
-      const std::uint32_t crc = elastic::detail::crc32c(dst, static_cast<std::size_t>(c1 - c0));
-      if (crc != rec.crc[static_cast<std::size_t>(c)]) {
-        throw error(errc::corrupt, fmt::format("{}: entry '{}' bytes {}..{} fail their checksum (stored {:08x}, read {:08x})",
-                                               p.string(), rec.name, c0, c1, rec.crc[static_cast<std::size_t>(c)], crc));
-      }
-      if (!whole) {
-        const std::uint64_t a = std::max(from, c0), b = std::min(to, c1);
-        std::memcpy(out + (a - from), chunk.data() + (a - c0), static_cast<std::size_t>(b - a));
-      }
+      const std::uint64_t a = std::max(from, c * cb), b = std::min(to, std::min(c * cb + cb, rec.bytes));
+      plan.push_back({r, &rec, c, a, b, out + (a - from)});
     }
+  };
+  auto run_read = [&](const chunk_read& t, std::vector<std::byte>& scratch_chunk) {
+    const std::uint64_t cb = parts[static_cast<std::size_t>(t.r)].chunk_bytes;
+    const std::uint64_t c0 = t.chunk * cb, c1 = std::min(c0 + cb, t.rec->bytes);
+    const bool whole = t.from == c0 && t.to == c1;
+    std::byte* dst = t.out;
+    if (!whole) {
+      scratch_chunk.resize(static_cast<std::size_t>(c1 - c0));
+      dst = scratch_chunk.data();
+    }
+    const fs::path p = sdir / format::rank_data_name(t.r);
+    elastic::detail::pread_all(file(t.r), dst, static_cast<std::size_t>(c1 - c0), t.rec->offset + c0, p);
+    const std::uint32_t crc = elastic::detail::crc32c(dst, static_cast<std::size_t>(c1 - c0));
+    if (crc != t.rec->crc[static_cast<std::size_t>(t.chunk)]) {
+      throw error(errc::corrupt, fmt::format("{}: entry '{}' bytes {}..{} fail their checksum (stored {:08x}, read {:08x})",
+                                             p.string(), t.rec->name, c0, c1, t.rec->crc[static_cast<std::size_t>(t.chunk)], crc));
+    }
+    if (!whole) std::memcpy(t.out, scratch_chunk.data() + (t.from - c0), static_cast<std::size_t>(t.to - t.from));
   };
 
   std::uint64_t total = 0;
@@ -319,6 +331,34 @@ inline format::step_manifest load_step(const fs::path& dir, std::uint64_t step, 
     }
     staged.emplace_back(at, static_cast<std::size_t>(n));
     at += n;
+  }
+
+  // Open every file first (single-threaded: the lazily opened table is not shared-safe).
+  for (const auto& t : plan) file(t.r);
+  {
+    const unsigned threads = std::clamp(std::thread::hardware_concurrency(), 1u, 4u);
+    std::atomic<std::size_t> next{0};
+    std::atomic<bool> failed{false};
+    std::exception_ptr first_error;
+    std::mutex error_mu;
+    auto worker = [&] {
+      std::vector<std::byte> scratch_chunk;
+      for (std::size_t i; !failed.load(std::memory_order_relaxed) && (i = next.fetch_add(1)) < plan.size();) {
+        try {
+          run_read(plan[i], scratch_chunk);
+        } catch (...) {
+          std::lock_guard lk(error_mu);
+          if (!first_error) first_error = std::current_exception();
+          failed = true;
+        }
+      }
+    };
+    {
+      std::vector<std::jthread> pool;
+      for (unsigned i = 1; i < threads && plan.size() > 1; ++i) pool.emplace_back(worker);
+      worker();
+    }
+    if (first_error) std::rethrow_exception(first_error);
   }
 
   // Everything verified: now the caller's state changes.
