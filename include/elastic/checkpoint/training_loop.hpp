@@ -180,7 +180,19 @@ class training_loop {
     ++next_;
     const auto now = std::chrono::steady_clock::now();
     const double step_s = std::chrono::duration<double>(now - step_started_).count();
-    step_ema_ = step_ema_ == 0 ? step_s : 0.9 * step_ema_ + 0.1 * step_s;
+    // A checkpoint costs more than its stall: the copy and the write compete with training for
+    // cores, memory bandwidth and the disk. Steps run while one is in flight are charged their
+    // excess over the undisturbed step time (CheckFreq's measurement of interference).
+    if (in_flight_) {
+      inflight_cost_ += std::max(0.0, step_s - step_ema_);
+      const auto st = ckpt_.stats();
+      if (st.committed + st.failed > tracked_done_) {
+        in_flight_ = false;
+        pending_policy_update_ = opts_.max_overhead > 0;
+      }
+    } else {
+      step_ema_ = step_ema_ == 0 ? step_s : 0.9 * step_ema_ + 0.1 * step_s;
+    }
 
     if (preemption_handler::requested() && signals_) {
       final_checkpoint(loop_reason::preempted);
@@ -191,15 +203,21 @@ class training_loop {
       return false;
     }
     if (pending_policy_update_) {
-      // One step after a snapshot, its stall (snapshot + fence) is known.
+      // The newest checkpoint is durable: its whole cost is known.
       update_policy();
       pending_policy_update_ = false;
     }
     if (due(now)) {
+      const auto before = ckpt_.stats();
+      const auto t0 = std::chrono::steady_clock::now();
       ckpt_.snapshot(next_, {}, opts_.stream);
+      if (!in_flight_) {  // the cost of one checkpoint at a time is tracked
+        inflight_cost_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        tracked_done_ = before.snapshots;  // persisted in order: done once all before it and it are
+        in_flight_ = true;
+      }
       last_snapshot_step_ = next_;
       last_snapshot_time_ = now;
-      pending_policy_update_ = opts_.max_overhead > 0;
     }
     begin_step();
     return true;
@@ -211,17 +229,19 @@ class training_loop {
     return false;
   }
 
-  /// CheckFreq's rule: checkpoint every k steps where stall / (k * step) <= max_overhead, and
-  /// no more often than persistence can keep up with.
+  /// CheckFreq's rule: checkpoint every k steps where cost / (k * step) <= max_overhead, the
+  /// cost being the snapshot call plus the excess time of the steps it overlapped; and no
+  /// more often than persistence keeps up with.
   void update_policy() {
     const auto s = ckpt_.stats();
     if (step_ema_ <= 0) return;
-    const double by_stall = s.last_stall_seconds / (opts_.max_overhead * step_ema_);
+    const double by_cost = inflight_cost_ / (opts_.max_overhead * step_ema_);
     const double by_persist = s.last_persist_seconds / step_ema_;
-    const auto k = static_cast<std::uint64_t>(std::max(1.0, std::ceil(std::max(by_stall, by_persist))));
+    const auto k = static_cast<std::uint64_t>(std::max(1.0, std::ceil(std::max(by_cost, by_persist))));
     if (k != interval_) {
       interval_ = k;
       events_.emit("checkpoint_policy", {{"every_steps", k},
+                                         {"cost_ms", inflight_cost_ * 1e3},
                                          {"stall_ms", s.last_stall_seconds * 1e3},
                                          {"step_ms", step_ema_ * 1e3},
                                          {"persist_ms", s.last_persist_seconds * 1e3},
@@ -294,7 +314,10 @@ class training_loop {
   loop_reason reason_ = loop_reason::running;
   std::uint64_t start_ = 0, next_ = 0, interval_ = 0, last_snapshot_step_ = 0;
   std::chrono::steady_clock::time_point step_started_{}, last_snapshot_time_{std::chrono::steady_clock::now()};
-  double step_ema_ = 0;
+  double step_ema_ = 0;       // undisturbed step time
+  double inflight_cost_ = 0;  // seconds the newest checkpoint has cost the loop so far
+  bool in_flight_ = false;
+  std::uint64_t tracked_done_ = 0;  // the tracked checkpoint is done when committed + failed exceed this
   bool pending_policy_update_ = false;
   bool stop_requested_ = false;
 };
