@@ -11,9 +11,6 @@
 #include <sys/stat.h>
 
 #include <algorithm>
-#include <atomic>
-#include <exception>
-#include <mutex>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -262,8 +259,7 @@ inline format::step_manifest load_step(const fs::path& dir, std::uint64_t step, 
     return f.get();
   };
   // The reads to do, one per checksummed chunk: bytes [from, to) of a chunk of record `rec` of
-  // rank `r` land at `out`. Planned first, then run on a few threads: reading, verifying and
-  // copying then overlap on the cores while the disk streams ahead.
+  // rank `r` land at `out`.
   struct chunk_read {
     int r;
     const format::entry_record* rec;
@@ -333,32 +329,12 @@ inline format::step_manifest load_step(const fs::path& dir, std::uint64_t step, 
     at += n;
   }
 
-  // Open every file first (single-threaded: the lazily opened table is not shared-safe).
-  for (const auto& t : plan) file(t.r);
+  // One reader, in file order: the kernel's readahead (asked for above) keeps the disk
+  // streaming while we verify. Two reader threads measured slower here (0.42-0.77 of a plain
+  // read against 0.77-0.80 for one): they interleave offsets on one file and defeat readahead.
   {
-    const unsigned threads = std::clamp(std::thread::hardware_concurrency(), 1u, 4u);
-    std::atomic<std::size_t> next{0};
-    std::atomic<bool> failed{false};
-    std::exception_ptr first_error;
-    std::mutex error_mu;
-    auto worker = [&] {
-      std::vector<std::byte> scratch_chunk;
-      for (std::size_t i; !failed.load(std::memory_order_relaxed) && (i = next.fetch_add(1)) < plan.size();) {
-        try {
-          run_read(plan[i], scratch_chunk);
-        } catch (...) {
-          std::lock_guard lk(error_mu);
-          if (!first_error) first_error = std::current_exception();
-          failed = true;
-        }
-      }
-    };
-    {
-      std::vector<std::jthread> pool;
-      for (unsigned i = 1; i < threads && plan.size() > 1; ++i) pool.emplace_back(worker);
-      worker();
-    }
-    if (first_error) std::rethrow_exception(first_error);
+    std::vector<std::byte> scratch_chunk;
+    for (const auto& t : plan) run_read(t, scratch_chunk);
   }
 
   // Everything verified: now the caller's state changes.
