@@ -21,6 +21,7 @@
 #include <thread>
 #include <utility>
 
+#include <elastic/detail/names.hpp>
 #include <elastic/detail/process.hpp>
 #include <elastic/error.hpp>
 #include <elastic/timer/detail/table.hpp>
@@ -30,45 +31,10 @@ namespace elastic::timer::detail {
 namespace bip = boost::interprocess;
 
 /// Longest segment name accepted (the shm name adds a prefix; NAME_MAX is 255).
-inline constexpr std::size_t max_segment_name = 200;
+inline constexpr std::size_t max_segment_name = elastic::detail::max_shm_name;
 
-/// Throws errc::bad_name unless `name` is 1..200 characters of [A-Za-z0-9._-], not starting
-/// with '.' or '-'.
-/// `name` with control and non-ASCII bytes written as \xNN, so an error message can quote it.
-inline std::string printable(std::string_view name) {
-  std::string out;
-  for (char c : name) {
-    auto u = static_cast<unsigned char>(c);
-    if (u < 0x20 || u >= 0x7f) {
-      constexpr char hex[] = "0123456789abcdef";
-      out += "\\x";
-      out += hex[u >> 4];
-      out += hex[u & 15];
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
-
-inline void validate_segment_name(std::string_view name) {
-  auto bad = [&](const std::string& why) {
-    throw error(errc::bad_name, "watchdog segment name '" + printable(name) + "' " + why +
-                                    ": use 1 to 200 characters of A-Z a-z 0-9 . _ -");
-  };
-  if (name.empty()) bad("is empty");
-  if (name.size() > max_segment_name) bad("is " + std::to_string(name.size()) + " characters long");
-  if (name.front() == '.' || name.front() == '-') bad("starts with '" + std::string(1, name.front()) + "'");
-  for (char c : name) {
-    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-              c == '.' || c == '_' || c == '-';
-    if (!ok) {
-      auto u = static_cast<unsigned char>(c);
-      bad(u < 0x20 || u >= 0x7f ? "holds a control or non-ASCII byte"
-                                : "holds the character '" + std::string(1, c) + "'");
-    }
-  }
-}
+/// Throws errc::bad_name unless `name` is a valid shared-memory name (see detail/names.hpp).
+inline void validate_segment_name(std::string_view name) { elastic::detail::validate_shm_name("watchdog segment", name); }
 
 /// The POSIX shared-memory object behind a segment name (/dev/shm/elastic-timer.NAME).
 inline std::string shm_object_name(std::string_view name) {

@@ -1,0 +1,438 @@
+// The store for one host: a table in POSIX shared memory (Boost.Interprocess maps it), no
+// ports, no files. URL: shm://NAME (the object is /dev/shm/elastic-store.NAME, mode 0600).
+//
+// A process-shared robust mutex guards the table: when a client dies holding it, the next one
+// to lock gets EOWNERDEAD, drops the entry that was being written (entries are marked while a
+// write is under way) and carries on. Waiters sleep on a futex word bumped by every change.
+// Leases expire by the monotonic clock, which every process on a host shares.
+#pragma once
+
+#include <pthread.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <boost/interprocess/mapped_region.hpp>
+#include <boost/interprocess/shared_memory_object.hpp>
+#include <fmt/format.h>
+
+#include <elastic/detail/clock.hpp>
+#include <elastic/detail/futex.hpp>
+#include <elastic/detail/names.hpp>
+#include <elastic/error.hpp>
+#include <elastic/rendezvous/store.hpp>
+
+namespace elastic::rendezvous {
+
+namespace detail {
+
+namespace bip = boost::interprocess;
+
+inline constexpr std::uint64_t store_magic = 0x31524f5453454c45ULL;  // "ELESTOR1" little-endian
+inline constexpr std::uint32_t store_layout_version = 1;
+inline constexpr std::size_t max_key = 255;
+inline constexpr std::size_t max_value = 16 * 1024;
+inline constexpr std::uint32_t store_capacity = 1024;
+inline constexpr std::uint32_t max_leases = 1024;
+
+enum entry_state : std::uint32_t { entry_free = 0, entry_live = 1, entry_writing = 2 };
+
+struct store_entry {
+  std::uint32_t state;
+  std::uint32_t key_len;
+  std::uint32_t value_len;
+  std::uint32_t reserved;
+  std::int64_t lease;
+  char key[max_key + 1];
+  char value[max_value];
+};
+
+struct store_lease {
+  std::int64_t id;          // 0: free
+  std::int64_t ttl_ns;
+  std::int64_t expires_ns;  // CLOCK_MONOTONIC
+};
+
+struct store_header {
+  std::atomic<std::uint64_t> magic;  // written last
+  std::uint32_t layout_version;
+  std::uint32_t capacity;
+  std::uint32_t owner_uid;
+  std::uint32_t max_value_bytes;
+  std::atomic<std::uint32_t> changes;  // futex word: bumped on every change
+  std::uint32_t reserved;
+  std::int64_t next_lease;
+  pthread_mutex_t mutex;
+  store_lease leases[max_leases];
+};
+
+struct store_layout {
+  store_header head;
+  store_entry entries[store_capacity];
+};
+
+}  // namespace detail
+
+class shm_store final : public store {
+ public:
+  /// Opens the store NAME, creating it if it does not exist.
+  explicit shm_store(std::string_view name, std::chrono::milliseconds ready_timeout = std::chrono::seconds(2))
+      : name_(name) {
+    elastic::detail::validate_shm_name("store", name);
+    const std::string obj = object_name(name);
+    for (int attempt = 0;; ++attempt) {
+      try {
+        detail::bip::permissions perm;
+        perm.set_permissions(0600);
+        shm_ = detail::bip::shared_memory_object(detail::bip::create_only, obj.c_str(), detail::bip::read_write, perm);
+        initialize();
+        return;
+      } catch (const detail::bip::interprocess_exception& e) {
+        if (e.get_native_error() != EEXIST) throw open_error(e);
+      }
+      try {
+        shm_ = detail::bip::shared_memory_object(detail::bip::open_only, obj.c_str(), detail::bip::read_write);
+        break;
+      } catch (const detail::bip::interprocess_exception& e) {
+        if (e.get_native_error() != ENOENT || attempt > 100) throw open_error(e);
+      }
+    }
+    attach(ready_timeout);
+  }
+
+  /// Removes the store NAME from /dev/shm (processes that have it open keep their mapping).
+  static bool remove(std::string_view name) {
+    return detail::bip::shared_memory_object::remove(object_name(name).c_str());
+  }
+
+  [[nodiscard]] const std::string& name() const noexcept { return name_; }
+
+  void set(std::string_view key, std::string_view value, lease_id lease = 0) override {
+    check_key(key);
+    check_value(key, value);
+    locked lk(*this);
+    check_lease_locked(lease);
+    write_locked(key, value, lease);
+  }
+
+  std::optional<std::string> get(std::string_view key) override {
+    check_key(key);
+    locked lk(*this);
+    if (auto* e = find_locked(key)) return std::string(e->value, e->value_len);
+    return std::nullopt;
+  }
+  using store::get;
+
+  std::int64_t add(std::string_view key, std::int64_t delta) override {
+    check_key(key);
+    locked lk(*this);
+    std::int64_t v = 0;
+    if (auto* e = find_locked(key)) v = parse_int(key, std::string_view(e->value, e->value_len));
+    v += delta;
+    write_locked(key, std::to_string(v), 0);
+    return v;
+  }
+
+  bool compare_set(std::string_view key, std::optional<std::string_view> expected, std::string_view desired,
+                   lease_id lease = 0, std::optional<std::string>* actual = nullptr) override {
+    check_key(key);
+    check_value(key, desired);
+    locked lk(*this);
+    check_lease_locked(lease);
+    auto* e = find_locked(key);
+    const bool match = expected ? (e && std::string_view(e->value, e->value_len) == *expected) : e == nullptr;
+    if (!match) {
+      if (actual) *actual = e ? std::optional<std::string>(std::string(e->value, e->value_len)) : std::nullopt;
+      return false;
+    }
+    write_locked(key, desired, lease);
+    return true;
+  }
+
+  bool erase(std::string_view key) override {
+    check_key(key);
+    locked lk(*this);
+    auto* e = find_locked(key);
+    if (!e) return false;
+    e->state = detail::entry_free;
+    changed_locked();
+    return true;
+  }
+
+  void wait(std::span<const std::string> keys, std::chrono::milliseconds timeout) override {
+    const std::int64_t deadline = elastic::detail::monotonic_ns() + std::chrono::nanoseconds(timeout).count();
+    for (;;) {
+      const std::uint32_t seen = head().changes.load(std::memory_order_acquire);
+      std::vector<std::string> missing;
+      {
+        locked lk(*this);
+        for (const auto& k : keys)
+          if (!find_locked(k)) missing.push_back(k);
+      }
+      if (missing.empty()) return;
+      if (elastic::detail::monotonic_ns() >= deadline) {
+        std::string list;
+        for (const auto& k : missing) list += (list.empty() ? "'" : ", '") + k + "'";
+        throw error(errc::timeout, fmt::format("store shm://{}: {} still missing after {} ms", name_, list, timeout.count()));
+      }
+      // Leases may expire while we sleep: wake at least every 100 ms to let them.
+      elastic::detail::futex_wait_until(head().changes, seen,
+                                        std::min(deadline, elastic::detail::monotonic_ns() + 100'000'000));
+    }
+  }
+
+  std::vector<std::pair<std::string, std::string>> list(std::string_view prefix) override {
+    std::vector<std::pair<std::string, std::string>> out;
+    {
+      locked lk(*this);
+      for (auto& e : layout().entries) {
+        if (e.state != detail::entry_live) continue;
+        std::string_view k(e.key, e.key_len);
+        if (k.substr(0, prefix.size()) == prefix) out.emplace_back(std::string(k), std::string(e.value, e.value_len));
+      }
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+
+  lease_id grant(std::chrono::milliseconds ttl) override {
+    if (ttl.count() <= 0) throw error(errc::invalid_argument, "store lease time to live must be positive");
+    locked lk(*this);
+    for (auto& l : head().leases) {
+      if (l.id != 0) continue;
+      l.id = ++head().next_lease;
+      l.ttl_ns = std::chrono::nanoseconds(ttl).count();
+      l.expires_ns = elastic::detail::monotonic_ns() + l.ttl_ns;
+      return l.id;
+    }
+    throw error(errc::capacity_exhausted,
+                fmt::format("store shm://{} has {} live leases, its limit: revoke the ones you no longer need", name_,
+                            detail::max_leases));
+  }
+
+  void keep_alive(lease_id lease) override {
+    locked lk(*this);
+    auto* l = find_lease_locked(lease);
+    if (!l) throw error(errc::not_found, fmt::format("store shm://{}: lease {} has expired; its keys are gone", name_, lease));
+    l->expires_ns = elastic::detail::monotonic_ns() + l->ttl_ns;
+  }
+
+  void revoke(lease_id lease) override {
+    locked lk(*this);
+    if (auto* l = find_lease_locked(lease)) drop_lease_locked(*l);
+  }
+
+  /// For tests of the robust lock: takes the lock and never gives it back (the caller then
+  /// dies). Leaves `key` half-written, as a client killed in the middle of set() would.
+  void lock_and_start_writing_for_test(std::string_view key) {
+    lock();
+    for (auto& e : layout().entries) {
+      if (e.state == detail::entry_free) {
+        e.state = detail::entry_writing;
+        std::memcpy(e.key, key.data(), key.size());
+        e.key_len = static_cast<std::uint32_t>(key.size());
+        return;
+      }
+    }
+  }
+
+ private:
+  struct locked {
+    explicit locked(shm_store& s) : s_(s) {
+      s_.lock();
+      s_.expire_locked();
+    }
+    ~locked() { ::pthread_mutex_unlock(&s_.head().mutex); }
+    locked(const locked&) = delete;
+    locked& operator=(const locked&) = delete;
+    shm_store& s_;
+  };
+
+  static std::string object_name(std::string_view name) { return "elastic-store." + std::string(name); }
+
+  error open_error(const detail::bip::interprocess_exception& e) const {
+    return error(errc::os_error, "cannot open store shm://" + name_ + " (/dev/shm/" + object_name(name_) + "): " + e.what(),
+                 std::error_code(e.get_native_error(), std::generic_category()));
+  }
+
+  detail::store_layout& layout() const noexcept { return *static_cast<detail::store_layout*>(region_.get_address()); }
+  detail::store_header& head() const noexcept { return layout().head; }
+
+  void initialize() {
+    shm_.truncate(static_cast<detail::bip::offset_t>(sizeof(detail::store_layout)));
+    region_ = detail::bip::mapped_region(shm_, detail::bip::read_write);
+    auto& h = head();
+    h.layout_version = detail::store_layout_version;
+    h.capacity = detail::store_capacity;
+    h.owner_uid = ::getuid();
+    h.max_value_bytes = detail::max_value;
+    h.next_lease = 0;
+    pthread_mutexattr_t a;
+    ::pthread_mutexattr_init(&a);
+    ::pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+    ::pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+    const int rc = ::pthread_mutex_init(&h.mutex, &a);
+    ::pthread_mutexattr_destroy(&a);
+    if (rc != 0) throw os_error("cannot initialize the lock of store shm://" + name_, rc);
+    h.magic.store(detail::store_magic, std::memory_order_release);
+  }
+
+  void attach(std::chrono::milliseconds ready_timeout) {
+    struct stat st {};
+    if (::fstat(shm_.get_mapping_handle().handle, &st) != 0) throw os_error("cannot stat store shm://" + name_);
+    if (st.st_uid != ::getuid()) {
+      throw error(errc::owner_mismatch, fmt::format("store shm://{} belongs to uid {}, not to us (uid {}): use another "
+                                                    "name, or run as its owner",
+                                                    name_, st.st_uid, ::getuid()));
+    }
+    const auto until = std::chrono::steady_clock::now() + ready_timeout;
+    for (;;) {
+      detail::bip::offset_t size = 0;
+      shm_.get_size(size);
+      if (static_cast<std::size_t>(size) >= sizeof(detail::store_header)) {
+        if (!region_.get_address()) region_ = detail::bip::mapped_region(shm_, detail::bip::read_write);
+        if (head().magic.load(std::memory_order_acquire) != 0) break;
+      }
+      if (std::chrono::steady_clock::now() >= until) {
+        throw error(errc::corrupt, fmt::format("store shm://{} was never initialized (its creator died while creating "
+                                               "it): remove /dev/shm/{} and retry",
+                                               name_, object_name(name_)));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    const auto& h = head();
+    if (h.magic.load() != detail::store_magic || h.layout_version != detail::store_layout_version ||
+        h.capacity != detail::store_capacity || h.max_value_bytes != detail::max_value ||
+        region_.get_size() < sizeof(detail::store_layout)) {
+      throw error(errc::version_mismatch,
+                  fmt::format("store shm://{} has another layout (version {}, {} entries of {} bytes); this build "
+                              "uses version {}: stop the jobs using it and remove /dev/shm/{}",
+                              name_, h.layout_version, h.capacity, h.max_value_bytes, detail::store_layout_version,
+                              object_name(name_)));
+    }
+  }
+
+  void lock() {
+    const int rc = ::pthread_mutex_lock(&head().mutex);
+    if (rc == EOWNERDEAD) {
+      // The holder died mid-operation: drop what it was writing, then the table is consistent.
+      for (auto& e : layout().entries)
+        if (e.state == detail::entry_writing) e.state = detail::entry_free;
+      ::pthread_mutex_consistent(&head().mutex);
+      changed_locked();
+      return;
+    }
+    if (rc != 0) throw os_error("cannot lock store shm://" + name_, rc);
+  }
+
+  void changed_locked() noexcept {
+    head().changes.fetch_add(1, std::memory_order_release);
+    elastic::detail::futex_wake(head().changes);
+  }
+
+  void expire_locked() {
+    const std::int64_t now = elastic::detail::monotonic_ns();
+    for (auto& l : head().leases)
+      if (l.id != 0 && l.expires_ns <= now) drop_lease_locked(l);
+  }
+
+  void drop_lease_locked(detail::store_lease& l) {
+    for (auto& e : layout().entries)
+      if (e.state == detail::entry_live && e.lease == l.id) e.state = detail::entry_free;
+    l.id = 0;
+    changed_locked();
+  }
+
+  detail::store_lease* find_lease_locked(lease_id id) const noexcept {
+    if (id == 0) return nullptr;
+    for (auto& l : head().leases)
+      if (l.id == id) return &l;
+    return nullptr;
+  }
+
+  void check_lease_locked(lease_id lease) const {
+    if (lease != 0 && !find_lease_locked(lease)) {
+      throw error(errc::not_found, fmt::format("store shm://{}: lease {} has expired or was never granted", name_, lease));
+    }
+  }
+
+  detail::store_entry* find_locked(std::string_view key) const noexcept {
+    for (auto& e : layout().entries)
+      if (e.state == detail::entry_live && std::string_view(e.key, e.key_len) == key) return &e;
+    return nullptr;
+  }
+
+  void write_locked(std::string_view key, std::string_view value, lease_id lease) {
+    detail::store_entry* e = find_locked(key);
+    if (!e) {
+      for (auto& c : layout().entries) {
+        if (c.state == detail::entry_free) {
+          e = &c;
+          break;
+        }
+      }
+    }
+    if (!e) {
+      throw error(errc::capacity_exhausted, fmt::format("store shm://{} holds {} keys, its limit: erase keys of "
+                                                        "finished runs",
+                                                        name_, detail::store_capacity));
+    }
+    // Marked first: if we die in the middle, the next locker drops the entry.
+    e->state = detail::entry_writing;
+    std::memcpy(e->key, key.data(), key.size());
+    e->key_len = static_cast<std::uint32_t>(key.size());
+    if (!value.empty()) std::memcpy(e->value, value.data(), value.size());
+    e->value_len = static_cast<std::uint32_t>(value.size());
+    e->lease = lease;
+    e->state = detail::entry_live;
+    changed_locked();
+  }
+
+  void check_key(std::string_view key) const {
+    if (key.empty() || key.size() > detail::max_key) {
+      throw error(errc::invalid_argument,
+                  fmt::format("store key '{}' is {} bytes: use 1 to {}", elastic::detail::printable(key.substr(0, 64)),
+                              key.size(), detail::max_key));
+    }
+  }
+  void check_value(std::string_view key, std::string_view value) const {
+    if (value.size() > detail::max_value) {
+      throw error(errc::invalid_argument, fmt::format("value for store key '{}' is {} bytes; shm:// stores hold at most {}",
+                                                      elastic::detail::printable(key), value.size(), detail::max_value));
+    }
+  }
+  std::int64_t parse_int(std::string_view key, std::string_view v) const {
+    const bool neg = !v.empty() && v[0] == '-';
+    const std::string_view digits = v.substr(neg ? 1 : 0);
+    std::int64_t out = 0;
+    bool ok = !digits.empty() && digits.size() <= 18;
+    for (char c : digits) {
+      ok = ok && c >= '0' && c <= '9';
+      if (ok) out = out * 10 + (c - '0');
+    }
+    if (!ok) {
+      throw error(errc::invalid_argument,
+                  fmt::format("store key '{}' holds '{}', not an integer: add() cannot count on it",
+                              elastic::detail::printable(key), elastic::detail::printable(v.substr(0, 64))));
+    }
+    return neg ? -out : out;
+  }
+
+  std::string name_;
+  detail::bip::shared_memory_object shm_;
+  detail::bip::mapped_region region_;
+};
+
+}  // namespace elastic::rendezvous

@@ -1,0 +1,65 @@
+// The key-value store the rendezvous runs on: what every backend (shm_store on one host,
+// etcd_store across hosts) offers.
+//
+// Keys and values are byte strings. A key set with a lease vanishes when the lease expires,
+// that is when its owner stops calling keep_alive() for longer than the lease's time to live:
+// that is how the rendezvous notices a participant that died without a word.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <elastic/error.hpp>
+
+namespace elastic::rendezvous {
+
+/// A lease handle; 0 means "no lease".
+using lease_id = std::int64_t;
+
+class store {
+ public:
+  virtual ~store() = default;
+
+  /// Sets `key` to `value`, attached to `lease` when it is not 0.
+  virtual void set(std::string_view key, std::string_view value, lease_id lease = 0) = 0;
+  /// The value of `key`, or nothing.
+  [[nodiscard]] virtual std::optional<std::string> get(std::string_view key) = 0;
+  /// Adds `delta` to the integer held by `key` (0 when absent) and returns the new value.
+  virtual std::int64_t add(std::string_view key, std::int64_t delta) = 0;
+  /// Sets `key` to `desired` if it holds `expected` (nothing: if it is absent). Returns whether
+  /// it did; `actual` receives what the key held otherwise.
+  virtual bool compare_set(std::string_view key, std::optional<std::string_view> expected, std::string_view desired,
+                           lease_id lease = 0, std::optional<std::string>* actual = nullptr) = 0;
+  /// Removes `key`; false if it was absent.
+  virtual bool erase(std::string_view key) = 0;
+  /// Blocks until every key in `keys` exists; throws errc::timeout naming the missing ones.
+  virtual void wait(std::span<const std::string> keys, std::chrono::milliseconds timeout) = 0;
+  /// Every key starting with `prefix`, with its value, in key order.
+  [[nodiscard]] virtual std::vector<std::pair<std::string, std::string>> list(std::string_view prefix) = 0;
+
+  /// A lease that expires `ttl` after its last keep_alive().
+  virtual lease_id grant(std::chrono::milliseconds ttl) = 0;
+  /// Renews `lease`; throws errc::not_found when it has already expired (its keys are gone).
+  virtual void keep_alive(lease_id lease) = 0;
+  /// Ends `lease` now and removes its keys.
+  virtual void revoke(lease_id lease) = 0;
+
+  /// Waits for `key` and returns its value.
+  std::string get(std::string_view key, std::chrono::milliseconds timeout) {
+    const auto until = std::chrono::steady_clock::now() + timeout;
+    const std::string k(key);
+    for (;;) {
+      if (auto v = get(key)) return *v;
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+      wait(std::span<const std::string>(&k, 1), std::max(left, std::chrono::milliseconds(0)));
+    }
+  }
+};
+
+}  // namespace elastic::rendezvous

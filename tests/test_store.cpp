@@ -1,0 +1,223 @@
+// The shm:// store with real processes: atomic counters across forked clients, waits, leases
+// that vanish, a client SIGKILLed while it holds the lock, and store URLs.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <elastic/rendezvous/shm_store.hpp>
+#include <elastic/rendezvous/store_url.hpp>
+
+#include "support/catch.hpp"
+#include "support/errors.hpp"
+#include "support/process.hpp"
+
+using namespace std::chrono_literals;
+using elastic::errc;
+using elastic::test::error_of;
+namespace rdzv = elastic::rendezvous;
+
+namespace {
+
+/// A store with a unique name, removed at the end of the test.
+struct scratch_store {
+  std::string name = elastic::test::unique_name("store");
+  rdzv::shm_store s{name};
+  ~scratch_store() { rdzv::shm_store::remove(name); }
+};
+
+/// Runs `f` in a forked child; returns its wait status.
+template <class F>
+int in_child(F&& f) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    try {
+      f();
+    } catch (...) {
+      std::_Exit(99);
+    }
+    std::_Exit(0);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return status;
+}
+
+}  // namespace
+
+TEST_CASE("set, get, erase, list and compare_set behave like a map") {
+  scratch_store t;
+  auto& s = t.s;
+  CHECK_FALSE(s.get("a"));
+  s.set("run/a", "1");
+  s.set("run/b", std::string(1000, 'x'));
+  s.set("other", "");
+  CHECK(s.get("run/a") == "1");
+  CHECK(s.get("other") == "");
+  CHECK(s.list("run/") == std::vector<std::pair<std::string, std::string>>{{"run/a", "1"}, {"run/b", std::string(1000, 'x')}});
+  CHECK(s.erase("run/a"));
+  CHECK_FALSE(s.erase("run/a"));
+  CHECK(s.compare_set("leader", std::nullopt, "rank-0"));
+  std::optional<std::string> actual;
+  CHECK_FALSE(s.compare_set("leader", std::nullopt, "rank-1", 0, &actual));
+  CHECK(actual == "rank-0");
+  CHECK_FALSE(s.compare_set("leader", std::string_view("rank-9"), "rank-1"));
+  CHECK(s.compare_set("leader", std::string_view("rank-0"), "rank-1"));
+  CHECK(s.get("leader") == "rank-1");
+}
+
+TEST_CASE("bad keys, values and counters get clear errors") {
+  scratch_store t;
+  CHECK(error_of([&] { t.s.set("", "v"); }).code() == errc::invalid_argument);
+  CHECK(error_of([&] { t.s.set(std::string(256, 'k'), "v"); }).code() == errc::invalid_argument);
+  CHECK(error_of([&] { t.s.set("k", std::string(16 * 1024 + 1, 'v')); }).code() == errc::invalid_argument);
+  t.s.set("word", "hello");
+  const auto e = error_of([&] { t.s.add("word", 1); });
+  CHECK(e.code() == errc::invalid_argument);
+  CHECK(std::string(e.what()).find("not an integer") != std::string::npos);
+  CHECK(error_of([&] { rdzv::shm_store bad("../etc"); }).code() == errc::bad_name);
+}
+
+TEST_CASE("add is atomic across processes") {
+  scratch_store t;
+  std::vector<pid_t> kids;
+  for (int p = 0; p < 4; ++p) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      rdzv::shm_store s(t.name);
+      for (int i = 0; i < 500; ++i) s.add("count", 1);
+      std::_Exit(0);
+    }
+    kids.push_back(pid);
+  }
+  for (pid_t pid : kids) {
+    int st = 0;
+    ::waitpid(pid, &st, 0);
+    CHECK(WIFEXITED(st));
+  }
+  CHECK(t.s.add("count", 0) == 2000);
+  CHECK(t.s.add("count", -2000) == 0);
+}
+
+TEST_CASE("wait returns when another process sets the keys, and times out naming the missing ones") {
+  scratch_store t;
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    rdzv::shm_store s(t.name);
+    std::this_thread::sleep_for(50ms);
+    s.set("k1", "a");
+    std::this_thread::sleep_for(50ms);
+    s.set("k2", "b");
+    std::_Exit(0);
+  }
+  const std::vector<std::string> keys{"k1", "k2"};
+  const auto t0 = std::chrono::steady_clock::now();
+  t.s.wait(keys, 10s);
+  CHECK(std::chrono::steady_clock::now() - t0 < 5s);
+  CHECK(t.s.get("k2", 1s) == "b");
+  int st = 0;
+  ::waitpid(pid, &st, 0);
+  const std::vector<std::string> absent{"k1", "nope"};
+  const auto e = error_of([&] { t.s.wait(absent, 50ms); });
+  CHECK(e.code() == errc::timeout);
+  CHECK(std::string(e.what()).find("'nope'") != std::string::npos);
+  CHECK(std::string(e.what()).find("'k1'") == std::string::npos);
+}
+
+TEST_CASE("leased keys vanish when their owner stops heartbeating") {
+  scratch_store t;
+  const auto lease = t.s.grant(200ms);
+  t.s.set("alive/0", "x", lease);
+  for (int i = 0; i < 5; ++i) {
+    std::this_thread::sleep_for(100ms);
+    t.s.keep_alive(lease);
+    CHECK(t.s.get("alive/0"));
+  }
+  std::this_thread::sleep_for(300ms);
+  CHECK_FALSE(t.s.get("alive/0"));
+  CHECK(error_of([&] { t.s.keep_alive(lease); }).code() == errc::not_found);
+  CHECK(error_of([&] { t.s.set("late", "x", lease); }).code() == errc::not_found);
+  const auto l2 = t.s.grant(10s);
+  t.s.set("alive/1", "y", l2);
+  t.s.revoke(l2);
+  CHECK_FALSE(t.s.get("alive/1"));
+}
+
+TEST_CASE("a lease of a process that was SIGKILLed expires and its keys go") {
+  scratch_store t;
+  const int st = in_child([&] {
+    rdzv::shm_store s(t.name);
+    const auto l = s.grant(150ms);
+    s.set("member/7", "here", l);
+    ::raise(SIGKILL);
+  });
+  CHECK(WIFSIGNALED(st));
+  CHECK(t.s.get("member/7") == "here");
+  std::this_thread::sleep_for(300ms);
+  CHECK_FALSE(t.s.get("member/7"));
+}
+
+TEST_CASE("a client SIGKILLed while holding the lock does not wedge the store") {
+  scratch_store t;
+  t.s.set("kept", "1");
+  const int st = in_child([&] {
+    rdzv::shm_store s(t.name);
+    s.lock_and_start_writing_for_test("torn");
+    ::raise(SIGKILL);
+  });
+  REQUIRE(WIFSIGNALED(st));
+  // The robust lock hands over; the half-written entry is dropped; the rest is intact.
+  CHECK(t.s.get("kept") == "1");
+  CHECK_FALSE(t.s.get("torn"));
+  t.s.set("after", "2");
+  CHECK(t.s.get("after") == "2");
+}
+
+TEST_CASE("a store of another layout or another user is refused and left alone") {
+  const std::string name = elastic::test::unique_name("store");
+  const std::string path = "/dev/shm/elastic-store." + name;
+  {
+    rdzv::shm_store s(name);
+    s.set("k", "v");
+  }
+  {
+    // Another layout version: bytes 8..11 of the header.
+    FILE* f = std::fopen(path.c_str(), "r+b");
+    REQUIRE(f);
+    std::fseek(f, 8, SEEK_SET);
+    const std::uint32_t v = 99;
+    std::fwrite(&v, sizeof v, 1, f);
+    std::fclose(f);
+  }
+  const auto e = error_of([&] { rdzv::shm_store s(name); });
+  CHECK(e.code() == errc::version_mismatch);
+  CHECK(std::string(e.what()).find("remove /dev/shm/") != std::string::npos);
+  if (::getuid() == 0) {
+    REQUIRE(::chown(path.c_str(), 12345, 12345) == 0);
+    CHECK(error_of([&] { rdzv::shm_store s(name); }).code() == errc::owner_mismatch);
+  }
+  rdzv::shm_store::remove(name);
+}
+
+TEST_CASE("store URLs parse, and bad ones say what to write") {
+  const auto shm = rdzv::parse_store_url("shm://job-7");
+  CHECK(shm.scheme == rdzv::store_url::kind::shm);
+  CHECK(shm.name == "job-7");
+  const auto etcd = rdzv::parse_store_url("etcd://10.0.0.1:2379,etcd-b.svc:2380,[::1]:2381");
+  CHECK(etcd.scheme == rdzv::store_url::kind::etcd);
+  CHECK_FALSE(etcd.tls);
+  CHECK(etcd.endpoints == std::vector<rdzv::endpoint>{{"10.0.0.1", 2379}, {"etcd-b.svc", 2380}, {"::1", 2381}});
+  CHECK(rdzv::parse_store_url("etcds://h:1").tls);
+  for (const char* bad : {"", "job", "http://x:1", "etcd://", "etcd://host", "etcd://host:0", "etcd://host:70000",
+                          "etcd://host:12a", "etcd://:2379", "etcd://a:1,", "etcd://[::1:2379", "etcd://ho st:1"}) {
+    INFO(bad);
+    const auto e = error_of([&] { rdzv::parse_store_url(bad); });
+    CHECK(e.code() == errc::invalid_argument);
+    CHECK(std::string(e.what()).find("use shm://NAME or etcd://HOST:PORT") != std::string::npos);
+  }
+  CHECK(error_of([&] { rdzv::parse_store_url("shm://a/b"); }).code() == errc::bad_name);
+}
