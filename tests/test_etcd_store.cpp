@@ -23,6 +23,7 @@
 #include "support/errors.hpp"
 #include "support/etcd_server.hpp"
 #include "support/process.hpp"
+#include "support/store_contract.hpp"
 
 #ifndef ELASTIC_OPENSSL_TOOL
 #define ELASTIC_OPENSSL_TOOL ""
@@ -200,26 +201,10 @@ TEST_CASE("bad URLs and options are refused before any request") {
 TEST_CASE("set, get, erase, list and compare_set behave like a map") {
   etcd_server etcd;
   rdzv::etcd_store s(etcd.url(), test_options());
-  CHECK_FALSE(s.get("a"));
-  s.set("run/a", "1");
-  s.set("run/b", std::string(1000, 'x'));
-  s.set("other", "");
-  CHECK(s.get("run/a") == "1");
-  CHECK(s.get("other") == "");
-  CHECK(s.list("run/") == std::vector<std::pair<std::string, std::string>>{{"run/a", "1"}, {"run/b", std::string(1000, 'x')}});
-  CHECK(s.erase("run/a"));
-  CHECK_FALSE(s.erase("run/a"));
-  CHECK(s.compare_set("leader", std::nullopt, "rank-0"));
-  std::optional<std::string> actual;
-  CHECK_FALSE(s.compare_set("leader", std::nullopt, "rank-1", 0, &actual));
-  CHECK(actual == "rank-0");
-  CHECK_FALSE(s.compare_set("leader", std::string_view("rank-9"), "rank-1"));
-  CHECK(s.compare_set("leader", std::string_view("rank-0"), "rank-1"));
-  CHECK(s.get("leader") == "rank-1");
-  CHECK(s.get("leader", 1s) == "rank-1");
+  elastic::test::check_map_behaviour(s);
 
   SECTION("an empty expected value matches an empty value, not an absent key") {
-    actual = "stale";
+    std::optional<std::string> actual = "stale";
     CHECK_FALSE(s.compare_set("empty", std::string_view(""), "x", 0, &actual));
     CHECK_FALSE(actual);
     s.set("empty", "");

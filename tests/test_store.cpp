@@ -15,6 +15,7 @@
 #include "support/catch.hpp"
 #include "support/errors.hpp"
 #include "support/process.hpp"
+#include "support/store_contract.hpp"
 
 using namespace std::chrono_literals;
 using elastic::errc;
@@ -51,23 +52,7 @@ int in_child(F&& f) {
 
 TEST_CASE("set, get, erase, list and compare_set behave like a map") {
   scratch_store t;
-  auto& s = t.s;
-  CHECK_FALSE(s.get("a"));
-  s.set("run/a", "1");
-  s.set("run/b", std::string(1000, 'x'));
-  s.set("other", "");
-  CHECK(s.get("run/a") == "1");
-  CHECK(s.get("other") == "");
-  CHECK(s.list("run/") == std::vector<std::pair<std::string, std::string>>{{"run/a", "1"}, {"run/b", std::string(1000, 'x')}});
-  CHECK(s.erase("run/a"));
-  CHECK_FALSE(s.erase("run/a"));
-  CHECK(s.compare_set("leader", std::nullopt, "rank-0"));
-  std::optional<std::string> actual;
-  CHECK_FALSE(s.compare_set("leader", std::nullopt, "rank-1", 0, &actual));
-  CHECK(actual == "rank-0");
-  CHECK_FALSE(s.compare_set("leader", std::string_view("rank-9"), "rank-1"));
-  CHECK(s.compare_set("leader", std::string_view("rank-0"), "rank-1"));
-  CHECK(s.get("leader") == "rank-1");
+  elastic::test::check_map_behaviour(t.s);
 }
 
 TEST_CASE("bad keys, values and counters get clear errors") {

@@ -260,7 +260,7 @@ class etcd_store final : public store {
     // else wrote in between.
     auto current = request("/v3/kv/range", range, [](const json& r) { return first_kv(r); });
     for (;;) {
-      const std::int64_t v = (current ? parse_int(key, current->value) : 0) + delta;
+      const std::int64_t v = (current ? detail::parse_counter(key, current->value) : 0) + delta;
       json cmp;
       cmp["key"] = k;
       if (current) {
@@ -506,23 +506,6 @@ class etcd_store final : public store {
 
   void check_key(std::string_view key) const {
     if (key.empty()) throw error(errc::invalid_argument, fmt::format("store {}: a key must not be empty", url_));
-  }
-
-  static std::int64_t parse_int(std::string_view key, std::string_view v) {
-    const bool neg = !v.empty() && v[0] == '-';
-    const std::string_view digits = v.substr(neg ? 1 : 0);
-    std::int64_t out = 0;
-    bool ok = !digits.empty() && digits.size() <= 18;
-    for (char c : digits) {
-      ok = ok && c >= '0' && c <= '9';
-      if (ok) out = out * 10 + (c - '0');
-    }
-    if (!ok) {
-      throw error(errc::invalid_argument,
-                  fmt::format("store key '{}' holds '{}', not an integer: add() cannot count on it",
-                              elastic::detail::printable(key), elastic::detail::printable(v.substr(0, 64))));
-    }
-    return neg ? -out : out;
   }
 
   /// Fills `missing` with the keys that do not exist; returns the revision the check saw.

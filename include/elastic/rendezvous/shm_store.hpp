@@ -139,7 +139,7 @@ class shm_store final : public store {
     check_key(key);
     locked lk(*this);
     std::int64_t v = 0;
-    if (auto* e = find_locked(key)) v = parse_int(key, std::string_view(e->value, e->value_len));
+    if (auto* e = find_locked(key)) v = detail::parse_counter(key, std::string_view(e->value, e->value_len));
     v += delta;
     write_locked(key, std::to_string(v), 0);
     return v;
@@ -413,23 +413,6 @@ class shm_store final : public store {
                                                       elastic::detail::printable(key), value.size(), detail::max_value));
     }
   }
-  std::int64_t parse_int(std::string_view key, std::string_view v) const {
-    const bool neg = !v.empty() && v[0] == '-';
-    const std::string_view digits = v.substr(neg ? 1 : 0);
-    std::int64_t out = 0;
-    bool ok = !digits.empty() && digits.size() <= 18;
-    for (char c : digits) {
-      ok = ok && c >= '0' && c <= '9';
-      if (ok) out = out * 10 + (c - '0');
-    }
-    if (!ok) {
-      throw error(errc::invalid_argument,
-                  fmt::format("store key '{}' holds '{}', not an integer: add() cannot count on it",
-                              elastic::detail::printable(key), elastic::detail::printable(v.substr(0, 64))));
-    }
-    return neg ? -out : out;
-  }
-
   std::string name_;
   detail::bip::shared_memory_object shm_;
   detail::bip::mapped_region region_;

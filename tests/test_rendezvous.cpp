@@ -1,0 +1,498 @@
+// Rendezvous rounds over the shm:// store: real participant processes (rdzv_worker) forming
+// rounds, dying and coming back; refusals and damaged keys; would-be leaders racing.
+#include <signal.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <latch>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include <elastic/rendezvous/rendezvous.hpp>
+#include <elastic/rendezvous/shm_store.hpp>
+
+#include "support/catch.hpp"
+#include "support/errors.hpp"
+#include "support/process.hpp"
+
+using namespace std::chrono_literals;
+using elastic::errc;
+using elastic::test::child_process;
+using elastic::test::error_of;
+namespace rdzv = elastic::rendezvous;
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+constexpr auto heartbeat_timeout = 500ms;
+
+/// A store with a unique name, removed at the end of the test.
+struct scratch_store {
+  std::string name = elastic::test::unique_name("rdzv");
+  rdzv::shm_store s{name};
+  ~scratch_store() { rdzv::shm_store::remove(name); }
+};
+
+/// Short timings, events dropped: what the in-process tests use.
+rdzv::rendezvous_options options(const std::string& run, std::size_t min, std::size_t max, const std::string& id) {
+  rdzv::rendezvous_options o;
+  o.run_id = run;
+  o.min_nodes = min;
+  o.max_nodes = max;
+  o.participant_id = id;
+  // In-process participants share this process's cores with the test; where detection time is
+  // not what is tested, a longer lease keeps a loaded (sanitized, parallel) run from starving one.
+  o.heartbeat_interval = 100ms;
+  o.heartbeat_timeout = 3s;
+  o.last_call_timeout = 200ms;
+  o.join_timeout = 5s;
+  o.events = elastic::event_log();
+  return o;
+}
+
+child_process participant(const std::string& store, const std::string& run, int min, int max, const std::string& id,
+                          const std::string& mode, std::vector<std::string> extra = {}) {
+  std::vector<std::string> argv{ELASTIC_RDZV_WORKER, store, run, std::to_string(min), std::to_string(max), id, mode};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return child_process::spawn(argv);
+}
+
+/// A "round N rank R world W members A,B bootstrap X" line.
+struct round_line {
+  long round = 0, rank = -1, world = 0;
+  std::vector<std::string> members;
+  std::string bootstrap;
+};
+
+std::optional<round_line> parse_round(const std::string& line) {
+  std::istringstream in(line);
+  std::string w1, w2, w3, w4, w5, members;
+  round_line r;
+  if (!(in >> w1 >> r.round >> w2 >> r.rank >> w3 >> r.world >> w4 >> members >> w5 >> r.bootstrap) ||
+      w1 != "round") {
+    return std::nullopt;
+  }
+  std::stringstream ms(members);
+  for (std::string m; std::getline(ms, m, ',');) r.members.push_back(m);
+  return r;
+}
+
+/// The next line of `p` starting with `prefix`, skipping others; fails the test on timeout.
+std::string next_line(child_process& p, const std::string& prefix, std::chrono::milliseconds timeout = 15s) {
+  const auto until = clock_type::now() + timeout;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - clock_type::now());
+    auto line = p.read_line(std::max(left, 1ms));
+    if (!line) FAIL("no line starting with '" << prefix << "' from pid " << p.pid());
+    INFO(*line);
+    if (line->starts_with("error")) FAIL("participant failed: " << *line);
+    if (line->starts_with(prefix)) return *line;
+  }
+}
+
+round_line next_round(child_process& p, long round) {
+  for (;;) {
+    auto r = parse_round(next_line(p, "round "));
+    REQUIRE(r);
+    if (r->round >= round) return *r;
+  }
+}
+
+/// Runs `f(i)` on `n` threads that start together; returns the errors they threw.
+std::vector<std::string> on_threads(int n, const std::function<void(int)>& f) {
+  std::latch go(n);
+  std::mutex m;
+  std::vector<std::string> errors;
+  {
+    std::vector<std::jthread> ts;
+    for (int i = 0; i < n; ++i) {
+      ts.emplace_back([&, i] {
+        go.arrive_and_wait();
+        try {
+          f(i);
+        } catch (const std::exception& e) {
+          std::lock_guard lk(m);
+          errors.push_back(e.what());
+        }
+      });
+    }
+  }
+  return errors;
+}
+
+}  // namespace
+
+TEST_CASE("four participants form a round: distinct ranks, one world size, the leader's bootstrap") {
+  scratch_store t;
+  std::vector<child_process> ps;
+  for (int i = 0; i < 4; ++i) ps.push_back(participant(t.name, "job", 4, 4, "p" + std::to_string(i), "once"));
+  std::vector<round_line> rs;
+  for (auto& p : ps) rs.push_back(next_round(p, 1));
+  std::vector<long> ranks;
+  for (const auto& r : rs) {
+    CHECK(r.round == 1);
+    CHECK(r.world == 4);
+    CHECK(r.members == rs[0].members);
+    CHECK(r.bootstrap == "boot:" + rs[0].members[0] + ":1");
+    ranks.push_back(r.rank);
+  }
+  std::sort(ranks.begin(), ranks.end());
+  CHECK(ranks == std::vector<long>{0, 1, 2, 3});
+  // Newcomers are ranked by id.
+  CHECK(rs[0].members == std::vector<std::string>{"p0", "p1", "p2", "p3"});
+  for (auto& p : ps) CHECK(p.exit_code(10s) == 0);
+}
+
+TEST_CASE("a round closes at once when max_nodes have joined") {
+  scratch_store t;
+  const auto start = clock_type::now();
+  std::vector<child_process> ps;
+  for (int i = 0; i < 3; ++i) {
+    ps.push_back(participant(t.name, "job", 2, 3, "p" + std::to_string(i), "once", {"--last-call", "20000"}));
+  }
+  for (auto& p : ps) CHECK(next_round(p, 1).world == 3);
+  const auto took = clock_type::now() - start;
+  INFO("formed in " << std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms");
+  CHECK(took < 10s);  // far below the 20 s last call
+}
+
+TEST_CASE("a round with min_nodes but not max_nodes closes when the last call runs out") {
+  scratch_store t;
+  std::vector<rdzv::round_info> got(2);
+  std::vector<std::chrono::milliseconds> took(2);
+  auto errors = on_threads(2, [&](int i) {
+    auto o = options("job", 2, 4, "p" + std::to_string(i));
+    o.last_call_timeout = 400ms;
+    rdzv::rendezvous rv(t.s, o);
+    const auto start = clock_type::now();
+    got[i] = rv.join();
+    took[i] = std::chrono::duration_cast<std::chrono::milliseconds>(clock_type::now() - start);
+  });
+  REQUIRE(errors.empty());
+  for (int i = 0; i < 2; ++i) {
+    INFO("participant " << i << " took " << took[i].count() << " ms");
+    CHECK(got[i].world_size == 2);
+    CHECK(took[i] >= 400ms);
+    CHECK(took[i] < 4s);
+  }
+  CHECK(got[0].bootstrap == got[1].bootstrap);
+  CHECK(got[0].bootstrap == "/elastic/job/round/1/gloo/");  // the default: Gloo's store prefix
+}
+
+TEST_CASE("a SIGKILLed participant is declared dead within the heartbeat timeout and survivors keep their order") {
+  scratch_store t;
+  std::vector<child_process> ps;
+  for (int i = 0; i < 4; ++i) {
+    ps.push_back(participant(t.name, "job", 2, 4, "p" + std::to_string(i), "stay", {"--last-call", "5000"}));
+  }
+  std::vector<round_line> first;
+  for (auto& p : ps) first.push_back(next_round(p, 1));
+  const std::size_t victim = static_cast<std::size_t>(std::find_if(first.begin(), first.end(), [](auto& r) {
+                                                        return r.rank == 1;
+                                                      }) - first.begin());
+  const std::string victim_id = first[victim].members[1];
+  const auto killed_at = clock_type::now();
+  ps[victim].kill(SIGKILL);
+  REQUIRE(ps[victim].killed_by(SIGKILL, 5s));
+
+  std::vector<std::string> expected = first[0].members;
+  expected.erase(expected.begin() + 1);
+  for (std::size_t i = 0; i < ps.size(); ++i) {
+    if (i == victim) continue;
+    const std::string change = next_line(ps[i], "change ");
+    const auto seen = std::chrono::duration_cast<std::chrono::milliseconds>(clock_type::now() - killed_at);
+    INFO(change << " after " << seen.count() << " ms");
+    CHECK((change.find("departed=" + victim_id) != std::string::npos || change.find("advanced=1") != std::string::npos));
+    // Lease expiry (heartbeat timeout) plus one poll; the slack is for loaded or sanitized runs.
+    CHECK(seen < heartbeat_timeout + 1500ms);
+    const auto r = next_round(ps[i], 2);
+    CHECK(r.world == 3);
+    CHECK(r.members == expected);  // survivors in their old order, ranks compacted
+    const auto old_pos = std::find(expected.begin(), expected.end(), first[i].members[first[i].rank]) - expected.begin();
+    CHECK(r.rank == old_pos);
+    CHECK(r.bootstrap == "boot:" + expected[0] + ":" + std::to_string(r.round));
+  }
+}
+
+TEST_CASE("a restarted participant waits and is admitted in the next round") {
+  scratch_store t;
+  std::vector<child_process> ps;
+  for (int i = 0; i < 4; ++i) {
+    ps.push_back(participant(t.name, "job", 2, 4, "p" + std::to_string(i), "stay", {"--last-call", "5000"}));
+  }
+  for (auto& p : ps) REQUIRE(next_round(p, 1).world == 4);
+  ps[2].kill(SIGKILL);  // p2: rank 2
+  REQUIRE(ps[2].killed_by(SIGKILL, 5s));
+  for (std::size_t i : {0u, 1u, 3u}) REQUIRE(next_round(ps[i], 2).world == 3);
+
+  // The same id comes back as a new incarnation: round 2 is closed and not full, so it waits.
+  ps[2] = participant(t.name, "job", 2, 4, "p2", "stay", {"--last-call", "5000"});
+  const auto back = next_round(ps[2], 3);
+  CHECK(back.world == 4);
+  CHECK(back.members == std::vector<std::string>{"p0", "p1", "p3", "p2"});  // survivors first, then the newcomer
+  CHECK(back.rank == 3);
+  for (std::size_t i : {0u, 1u, 3u}) {
+    const auto r = next_round(ps[i], back.round);
+    CHECK(r.round == back.round);
+    CHECK(r.members == back.members);
+    CHECK(r.bootstrap == back.bootstrap);
+  }
+}
+
+TEST_CASE("a late joiner waits and is admitted in the next round (scale-up)") {
+  scratch_store t;
+  std::vector<child_process> ps;
+  for (int i = 0; i < 3; ++i) {
+    ps.push_back(participant(t.name, "job", 2, 4, "p" + std::to_string(i), "stay", {"--last-call", "300"}));
+  }
+  for (auto& p : ps) REQUIRE(next_round(p, 1).world == 3);
+  ps.push_back(participant(t.name, "job", 2, 4, "late", "stay"));
+  const auto r = next_round(ps[3], 2);
+  CHECK(r.world == 4);
+  CHECK(r.members == std::vector<std::string>{"p0", "p1", "p2", "late"});
+  CHECK(r.rank == 3);
+  for (std::size_t i = 0; i < 3; ++i) {
+    CHECK(next_line(ps[i], "change ").find("joining=late") != std::string::npos);
+    const auto s = next_round(ps[i], r.round);
+    CHECK(s.members == r.members);
+    CHECK(s.rank == static_cast<long>(i));
+  }
+}
+
+TEST_CASE("a participant that leaves is a departure at the others' next poll, with an event") {
+  elastic::test::temp_dir dir;
+  const auto events = elastic::event_log::to_file(dir.file("events.jsonl"));
+  scratch_store t;
+  std::optional<rdzv::rendezvous> a, b;
+  auto oa = options("job", 2, 2, "a"), ob = options("job", 2, 2, "b");
+  oa.events = ob.events = events;
+  oa.join_timeout = 1s;  // for the last round, which cannot form
+  a.emplace(t.s, oa);
+  b.emplace(t.s, ob);
+  REQUIRE(on_threads(2, [&](int i) { (i == 0 ? a : b)->join(); }).empty());
+  CHECK_FALSE(a->poll().any());
+  b.reset();
+  const auto ch = a->poll();
+  CHECK(ch.departed == std::vector<std::string>{"b"});
+  CHECK_FALSE(ch.round_advanced);
+  CHECK(elastic::test::events_named(dir.file("events.jsonl"), "rendezvous_join").size() == 2);
+  const auto closed = elastic::test::events_named(dir.file("events.jsonl"), "rendezvous_round_closed");
+  REQUIRE(closed.size() == 2);
+  CHECK(closed[0].find("\"world_size\":2") != std::string::npos);
+  CHECK(closed[0].find("\"members\":\"a,b\"") != std::string::npos);
+  const auto departures = elastic::test::events_named(dir.file("events.jsonl"), "rendezvous_departure");
+  REQUIRE(departures.size() == 1);
+  CHECK(departures[0].find("\"participant\":\"b\"") != std::string::npos);
+  // Below min_nodes now: the next round stops with a clear error and an event.
+  const auto e = error_of([&] { a->next_round(); });
+  CHECK(e.code() == errc::timeout);
+  CHECK(elastic::test::events_named(dir.file("events.jsonl"), "rendezvous_timeout").size() == 1);
+}
+
+TEST_CASE("a group that falls below min_nodes after a departure stops with a clear timeout") {
+  scratch_store t;
+  std::vector<child_process> ps;
+  for (int i = 0; i < 3; ++i) {
+    ps.push_back(participant(t.name, "job", 3, 3, "p" + std::to_string(i), "stay", {"--join-timeout", "1500"}));
+  }
+  for (auto& p : ps) REQUIRE(next_round(p, 1).world == 3);
+  ps[0].kill(SIGKILL);
+  REQUIRE(ps[0].killed_by(SIGKILL, 5s));
+  for (std::size_t i : {1u, 2u}) {
+    std::string line;
+    for (auto l = ps[i].read_line(15s); l; l = ps[i].read_line(15s)) {
+      if (l->starts_with("error")) {
+        line = *l;
+        break;
+      }
+    }
+    INFO(line);
+    CHECK(line.starts_with("error timeout"));
+    CHECK(line.find("fell to 2 participants, below min_nodes 3") != std::string::npos);
+    CHECK(ps[i].exit_code(10s) == 3);
+  }
+}
+
+TEST_CASE("a group that never reaches min_nodes stops with a clear timeout") {
+  scratch_store t;
+  std::vector<std::optional<elastic::error>> got(2);
+  auto errors = on_threads(2, [&](int i) {
+    auto o = options("job", 3, 4, "p" + std::to_string(i));
+    o.join_timeout = 600ms;
+    rdzv::rendezvous rv(t.s, o);
+    try {
+      rv.join();
+    } catch (const elastic::error& e) {
+      got[i] = e;  // checked below: Catch's assertions are for the main thread only
+    }
+  });
+  CHECK(errors.empty());
+  for (const auto& e : got) {
+    REQUIRE(e);
+    INFO(e->what());
+    CHECK(e->code() == errc::timeout);
+    CHECK(std::string(e->what()).find("of min_nodes 3 participants joined within 600 ms") != std::string::npos);
+  }
+}
+
+TEST_CASE("a participant of another run is refused while the run lives") {
+  scratch_store t;
+  std::optional<rdzv::rendezvous> a(std::in_place, t.s, options("job-a", 1, 1, "a0"));
+  a->join();
+  rdzv::rendezvous b(t.s, options("job-b", 1, 1, "b0"));
+  const auto e = error_of([&] { b.join(); });
+  CHECK(e.code() == errc::mismatch);
+  CHECK(std::string(e.what()).find("serves run 'job-a'") != std::string::npos);
+  a.reset();  // run job-a has ended: the store is free
+  CHECK(b.join().world_size == 1);
+}
+
+TEST_CASE("a participant declaring other bounds is refused") {
+  scratch_store t;
+  rdzv::rendezvous a(t.s, options("job", 1, 2, "a0"));
+  a.join();
+  rdzv::rendezvous b(t.s, options("job", 1, 3, "b0"));
+  const auto e = error_of([&] { b.join(); });
+  CHECK(e.code() == errc::mismatch);
+  CHECK(std::string(e.what()).find("min_nodes=1 max_nodes=2") != std::string::npos);
+}
+
+TEST_CASE("a participant joining a closed round that is full is refused") {
+  scratch_store t;
+  rdzv::rendezvous a(t.s, options("job", 1, 2, "a0"));
+  rdzv::rendezvous b(t.s, options("job", 1, 2, "b0"));
+  auto errors = on_threads(2, [&](int i) { (i == 0 ? a : b).join(); });
+  REQUIRE(errors.empty());
+  REQUIRE(a.current().world_size == 2);
+  rdzv::rendezvous c(t.s, options("job", 1, 2, "c0"));
+  const auto e = error_of([&] { c.join(); });
+  CHECK(e.code() == errc::capacity_exhausted);
+  CHECK(std::string(e.what()).find("is full") != std::string::npos);
+}
+
+TEST_CASE("a participant id in use by a live participant is refused") {
+  scratch_store t;
+  auto o = options("job", 1, 2, "same");
+  o.heartbeat_timeout = heartbeat_timeout;  // how long b waits for a predecessor to lapse
+  rdzv::rendezvous a(t.s, o);
+  a.join();
+  rdzv::rendezvous b(t.s, o);
+  CHECK(error_of([&] { b.join(); }).code() == errc::already_running);
+}
+
+TEST_CASE("garbage under the run's keys is errc::corrupt naming the key") {
+  scratch_store t;
+  auto o = options("job", 1, 1, "p0");
+  std::string key;
+  SECTION("the round number") {
+    key = "/elastic/job/round";
+    t.s.set(key, "banana");
+  }
+  SECTION("a round's outcome") {
+    key = "/elastic/job/round/1/closed";
+    t.s.set(key, "members\nno incarnation here");
+  }
+  SECTION("a join record") {
+    key = "/elastic/job/round/1/join/ghost";
+    t.s.set(key, "\x01\x02");
+  }
+  SECTION("the run's bounds") {
+    key = "/elastic/job/config";
+    t.s.set(key, "min=1;max=1");
+  }
+  rdzv::rendezvous rv(t.s, o);
+  const auto e = error_of([&] { rv.join(); });
+  INFO(e.what());
+  CHECK(e.code() == errc::corrupt);
+  CHECK(std::string(e.what()).find("'" + key + "'") != std::string::npos);
+}
+
+namespace {
+
+/// Forwards to a store; holds every attempt to close a round at a latch until `racers` would-be
+/// closers have arrived, so that they all race at the store, and counts who wins.
+class racing_store final : public rdzv::store {
+ public:
+  racing_store(rdzv::store& s, std::ptrdiff_t racers) : s_(s), racers_(racers), gate_(racers) {}
+  std::atomic<int> attempts{0}, wins{0};
+
+  void set(std::string_view k, std::string_view v, rdzv::lease_id l) override { s_.set(k, v, l); }
+  std::optional<std::string> get(std::string_view k) override { return s_.get(k); }
+  using store::get;
+  std::int64_t add(std::string_view k, std::int64_t d) override { return s_.add(k, d); }
+  bool compare_set(std::string_view k, std::optional<std::string_view> expected, std::string_view desired,
+                   rdzv::lease_id l, std::optional<std::string>* actual) override {
+    const bool closing = k.ends_with("/closed") && desired.starts_with("members");
+    if (closing && arrived_++ < racers_) gate_.arrive_and_wait();
+    const bool won = s_.compare_set(k, expected, desired, l, actual);
+    if (closing) {
+      ++attempts;
+      wins += won ? 1 : 0;
+    }
+    return won;
+  }
+  bool erase(std::string_view k) override { return s_.erase(k); }
+  void wait(std::span<const std::string> keys, std::chrono::milliseconds t) override { s_.wait(keys, t); }
+  std::vector<std::pair<std::string, std::string>> list(std::string_view p) override { return s_.list(p); }
+  rdzv::lease_id grant(std::chrono::milliseconds ttl) override { return s_.grant(ttl); }
+  void keep_alive(rdzv::lease_id l) override { s_.keep_alive(l); }
+  void revoke(rdzv::lease_id l) override { s_.revoke(l); }
+
+ private:
+  rdzv::store& s_;
+  const std::ptrdiff_t racers_;
+  std::atomic<std::ptrdiff_t> arrived_{0};
+  std::latch gate_;
+};
+
+}  // namespace
+
+TEST_CASE("would-be leaders racing close a round exactly once and everyone agrees") {
+  // Every participant sees the round complete (at max_nodes, or at min_nodes with no last call)
+  // and tries to close it; the gate makes them all reach the store before any of them writes.
+  for (const auto& [min, max, last_call] : {std::tuple{4u, 4u, 200}, std::tuple{3u, 8u, 0}}) {
+    for (int iteration = 0; iteration < 25; ++iteration) {
+      scratch_store t;
+      const int n = static_cast<int>(min);
+      racing_store racing(t.s, n);
+      std::vector<rdzv::round_info> got(n);
+      auto errors = on_threads(n, [&](int i) {
+        auto o = options("race", min, max, "p" + std::to_string(i));
+        o.last_call_timeout = std::chrono::milliseconds(last_call);
+        rdzv::rendezvous rv(racing, o);
+        got[i] = rv.join([](const rdzv::round_info& r) { return "leader " + r.leader + " of " + std::to_string(r.rank); });
+      });
+      INFO("min " << min << " max " << max << " iteration " << iteration);
+      std::string all;
+      for (const auto& e : errors) all += e + "\n";
+      INFO(all);
+      REQUIRE(errors.empty());
+      CHECK(racing.attempts == n);
+      CHECK(racing.wins == 1);
+      std::vector<std::size_t> ranks;
+      for (const auto& g : got) {
+        CHECK(g.members == got[0].members);
+        CHECK(g.bootstrap == got[0].bootstrap);
+        CHECK(g.world_size == min);
+        ranks.push_back(g.rank);
+      }
+      CHECK(got[0].bootstrap == "leader " + got[0].members[0] + " of 0");
+      std::sort(ranks.begin(), ranks.end());
+      for (std::size_t k = 0; k < ranks.size(); ++k) CHECK(ranks[k] == k);
+      const auto closed = t.s.get("/elastic/race/round/1/closed");
+      REQUIRE(closed);
+      CHECK(closed->starts_with("members\n"));
+      CHECK(std::count(closed->begin(), closed->end(), '\n') == n);
+    }
+  }
+}
