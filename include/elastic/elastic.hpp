@@ -10,4 +10,6 @@
 #include <elastic/config.hpp>
 #include <elastic/error.hpp>
 #include <elastic/events.hpp>
+#include <elastic/checkpoint.hpp>
+#include <elastic/rendezvous.hpp>
 #include <elastic/timer.hpp>

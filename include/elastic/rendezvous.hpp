@@ -1,0 +1,11 @@
+// The membership part: stores (shm:// always, etcd:// with elastic::etcd) and rendezvous rounds.
+#pragma once
+
+#include <elastic/config.hpp>
+#include <elastic/rendezvous/rendezvous.hpp>
+#include <elastic/rendezvous/shm_store.hpp>
+#include <elastic/rendezvous/store.hpp>
+#include <elastic/rendezvous/store_url.hpp>
+#if ELASTIC_WITH_ETCD
+#include <elastic/rendezvous/etcd_store.hpp>
+#endif
