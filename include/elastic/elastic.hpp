@@ -11,5 +11,6 @@
 #include <elastic/error.hpp>
 #include <elastic/events.hpp>
 #include <elastic/checkpoint.hpp>
+#include <elastic/comm.hpp>
 #include <elastic/rendezvous.hpp>
 #include <elastic/timer.hpp>

@@ -1,0 +1,65 @@
+// What every communicator (gloo on CPU, nccl on GPU) offers the elastic group: collectives over a
+// fixed set of ranks, a health flag, and a way to give up on it.
+//
+// A communicator is built for one rendezvous round and never outlives it: when a peer dies, the
+// collective that notices it throws elastic::error, ok() turns false for good, and the group
+// builds a new communicator for the next round. Nothing repairs a communicator in place.
+#pragma once
+
+#include <concepts>
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+namespace elastic::comm {
+
+/// How allreduce combines the ranks' buffers.
+enum class reduce_op {
+  sum,  ///< element-wise sum
+  avg,  ///< element-wise sum divided by size(); integers divide with truncation toward zero
+};
+
+/// A short, stable name for an operation (used in events and messages).
+constexpr std::string_view to_string(reduce_op op) noexcept {
+  switch (op) {
+    case reduce_op::sum: return "sum";
+    case reduce_op::avg: return "avg";
+  }
+  return "unknown";
+}
+
+/// The element types every communicator reduces. bf16/fp16 come with the NCCL backend and a CPU
+/// fallback for them in gloo; they are not part of the concept yet.
+template <class T>
+concept reducible = std::same_as<T, float> || std::same_as<T, double> || std::same_as<T, std::int32_t> ||
+                    std::same_as<T, std::int64_t>;
+
+/// A communicator over `size()` ranks.
+///
+/// - `allreduce(buf, op)`: in place; every rank passes a buffer of the same length and gets the
+///   same result.
+/// - `broadcast(buf, root)`: in place; every rank ends with root's buffer.
+/// - `barrier()`: returns once every rank has entered it.
+/// - Each collective is bounded by the communicator's timeout: a collective that cannot finish
+///   (a peer died or hangs) throws elastic::error (errc::timeout when the time ran out) and leaves
+///   `ok()` false; every later call throws at once.
+/// - `abort()`: gives the communicator up; every later call throws at once. Never throws.
+template <class C>
+concept communicator = requires(C& c, const C& cc, std::span<float> f32, std::span<double> f64,
+                                std::span<std::int32_t> i32, std::span<std::int64_t> i64, reduce_op op, int root) {
+  { cc.rank() } -> std::convertible_to<int>;
+  { cc.size() } -> std::convertible_to<int>;
+  c.allreduce(f32, op);
+  c.allreduce(f64, op);
+  c.allreduce(i32, op);
+  c.allreduce(i64, op);
+  c.broadcast(f32, root);
+  c.broadcast(f64, root);
+  c.broadcast(i32, root);
+  c.broadcast(i64, root);
+  c.barrier();
+  { cc.ok() } -> std::convertible_to<bool>;
+  { c.abort() } noexcept;
+};
+
+}  // namespace elastic::comm

@@ -1,0 +1,273 @@
+// The gloo backend: CPU collectives over TCP (Debian: libgloo-dev), bootstrapped through our
+// key-value store. Link elastic::gloo (it defines ELASTIC_WITH_GLOO=1).
+//
+// Gloo 0.5 (Debian's 0.0~git20220518) is used through its options API (AllreduceOptions,
+// BroadcastOptions, BarrierOptions), each with a per-call timeout.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/common/logging.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+
+#include <elastic/comm/communicator.hpp>
+#include <elastic/error.hpp>
+#include <elastic/rendezvous/store.hpp>
+
+namespace elastic::comm {
+
+/// Our store seen through Gloo's `gloo::rendezvous::Store` interface, every key under
+/// `<prefix>/`. Gloo publishes each rank's transport addresses through it while connecting.
+/// Not thread-safe beyond what the underlying store is; it only lives through the connect.
+class gloo_store_adapter final : public ::gloo::rendezvous::Store {
+ public:
+  /// Keys go to `<prefix>/<gloo key>` in `store`; a wait without its own timeout uses `timeout`.
+  gloo_store_adapter(rendezvous::store& store, std::string prefix, std::chrono::milliseconds timeout)
+      : store_(store), prefix_(std::move(prefix)), timeout_(timeout) {}
+
+  void set(const std::string& key, const std::vector<char>& data) override {
+    store_.set(full(key), std::string_view(data.data(), data.size()));
+  }
+
+  /// Gloo expects get() to wait for a key that is not there yet; we wait up to the timeout.
+  std::vector<char> get(const std::string& key) override {
+    const std::string v = store_.get(full(key), timeout_);
+    return std::vector<char>(v.begin(), v.end());
+  }
+
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    std::vector<std::string> full_keys;
+    full_keys.reserve(keys.size());
+    for (const auto& k : keys) full_keys.push_back(full(k));
+    store_.wait(full_keys, timeout);
+  }
+
+ private:
+  std::string full(const std::string& key) const { return prefix_ + "/" + key; }
+
+  rendezvous::store& store_;
+  std::string prefix_;
+  std::chrono::milliseconds timeout_;
+};
+
+/// A Gloo communicator over TCP: `size` ranks that meet under `prefix` in `store`.
+///
+/// The constructor blocks until every rank has connected (bounded by `timeout`); every
+/// collective is bounded by `timeout` too. Not thread-safe: one thread drives the collectives;
+/// ok() and abort() may be called from any thread.
+class gloo_communicator {
+ public:
+  /// Connects rank `rank` of `size` through `store` under `prefix` (fresh for each round: Gloo's
+  /// keys must not be left over from an earlier group). `hostname` is the address this rank
+  /// listens on and publishes to its peers: loopback by default, for ranks on one host.
+  gloo_communicator(rendezvous::store& store, std::string prefix, int rank, int size,
+                    std::chrono::milliseconds timeout, std::string hostname = "127.0.0.1")
+      : rank_(rank), size_(size), timeout_(timeout), prefix_(std::move(prefix)) {
+    if (size < 1 || rank < 0 || rank >= size) {
+      throw error(errc::invalid_argument,
+                  fmt::format("gloo communicator: rank {} of size {} is out of range: need 0 <= rank < size", rank, size));
+    }
+    if (timeout.count() <= 0) {
+      throw error(errc::invalid_argument,
+                  fmt::format("gloo communicator: timeout {} ms must be positive", timeout.count()));
+    }
+    try {
+      ::gloo::transport::tcp::attr attr;
+      attr.hostname = std::move(hostname);
+      device_ = ::gloo::transport::tcp::CreateDevice(attr);
+      auto context = std::make_shared<::gloo::rendezvous::Context>(rank, size);
+      context->setTimeout(timeout);
+      gloo_store_adapter adapter(store, prefix_, timeout);
+      context->connectFullMesh(adapter, device_);
+      context_ = std::move(context);
+    } catch (const error&) {
+      throw;
+    } catch (...) {
+      throw translate(std::current_exception(), "connecting");
+    }
+  }
+
+  gloo_communicator(const gloo_communicator&) = delete;
+  gloo_communicator& operator=(const gloo_communicator&) = delete;
+  /// Closes the connections (peers blocked on this rank see their collective fail).
+  ~gloo_communicator() = default;
+
+  [[nodiscard]] int rank() const noexcept { return rank_; }
+  [[nodiscard]] int size() const noexcept { return size_; }
+  [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return timeout_; }
+
+  /// False once a collective failed or abort() was called; the communicator is then unusable.
+  [[nodiscard]] bool ok() const noexcept { return !failed_.load(std::memory_order_acquire); }
+
+  /// The error that broke the communicator, if one did (abort() leaves none).
+  [[nodiscard]] std::optional<error> last_error() const {
+    std::lock_guard lk(mu_);
+    return last_error_;
+  }
+
+  /// Gives the communicator up: every later call throws at once. A collective already running
+  /// in another thread is not interrupted (Gloo 0.5 has no way to), its timeout still bounds it.
+  void abort() noexcept {
+    aborted_.store(true, std::memory_order_release);
+    failed_.store(true, std::memory_order_release);
+  }
+
+  /// Combines `buf` across the ranks, in place.
+  template <reducible T>
+  void allreduce(std::span<T> buf, reduce_op op) {
+    check_usable("allreduce");
+    if (buf.empty()) return;  // every rank passes the same length, so every rank skips
+    run("allreduce", [&] {
+      ::gloo::AllreduceOptions opts(context_);
+      opts.setOutput(buf.data(), buf.size());
+      opts.setReduceFunction(
+          static_cast<void (*)(void*, const void*, const void*, std::size_t)>(&::gloo::sum<T>));
+      opts.setTag(next_tag());
+      opts.setTimeout(timeout_);
+      ::gloo::allreduce(opts);
+    });
+    if (op == reduce_op::avg && size_ > 1) {
+      const T n = static_cast<T>(size_);
+      for (T& x : buf) x /= n;
+    }
+  }
+
+  /// Copies `root`'s `buf` into every rank's `buf`.
+  template <reducible T>
+  void broadcast(std::span<T> buf, int root) {
+    check_usable("broadcast");
+    if (root < 0 || root >= size_) {
+      throw error(errc::invalid_argument,
+                  fmt::format("gloo broadcast: root {} is out of range for a communicator of size {}", root, size_));
+    }
+    if (buf.empty()) return;
+    run("broadcast", [&] {
+      ::gloo::BroadcastOptions opts(context_);
+      opts.setOutput(buf.data(), buf.size());
+      opts.setRoot(root);
+      opts.setTag(next_tag());
+      opts.setTimeout(timeout_);
+      ::gloo::broadcast(opts);
+    });
+  }
+
+  /// Returns once every rank has entered the barrier.
+  void barrier() {
+    check_usable("barrier");
+    run("barrier", [&] {
+      ::gloo::BarrierOptions opts(context_);
+      opts.setTag(next_tag());
+      opts.setTimeout(timeout_);
+      ::gloo::barrier(opts);
+    });
+  }
+
+ private:
+  // Every rank issues the same collectives in the same order, so a counter gives each one the
+  // same tag on every rank and keeps a late message of one collective out of the next.
+  std::uint32_t next_tag() noexcept { return tag_++; }
+
+  void check_usable(std::string_view what) const {
+    if (aborted_.load(std::memory_order_acquire)) {
+      throw error(errc::invalid_argument,
+                  fmt::format("gloo {} on rank {}: the communicator under '{}' was aborted; build a new one for "
+                              "the next round",
+                              what, rank_, prefix_));
+    }
+    if (failed_.load(std::memory_order_acquire)) {
+      std::lock_guard lk(mu_);
+      const errc code = last_error_ ? last_error_->code() : errc::os_error;
+      throw error(code, fmt::format("gloo {} on rank {}: the communicator under '{}' is broken by an earlier "
+                                    "failure ({}); build a new one for the next round",
+                                    what, rank_, prefix_, last_error_ ? last_error_->what() : "unknown"));
+    }
+  }
+
+  template <class F>
+  void run(std::string_view what, F&& f) {
+    try {
+      f();
+    } catch (...) {
+      error e = translate(std::current_exception(), what);
+      {
+        std::lock_guard lk(mu_);
+        last_error_ = e;
+      }
+      failed_.store(true, std::memory_order_release);
+      throw e;
+    }
+  }
+
+  static bool says_timeout(std::string_view msg) {
+    std::string lower(msg);
+    std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+    return lower.find("timed out") != std::string::npos || lower.find("timeout") != std::string::npos;
+  }
+
+  /// A Gloo exception (or ours) as an elastic::error that says which collective and rank.
+  error translate(std::exception_ptr ep, std::string_view what) const {
+    const std::string where =
+        fmt::format("gloo {} on rank {} of {} (store prefix '{}', timeout {} ms)", what, rank_, size_, prefix_,
+                    timeout_.count());
+    try {
+      std::rethrow_exception(ep);
+    } catch (const error& e) {
+      return error(e.code(), fmt::format("{} failed: {}", where, e.what()), e.os_code());
+    } catch (const ::gloo::IoException& e) {
+      if (says_timeout(e.what())) {
+        return error(errc::timeout, fmt::format("{} timed out: a peer did not answer in time, it may have died or "
+                                                "hung ({})", where, e.what()));
+      }
+      return error(errc::os_error,
+                   fmt::format("{} failed: a connection to a peer broke, it probably died ({})", where, e.what()));
+    } catch (const ::gloo::EnforceNotMet& e) {
+      return error(errc::corrupt, fmt::format("{} failed: a peer sent data that does not fit, ranks may disagree "
+                                              "on sizes or the connection broke ({})", where, e.what()));
+    } catch (const std::exception& e) {
+      if (says_timeout(e.what())) return error(errc::timeout, fmt::format("{} timed out ({})", where, e.what()));
+      return error(errc::os_error, fmt::format("{} failed ({})", where, e.what()));
+    } catch (...) {
+      return error(errc::os_error, fmt::format("{} failed with an unknown exception", where));
+    }
+  }
+
+  int rank_;
+  int size_;
+  std::chrono::milliseconds timeout_;
+  std::string prefix_;
+  std::shared_ptr<::gloo::transport::Device> device_;
+  std::shared_ptr<::gloo::Context> context_;
+  std::uint32_t tag_ = 0;
+  std::atomic<bool> failed_{false};
+  std::atomic<bool> aborted_{false};
+  mutable std::mutex mu_;
+  std::optional<error> last_error_;
+};
+
+static_assert(communicator<gloo_communicator>);
+
+}  // namespace elastic::comm

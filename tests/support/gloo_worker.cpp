@@ -1,0 +1,137 @@
+// A rank of a gloo communicator in its own process, for tests/test_gloo.cpp.
+//
+//   elastic_gloo_worker STORE PREFIX RANK SIZE TIMEOUT_MS MODE
+//
+// It opens shm://STORE, connects a gloo_communicator under PREFIX, prints "connected", then:
+//   collectives  runs allreduce (sum, avg) on float/double/int32/int64 buffers, a broadcast from
+//                root 2 and a barrier, printing one line per check:
+//                "<name> correct=<0|1> hash=<fnv-1a of the result bytes>"
+//   die          prints "entering", then sleeps without joining the collective (the test kills it)
+//   others       prints "entering", runs one allreduce and prints
+//                "error code=<errc> ok=<0|1> ms=<elapsed>" or "finished" if it completed
+// and ends with "done". Exit code 0 unless setup failed.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <elastic/comm/gloo.hpp>
+#include <elastic/rendezvous/shm_store.hpp>
+
+namespace {
+
+using namespace std::chrono_literals;
+namespace comm = elastic::comm;
+
+template <class T>
+std::uint64_t fnv1a(std::span<const T> buf) {
+  std::uint64_t h = 1469598103934665603ull;
+  const auto* p = reinterpret_cast<const unsigned char*>(buf.data());
+  for (std::size_t i = 0; i < buf.size_bytes(); ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+void say(const std::string& line) { std::cout << line << std::endl; }
+
+// Rank r holds base(r) + step(i); values stay exact in every type so ranks can compare bytes.
+template <class T>
+void check_allreduce(comm::gloo_communicator& c, const char* name, comm::reduce_op op, T base, std::size_t n) {
+  std::vector<T> buf(n);
+  for (std::size_t i = 0; i < n; ++i) buf[i] = static_cast<T>(base * c.rank() + static_cast<T>(i % 1000));
+  c.allreduce(std::span<T>(buf), op);
+  const int s = c.size();
+  bool correct = true;
+  for (std::size_t i = 0; i < n; ++i) {
+    T sum = static_cast<T>(base * (s * (s - 1) / 2) + static_cast<T>(s) * static_cast<T>(i % 1000));
+    T want = op == comm::reduce_op::sum ? sum : static_cast<T>(sum / static_cast<T>(s));
+    if (buf[i] != want) {
+      correct = false;
+      std::cerr << name << ": element " << i << " is " << buf[i] << ", want " << want << "\n";
+      break;
+    }
+  }
+  say(std::string(name) + " correct=" + (correct ? "1" : "0") +
+      " hash=" + std::to_string(fnv1a(std::span<const T>(buf))));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 7) {
+    std::cerr << "usage: elastic_gloo_worker STORE PREFIX RANK SIZE TIMEOUT_MS MODE\n";
+    return 2;
+  }
+  const std::string store_name = argv[1], prefix = argv[2], mode = argv[6];
+  const int rank = std::atoi(argv[3]), size = std::atoi(argv[4]);
+  const std::chrono::milliseconds timeout(std::atoll(argv[5]));
+  try {
+    elastic::rendezvous::shm_store store(store_name);
+    comm::gloo_communicator c(store, prefix, rank, size, timeout);
+    say("connected");
+    if (mode == "collectives") {
+      constexpr std::size_t n = 100003;  // not a multiple of the ring's chunk count
+      check_allreduce<float>(c, "float_sum", comm::reduce_op::sum, 1.0f, n);
+      check_allreduce<float>(c, "float_avg", comm::reduce_op::avg, 1.0f, n);
+      check_allreduce<double>(c, "double_sum", comm::reduce_op::sum, 0.25, n);
+      check_allreduce<std::int32_t>(c, "int32_sum", comm::reduce_op::sum, 1000, n);
+      check_allreduce<std::int64_t>(c, "int64_sum", comm::reduce_op::sum, 1'000'000'000'000LL, n);
+      check_allreduce<std::int64_t>(c, "int64_avg", comm::reduce_op::avg, 1'000'000'000'000LL, n);
+
+      std::vector<float> b(n, -1.0f);
+      if (rank == 2)
+        for (std::size_t i = 0; i < n; ++i) b[i] = 42.0f + static_cast<float>(i % 777);
+      c.broadcast(std::span<float>(b), 2);
+      bool correct = true;
+      for (std::size_t i = 0; i < n; ++i) correct = correct && b[i] == 42.0f + static_cast<float>(i % 777);
+      say(std::string("broadcast_root2 correct=") + (correct ? "1" : "0") +
+          " hash=" + std::to_string(fnv1a(std::span<const float>(b))));
+
+      // A rank leaves the barrier only after every rank has entered it: each marks its entry in
+      // the store first (the later ranks after a delay), then checks every mark is there.
+      std::this_thread::sleep_for(std::chrono::milliseconds(50 * rank));
+      store.set(prefix + "-barrier/" + std::to_string(rank), "in");
+      c.barrier();
+      int seen = 0;
+      for (int r = 0; r < size; ++r) seen += store.get(prefix + "-barrier/" + std::to_string(r)).has_value() ? 1 : 0;
+      say(std::string("barrier correct=") + (seen == size ? "1" : "0") + " hash=0");
+    } else if (mode == "die") {
+      say("entering");
+      for (;;) std::this_thread::sleep_for(1s);
+    } else {
+      say("entering");
+      std::vector<float> buf(1 << 16, 1.0f);
+      const auto t0 = std::chrono::steady_clock::now();
+      try {
+        c.allreduce(std::span<float>(buf), comm::reduce_op::sum);
+        say("finished");
+      } catch (const elastic::error& e) {
+        const auto ms =
+            std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+        std::cerr << "rank " << rank << ": " << e.what() << "\n";
+        // A later call must fail at once, not wait again.
+        bool later_fails = false;
+        try {
+          c.barrier();
+        } catch (const elastic::error&) {
+          later_fails = true;
+        }
+        say("error code=" + std::string(elastic::to_string(e.code())) + " ok=" + (c.ok() ? "1" : "0") +
+            " ms=" + std::to_string(ms) + " later_fails=" + (later_fails ? "1" : "0"));
+      }
+    }
+    say("done");
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "rank " << rank << ": " << e.what() << "\n";
+    say(std::string("setup_error ") + e.what());
+    return 1;
+  }
+}
