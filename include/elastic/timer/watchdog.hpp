@@ -157,14 +157,8 @@ class watchdog {
   /// and returns the earliest deadline still ahead.
   scan_result scan_once(std::int64_t now = elastic::detail::monotonic_ns()) {
     scan_result r;
-    const auto t = segment_.table();
-    const std::uint32_t hw = std::min(t.header().slots_high_water.load(std::memory_order_acquire), t.slot_count());
-    for (std::uint32_t i = 0; i < hw; ++i) {
-      detail::slot& s = t.at(i);
-      const auto pid = static_cast<pid_t>(s.head.owner.load(std::memory_order_acquire));
-      if (pid == 0) continue;
-      const std::uint64_t start = s.head.start_time.load(std::memory_order_acquire);
-      if (start == 0) continue;  // being claimed
+    for_each_owned([&](detail::slot& s, pid_t pid, std::uint64_t start) {
+      if (start == 0) return;  // being claimed
       ++r.owned_slots;
       const std::uint32_t depth = std::min(s.head.depth.load(std::memory_order_acquire), detail::scopes_per_slot);
       for (std::uint32_t j = 0; j < depth; ++j) {
@@ -177,7 +171,7 @@ class watchdog {
           ++r.signals_sent;
         }
       }
-    }
+    });
     r.next_deadline_ns = std::min(r.next_deadline_ns, escalate(now));
     stats_.scans.fetch_add(1, std::memory_order_relaxed);
     return r;
@@ -188,24 +182,18 @@ class watchdog {
     (void)now;
     std::uint32_t freed = 0;
     std::unordered_map<pid_t, bool> alive;
-    const auto t = segment_.table();
-    const std::uint32_t hw = std::min(t.header().slots_high_water.load(std::memory_order_acquire), t.slot_count());
-    for (std::uint32_t i = 0; i < hw; ++i) {
-      detail::slot& s = t.at(i);
-      const auto pid = static_cast<pid_t>(s.head.owner.load(std::memory_order_acquire));
-      if (pid == 0) continue;
-      const std::uint64_t start = s.head.start_time.load(std::memory_order_acquire);
+    for_each_owned([&](detail::slot&, pid_t pid, std::uint64_t start) {
       if (start == 0) {
         // Claiming: only a process that died mid-claim stays here; any process with the pid
         // being alive keeps the slot until the next sweep.
-        if (elastic::detail::process_alive(pid, 0)) continue;
+        if (elastic::detail::process_alive(pid, 0)) return;
       } else {
         auto [it, inserted] = alive.try_emplace(pid, false);
         if (inserted) it->second = elastic::detail::process_alive(pid, start);
-        if (it->second) continue;
+        if (it->second) return;
       }
       freed += reclaim_process(pid, start, "process gone");
-    }
+    });
     return freed;
   }
 
@@ -235,6 +223,20 @@ class watchdog {
                                               {"priority", opts_.realtime_priority},
                                               {"result", std::strerror(rc)},
                                               {"running_at", "normal priority"}});
+    }
+  }
+
+  /// Calls f(slot, owner pid, owner start time) for every owned slot below the high-water mark;
+  /// a start time of 0 means the slot is still being claimed.
+  template <class F>
+  void for_each_owned(F&& f) const {
+    const auto t = segment_.table();
+    const std::uint32_t hw = std::min(t.header().slots_high_water.load(std::memory_order_acquire), t.slot_count());
+    for (std::uint32_t i = 0; i < hw; ++i) {
+      detail::slot& s = t.at(i);
+      const auto pid = static_cast<pid_t>(s.head.owner.load(std::memory_order_acquire));
+      if (pid == 0) continue;
+      f(s, pid, s.head.start_time.load(std::memory_order_acquire));
     }
   }
 
