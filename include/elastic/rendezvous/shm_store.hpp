@@ -31,6 +31,7 @@
 #include <elastic/detail/clock.hpp>
 #include <elastic/detail/futex.hpp>
 #include <elastic/detail/names.hpp>
+#include <elastic/detail/shm_object.hpp>
 #include <elastic/error.hpp>
 #include <elastic/rendezvous/store.hpp>
 
@@ -91,23 +92,11 @@ class shm_store final : public store {
   explicit shm_store(std::string_view name, std::chrono::milliseconds ready_timeout = std::chrono::seconds(2))
       : name_(name) {
     elastic::detail::validate_shm_name("store", name);
-    const std::string obj = object_name(name);
-    for (int attempt = 0;; ++attempt) {
-      try {
-        detail::bip::permissions perm;
-        perm.set_permissions(0600);
-        shm_ = detail::bip::shared_memory_object(detail::bip::create_only, obj.c_str(), detail::bip::read_write, perm);
-        initialize();
-        return;
-      } catch (const detail::bip::interprocess_exception& e) {
-        if (e.get_native_error() != EEXIST) throw open_error(e);
-      }
-      try {
-        shm_ = detail::bip::shared_memory_object(detail::bip::open_only, obj.c_str(), detail::bip::read_write);
-        break;
-      } catch (const detail::bip::interprocess_exception& e) {
-        if (e.get_native_error() != ENOENT || attempt > 100) throw open_error(e);
-      }
+    bool created = false;
+    shm_ = elastic::detail::create_or_open_shm(object_name(name), created, [&](const auto& e) { return open_error(e); });
+    if (created) {
+      initialize();
+      return;
     }
     attach(ready_timeout);
   }
@@ -290,13 +279,8 @@ class shm_store final : public store {
   }
 
   void attach(std::chrono::milliseconds ready_timeout) {
-    struct stat st {};
-    if (::fstat(shm_.get_mapping_handle().handle, &st) != 0) throw os_error("cannot stat store shm://" + name_);
-    if (st.st_uid != ::getuid()) {
-      throw error(errc::owner_mismatch, fmt::format("store shm://{} belongs to uid {}, not to us (uid {}): use another "
-                                                    "name, or run as its owner",
-                                                    name_, st.st_uid, ::getuid()));
-    }
+    elastic::detail::check_shm_owner(shm_.get_mapping_handle().handle, "store shm://" + name_,
+                                     "use another name, or run as its owner");
     const auto until = std::chrono::steady_clock::now() + ready_timeout;
     for (;;) {
       detail::bip::offset_t size = 0;

@@ -22,6 +22,7 @@
 #include <utility>
 
 #include <elastic/detail/names.hpp>
+#include <elastic/detail/shm_object.hpp>
 #include <elastic/detail/process.hpp>
 #include <elastic/error.hpp>
 #include <elastic/timer/detail/table.hpp>
@@ -61,24 +62,7 @@ class segment {
     segment s;
     s.name_ = std::string(name);
     const std::string obj = shm_object_name(name);
-    // Create-or-open loop: the object may vanish between a failed create and the open.
-    for (int attempt = 0;; ++attempt) {
-      try {
-        bip::permissions perm;
-        perm.set_permissions(0600);
-        s.shm_ = bip::shared_memory_object(bip::create_only, obj.c_str(), bip::read_write, perm);
-        s.created_ = true;
-        break;
-      } catch (const bip::interprocess_exception& e) {
-        if (e.get_native_error() != EEXIST) throw open_error(name, e);
-      }
-      try {
-        s.shm_ = bip::shared_memory_object(bip::open_only, obj.c_str(), bip::read_write);
-        break;
-      } catch (const bip::interprocess_exception& e) {
-        if (e.get_native_error() != ENOENT || attempt > 100) throw open_error(name, e);
-      }
-    }
+    s.shm_ = elastic::detail::create_or_open_shm(obj, s.created_, [&](const auto& e) { return open_error(name, e); });
     s.check_owner();
     if (::flock(s.fd(), LOCK_EX | LOCK_NB) != 0) {
       if (errno != EWOULDBLOCK) throw os_error("cannot lock watchdog segment '" + s.name_ + "'");
@@ -186,14 +170,7 @@ class segment {
   }
 
   void check_owner() const {
-    struct stat st{};
-    if (::fstat(fd(), &st) != 0) throw os_error("cannot stat watchdog segment '" + name_ + "'");
-    if (st.st_uid != ::geteuid()) {
-      throw error(errc::owner_mismatch,
-                  "watchdog segment '" + name_ + "' belongs to uid " + std::to_string(st.st_uid) +
-                      ", not to this process's uid " + std::to_string(::geteuid()) +
-                      ": run as that user or choose another --name");
-    }
+    elastic::detail::check_shm_owner(fd(), "watchdog segment '" + name_ + "'", "run as that user or choose another --name");
   }
 
   void map() { region_ = bip::mapped_region(shm_, bip::read_write); }
