@@ -9,11 +9,13 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <elastic/timer.hpp>
 
 #include "support/catch.hpp"
+#include "support/errors.hpp"
 #include "support/hosted_watchdog.hpp"
 #include "support/process.hpp"
 
@@ -39,14 +41,10 @@ void write_all(const std::string& path, const std::vector<char>& bytes, mode_t m
 /// Expects `f` to throw elastic::error with `code` and a message containing `text`.
 template <class F>
 void expect_error(F&& f, elastic::errc code, const std::string& text) {
-  try {
-    f();
-    FAIL("expected elastic::error " << elastic::to_string(code));
-  } catch (const elastic::error& e) {
-    INFO(e.what());
-    CHECK(e.code() == code);
-    CHECK(std::string(e.what()).find(text) != std::string::npos);
-  }
+  const auto e = elastic::test::error_of(std::forward<F>(f));
+  INFO(e.what());
+  CHECK(e.code() == code);
+  CHECK(std::string(e.what()).find(text) != std::string::npos);
 }
 
 elastic::timer::watchdog_options quiet(const std::string& name) {
