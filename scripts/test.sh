@@ -23,8 +23,6 @@ for c in "${configs[@]}"; do
   cmake -S "$root" -B "$root/$dir" -G Ninja -DCMAKE_BUILD_TYPE=$type -DELASTIC_SANITIZE="$san" \
     -DELASTIC_BUILD_BENCHMARKS=$([ -z "$san" ] && echo ON || echo OFF) >/dev/null
   cmake --build "$root/$dir" -j "$(jobs)"
-  # TSan: suppress races inside third-party libraries we do not build with TSan (tests/tsan.supp).
-  TSAN_OPTIONS="suppressions=$root/tests/tsan.supp ${TSAN_OPTIONS:-}" \
-    ctest --test-dir "$root/$dir" --output-on-failure -j "$(jobs)" ${exclude:+-LE "$exclude"}
+  ctest --test-dir "$root/$dir" --output-on-failure -j "$(jobs)" ${exclude:+-LE "$exclude"}
 done
 echo "=== elastic: all tests passed (${configs[*]}) ==="
