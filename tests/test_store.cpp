@@ -141,9 +141,40 @@ TEST_CASE("a lease of a process that was SIGKILLed expires and its keys go") {
     ::raise(SIGKILL);
   });
   CHECK(WIFSIGNALED(st));
-  CHECK(t.s.get("member/7") == "here");
   std::this_thread::sleep_for(300ms);
   CHECK_FALSE(t.s.get("member/7"));
+}
+
+TEST_CASE("a lease dies with its process, long before its time to live") {
+  scratch_store t;
+  const auto mine = t.s.grant(60s);
+  t.s.set("member/self", "here", mine);
+  // The child takes a 60 s lease and is SIGKILLed; as a zombie (not reaped yet) it counts as gone.
+  int ready[2];
+  REQUIRE(::pipe(ready) == 0);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    rdzv::shm_store s(t.name);
+    s.set("member/7", "here", s.grant(60s));
+    (void)!::write(ready[1], "r", 1);
+    for (;;) ::pause();
+  }
+  char c = 0;
+  REQUIRE(::read(ready[0], &c, 1) == 1);
+  ::close(ready[0]);
+  ::close(ready[1]);
+  REQUIRE(t.s.get("member/7") == "here");
+  ::kill(pid, SIGKILL);
+  const auto t0 = std::chrono::steady_clock::now();
+  while (t.s.get("member/7") && std::chrono::steady_clock::now() - t0 < 5s) std::this_thread::sleep_for(1ms);
+  CHECK_FALSE(t.s.get("member/7"));
+  CHECK(std::chrono::steady_clock::now() - t0 < 2s);  // generous: the point is "not 60 s"
+  int st = 0;
+  ::waitpid(pid, &st, 0);
+  // Our own lease, held by a live process, stays.
+  CHECK(t.s.get("member/self") == "here");
+  t.s.keep_alive(mine);
 }
 
 TEST_CASE("a client SIGKILLed while holding the lock does not wedge the store") {

@@ -4,7 +4,11 @@
 // A process-shared robust mutex guards the table: when a client dies holding it, the next one
 // to lock gets EOWNERDEAD, drops the entry that was being written (entries are marked while a
 // write is under way) and carries on. Waiters sleep on a futex word bumped by every change.
-// Leases expire by the monotonic clock, which every process on a host shares.
+// Leases expire by the monotonic clock, which every process on a host shares, and die with the
+// process that took them: a lease remembers its owner (pid, start time, pid namespace) and any
+// client in the same pid namespace drops it once that process is gone (a zombie counts as gone).
+// A participant SIGKILLed on this host thus leaves the group at once, not a heartbeat timeout
+// later; in another pid namespace (a sibling container sharing /dev/shm) only the clock applies.
 #pragma once
 
 #include <pthread.h>
@@ -31,6 +35,7 @@
 #include <elastic/detail/clock.hpp>
 #include <elastic/detail/futex.hpp>
 #include <elastic/detail/names.hpp>
+#include <elastic/detail/process.hpp>
 #include <elastic/detail/shm_object.hpp>
 #include <elastic/error.hpp>
 #include <elastic/rendezvous/store.hpp>
@@ -42,7 +47,7 @@ namespace detail {
 namespace bip = boost::interprocess;
 
 inline constexpr std::uint64_t store_magic = 0x31524f5453454c45ULL;  // "ELESTOR1" little-endian
-inline constexpr std::uint32_t store_layout_version = 1;
+inline constexpr std::uint32_t store_layout_version = 2;  // 2: leases know their owner
 inline constexpr std::size_t max_key = 255;
 inline constexpr std::size_t max_value = 16 * 1024;
 inline constexpr std::uint32_t store_capacity = 1024;
@@ -64,7 +69,17 @@ struct store_lease {
   std::int64_t id;          // 0: free
   std::int64_t ttl_ns;
   std::int64_t expires_ns;  // CLOCK_MONOTONIC
+  std::int32_t owner_pid;   // the process that took the lease; 0: unknown
+  std::uint32_t reserved;
+  std::uint64_t owner_start;  // its start time (pid reuse guard)
+  std::uint64_t owner_pidns;  // inode of its pid namespace; 0: unknown
 };
+
+/// The inode of this process's pid namespace: pids mean the same thing only within one.
+inline std::uint64_t pid_namespace() noexcept {
+  struct stat st {};
+  return ::stat("/proc/self/ns/pid", &st) == 0 ? static_cast<std::uint64_t>(st.st_ino) : 0;
+}
 
 struct store_header {
   std::atomic<std::uint64_t> magic;  // written last
@@ -204,6 +219,9 @@ class shm_store final : public store {
       l.id = ++head().next_lease;
       l.ttl_ns = std::chrono::nanoseconds(ttl).count();
       l.expires_ns = elastic::detail::monotonic_ns() + l.ttl_ns;
+      l.owner_pid = static_cast<std::int32_t>(::getpid());
+      l.owner_start = elastic::detail::process_start_time(::getpid());
+      l.owner_pidns = pidns_;
       return l.id;
     }
     throw error(errc::capacity_exhausted,
@@ -328,8 +346,18 @@ class shm_store final : public store {
 
   void expire_locked() {
     const std::int64_t now = elastic::detail::monotonic_ns();
-    for (auto& l : head().leases)
-      if (l.id != 0 && l.expires_ns <= now) drop_lease_locked(l);
+    // Owners are looked up in /proc (a few microseconds each), so at most every 2 ms per handle.
+    const bool check_owners = pidns_ != 0 && now - owners_checked_ns_ >= 2'000'000;
+    if (check_owners) owners_checked_ns_ = now;
+    for (auto& l : head().leases) {
+      if (l.id == 0) continue;
+      if (l.expires_ns <= now) {
+        drop_lease_locked(l);
+      } else if (check_owners && l.owner_pid > 0 && l.owner_pidns == pidns_ &&
+                 !elastic::detail::process_alive(l.owner_pid, l.owner_start)) {
+        drop_lease_locked(l);
+      }
+    }
   }
 
   void drop_lease_locked(detail::store_lease& l) {
@@ -400,6 +428,8 @@ class shm_store final : public store {
   std::string name_;
   detail::bip::shared_memory_object shm_;
   detail::bip::mapped_region region_;
+  std::uint64_t pidns_ = detail::pid_namespace();
+  std::int64_t owners_checked_ns_ = 0;  // guarded by the store's lock
 };
 
 }  // namespace elastic::rendezvous
