@@ -84,7 +84,7 @@ struct rendezvous_options {
   std::chrono::milliseconds last_call_timeout{std::chrono::seconds(30)};  ///< wait past min_nodes
   std::chrono::milliseconds heartbeat_interval{std::chrono::seconds(5)};  ///< lease renewal period
   std::chrono::milliseconds heartbeat_timeout{std::chrono::seconds(30)};  ///< silent this long: dead
-  std::string participant_id{};          ///< empty: HOST:PID:RANDOM; [A-Za-z0-9._:@-], 1..128
+  std::string participant_id{};          ///< empty: ELASTIC_PARTICIPANT_ID, else HOST:PID:RANDOM; [A-Za-z0-9._:@-], 1..128
   std::string key_prefix = "/elastic";   ///< where the run's keys live in the store
   std::optional<event_log> events{};     ///< nothing: event_log::from_env()
 };
@@ -272,6 +272,11 @@ class rendezvous {
         !std::all_of(opts_.run_id.begin(), opts_.run_id.end(), detail::run_id_char)) {
       bad(fmt::format("run id '{}' is not 1 to 64 characters of A-Z a-z 0-9 . _ - (set run_id or ELASTIC_RUN_ID)",
                       elastic::detail::printable(opts_.run_id)));
+    }
+    if (opts_.participant_id.empty()) {
+      // elastic-run names each worker slot (HOST:LOCAL_RANK) so it can retire the slot's alive key
+      // the moment it reaps a dead worker.
+      opts_.participant_id = elastic::detail::env_string("ELASTIC_PARTICIPANT_ID").value_or("");
     }
     if (opts_.participant_id.empty()) {
       char host[256] = {};
