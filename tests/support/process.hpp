@@ -80,10 +80,14 @@ class child_process {
         buffer_.erase(0, nl + 1);
         return line;
       }
+      if (out_ < 0) return std::nullopt;
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
-      if (left.count() <= 0 || out_ < 0) return std::nullopt;
       pollfd p{out_, POLLIN, 0};
-      if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
+      // A zero timeout still looks once: read_line(0ms) takes what is already there.
+      if (::poll(&p, 1, static_cast<int>(std::max<std::int64_t>(0, left.count()))) <= 0) {
+        if (std::chrono::steady_clock::now() >= until) return std::nullopt;
+        continue;
+      }
       char buf[4096];
       const ssize_t n = ::read(out_, buf, sizeof buf);
       if (n <= 0) {
