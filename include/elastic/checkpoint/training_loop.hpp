@@ -9,6 +9,17 @@
 //   }
 //   return loop.exit_code();         // 0 finished, 75 preempted (retry me)
 //
+// With an elastic group (loop_options::group, see group_hook.hpp) the loop also calls the group at
+// each safe point, where it rebuilds after a failure and resyncs the state from rank 0; a step
+// whose collective failed is run again instead of counted:
+//
+//   for (auto& step : loop) {
+//     compute_gradients(step.index(), group.rank(), group.size());
+//     if (!group.allreduce(grads, elastic::comm::reduce_op::avg)) continue;  // redone after rebuild
+//     step.before_update();
+//     optimizer_update();
+//   }
+//
 // Step numbers count completed steps: the checkpoint `step-000000000100` holds the state after
 // 100 steps, and a run resumed from it starts with step index 100.
 #pragma once
@@ -28,6 +39,7 @@
 #include <thread>
 
 #include <elastic/checkpoint/checkpointer.hpp>
+#include <elastic/checkpoint/group_hook.hpp>
 #include <elastic/checkpoint/preemption.hpp>
 #include <elastic/checkpoint/state.hpp>
 #include <elastic/detail/clock.hpp>
@@ -70,6 +82,9 @@ struct loop_options {
   std::string run_id{};                      ///< empty: ELASTIC_RUN_ID
   std::chrono::milliseconds commit_timeout{std::chrono::minutes(2)};
   std::optional<event_log> events{};         ///< nothing: event_log::from_env()
+  /// An elastic group the loop resyncs with at each safe point. The state is then replicated:
+  /// only the group's rank 0 writes checkpoints, as a world of one (rank/world_size are ignored).
+  group_hook* group = nullptr;
 };
 
 class training_loop {
@@ -115,10 +130,11 @@ class training_loop {
   training_loop(loop_options opts, checkpoint::state& st)
       : opts_(std::move(opts)),
         events_(opts_.events ? *opts_.events : event_log::from_env()),
+        state_(st),
         ckpt_(st, {.dir = opts_.dir,
                    .keep_last = opts_.keep_last,
-                   .rank = opts_.rank,
-                   .world_size = opts_.world_size,
+                   .rank = opts_.group ? 0 : opts_.rank,
+                   .world_size = opts_.group ? 1 : opts_.world_size,
                    .run_id = opts_.run_id,
                    .staging_budget = opts_.staging_budget,
                    .commit_timeout = opts_.commit_timeout,
@@ -164,12 +180,27 @@ class training_loop {
   [[nodiscard]] std::uint64_t start_step() const noexcept { return start_; }
   /// Steps completed so far, across restarts.
   [[nodiscard]] std::uint64_t completed_steps() const noexcept { return next_; }
+  /// Steps run again because a collective of theirs failed (elastic groups only).
+  [[nodiscard]] std::uint64_t redone_steps() const noexcept { return redone_; }
   /// The checkpoint interval in steps now in force (the adaptive policy's choice, if enabled).
   [[nodiscard]] std::uint64_t interval_steps() const noexcept { return interval_; }
   [[nodiscard]] checkpoint::checkpointer& checkpointer() noexcept { return ckpt_; }
 
  private:
+  /// Whether this process writes checkpoints: always alone, rank 0 of the round in a group.
+  bool writer() const noexcept { return !opts_.group || opts_.group->writes_checkpoints(); }
+
   void begin_step() {
+    if (opts_.group) {
+      // A safe point: no collective in flight, the state is whole. The group may hand us
+      // another step (rank 0's) together with its state.
+      const std::uint64_t agreed = opts_.group->safe_point(next_, state_);
+      if (agreed != next_) {
+        events_.emit("loop_resynced", {{"from_step", next_}, {"to_step", agreed}});
+        next_ = agreed;
+      }
+      last_snapshot_step_ = std::min(last_snapshot_step_, next_);
+    }
     step_started_ = std::chrono::steady_clock::now();
     if (opts_.step_timeout.count() > 0) scope_.emplace(elastic::expires(opts_.step_timeout, "step"));
   }
@@ -177,6 +208,25 @@ class training_loop {
   /// Ends the current step; false when the loop is over.
   bool end_step() {
     scope_.reset();
+    if (opts_.group && opts_.group->step_failed()) {
+      // The update of this step is not everywhere: run it again on the rebuilt group.
+      if (preemption_handler::requested() && signals_) {
+        final_checkpoint(loop_reason::preempted);
+        return false;
+      }
+      if (stop_requested_) {
+        final_checkpoint(loop_reason::stopped);
+        return false;
+      }
+      ++redone_;
+      begin_step();
+      if (opts_.steps && next_ >= opts_.steps) {  // rank 0 had finished this step after all
+        scope_.reset();
+        final_checkpoint(loop_reason::finished);
+        return false;
+      }
+      return true;
+    }
     ++next_;
     const auto now = std::chrono::steady_clock::now();
     const double step_s = std::chrono::duration<double>(now - step_started_).count();
@@ -207,7 +257,7 @@ class training_loop {
       update_policy();
       pending_policy_update_ = false;
     }
-    if (due(now)) {
+    if (due(now) && writer()) {
       const auto before = ckpt_.stats();
       const auto t0 = std::chrono::steady_clock::now();
       ckpt_.snapshot(next_, {}, opts_.stream);
@@ -251,7 +301,7 @@ class training_loop {
 
   void final_checkpoint(loop_reason why) {
     reason_ = why;
-    if (why != loop_reason::preempted && !opts_.checkpoint_at_end) {
+    if (!writer() || (why != loop_reason::preempted && !opts_.checkpoint_at_end)) {
       ckpt_.wait_durable();
       emit_end();
       return;
@@ -307,12 +357,13 @@ class training_loop {
 
   loop_options opts_;
   event_log events_;
+  checkpoint::state& state_;
   std::optional<preemption_handler> signals_;
   checkpoint::checkpointer ckpt_;
   step_context ctx_;
   std::optional<timer::scope> scope_;
   loop_reason reason_ = loop_reason::running;
-  std::uint64_t start_ = 0, next_ = 0, interval_ = 0, last_snapshot_step_ = 0;
+  std::uint64_t start_ = 0, next_ = 0, interval_ = 0, last_snapshot_step_ = 0, redone_ = 0;
   std::chrono::steady_clock::time_point step_started_{}, last_snapshot_time_{std::chrono::steady_clock::now()};
   double step_ema_ = 0;       // undisturbed step time
   double inflight_cost_ = 0;  // seconds the newest checkpoint has cost the loop so far

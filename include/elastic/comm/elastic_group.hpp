@@ -1,0 +1,427 @@
+// An elastic group: a rendezvous and the communicator of its current round, rebuilt when the
+// membership changes, so the processes of a data-parallel job survive losing (or gaining) ranks.
+//
+//   elastic::comm::gloo_group group(store, {.rendezvous = {.min_nodes = 2, .max_nodes = 4}},
+//                                   elastic::comm::gloo_factory(5s));
+//   elastic::training_loop loop({.dir = "ckpt", .steps = 1000, .every_steps = 50, .group = &group}, st);
+//   for (auto& step : loop) {
+//     compute_gradients(step.index(), group.rank(), group.size());   // this rank's shard
+//     if (!group.allreduce(std::span(grads), elastic::comm::reduce_op::avg)) continue;
+//     step.before_update();
+//     optimizer_update();
+//   }
+//
+// How a failure becomes a rebuild:
+// - A collective that throws (a peer died: its connection closed; a peer hangs: the timeout ran
+//   out) marks the group failed and destroys the communicator at once: closing its connections
+//   makes every peer blocked on this rank fail too, instead of waiting for their timeouts.
+//   Later collectives of the step return false without communicating.
+// - A watcher thread polls the rendezvous every poll_interval: a departed member, a newcomer
+//   waiting, or a round started by another member marks a change.
+// - At the next safe point (training_loop calls safe_point() before each step) the group tears
+//   the communicator down, forms the next round (survivors keep their relative order), builds a
+//   communicator for it and makes every rank agree on rank 0's step and state (a broadcast).
+//   The loop then runs the failed step again on the new group.
+// A collective is wrapped in a timer scope, so a process stuck inside one past twice its timeout
+// is killed by the watchdog (when one serves the process) rather than hanging the job.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <stop_token>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <elastic/checkpoint/group_hook.hpp>
+#include <elastic/checkpoint/state.hpp>
+#include <elastic/comm/communicator.hpp>
+#include <elastic/detail/clock.hpp>
+#include <elastic/error.hpp>
+#include <elastic/events.hpp>
+#include <elastic/rendezvous/rendezvous.hpp>
+#include <elastic/rendezvous/store.hpp>
+#include <elastic/timer/expires.hpp>
+
+namespace elastic::comm {
+
+struct group_options {
+  rendezvous::rendezvous_options rendezvous{};  ///< run id, min/max ranks, join and heartbeat timeouts
+  /// How often the watcher thread looks for departures and newcomers (store reads: three).
+  std::chrono::milliseconds poll_interval{std::chrono::milliseconds(50)};
+  /// Each collective runs in a timer scope of this length (0: twice the communicator's timeout
+  /// plus a second when it has one, else none): a process stuck past it is killed.
+  std::chrono::milliseconds collective_deadline{0};
+  std::optional<event_log> events{};  ///< nothing: event_log::from_env()
+};
+
+/// What the newest rebuild cost, each phase timed on this rank (CLOCK_MONOTONIC nanoseconds, so
+/// another process on the host can put them next to its own clock readings).
+struct recovery_timings {
+  std::int64_t round = 0;
+  std::size_t world_size = 0;
+  std::string cause;                 ///< "collective failed: ...", "departure", "newcomer", ...
+  std::int64_t noticed_ns = 0;       ///< the failed collective returned / the watcher saw the change
+  std::int64_t rendezvous_done_ns = 0;
+  std::int64_t connected_ns = 0;     ///< the new communicator is up
+  std::int64_t resynced_ns = 0;      ///< the state is rank 0's (0 when no resync ran)
+};
+
+/// The communicator of each round, made from the round's outcome (rank, world size, bootstrap).
+template <class Comm>
+using communicator_factory = std::function<std::unique_ptr<Comm>(rendezvous::store&, const rendezvous::round_info&)>;
+
+template <class Comm>
+class elastic_group final : public group_hook {
+ public:
+  /// Nothing happens until join() or the first safe_point(). `bootstrap` makes the leader's
+  /// blob (default: a fresh Gloo store prefix per round).
+  elastic_group(rendezvous::store& store, group_options opts, communicator_factory<Comm> make,
+                rendezvous::bootstrap_fn bootstrap = {})
+      : store_(store),
+        opts_(std::move(opts)),
+        events_(opts_.events ? *opts_.events : event_log::from_env()),
+        make_(std::move(make)),
+        bootstrap_(std::move(bootstrap)),
+        rdzv_(store, with_events(opts_.rendezvous, events_)) {
+    if (!make_) throw error(errc::invalid_argument, "elastic_group: no communicator factory given");
+    if (opts_.poll_interval.count() <= 0) {
+      throw error(errc::invalid_argument,
+                  fmt::format("elastic_group: poll_interval {} ms must be positive", opts_.poll_interval.count()));
+    }
+  }
+
+  elastic_group(const elastic_group&) = delete;
+  elastic_group& operator=(const elastic_group&) = delete;
+
+  /// Stops watching, closes the communicator and leaves the rendezvous (the others see the
+  /// departure at their next poll).
+  ~elastic_group() override {
+    watcher_.request_stop();
+    watch_cv_.notify_all();
+    if (watcher_.joinable()) watcher_.join();
+    comm_.reset();
+    rdzv_.leave();
+  }
+
+  /// Joins the first round and connects its communicator. safe_point() does it when needed.
+  const rendezvous::round_info& join() {
+    if (!joined_) rebuild("join");
+    return rdzv_.current();
+  }
+
+  [[nodiscard]] bool joined() const noexcept { return joined_; }
+  [[nodiscard]] int rank() const noexcept { return static_cast<int>(rdzv_.current().rank); }
+  [[nodiscard]] int size() const noexcept { return static_cast<int>(rdzv_.current().world_size); }
+  [[nodiscard]] std::int64_t round() const noexcept { return rdzv_.current().round; }
+  [[nodiscard]] const rendezvous::round_info& current() const noexcept { return rdzv_.current(); }
+  /// True from a failed collective until the group is rebuilt.
+  [[nodiscard]] bool failed() const noexcept { return failed_.load(std::memory_order_acquire); }
+  /// Rounds this group has been rebuilt into after its first.
+  [[nodiscard]] std::size_t rebuilds() const noexcept { return rebuilds_; }
+  [[nodiscard]] const recovery_timings& last_recovery() const noexcept { return last_; }
+
+  /// The current round's communicator; throws when the group is failed or not joined.
+  Comm& comm() {
+    if (!comm_) {
+      throw error(errc::invalid_argument, failed_ ? "elastic_group: the communicator failed; it is rebuilt at the "
+                                                    "next safe_point()"
+                                                  : "elastic_group: join() first");
+    }
+    return *comm_;
+  }
+
+  /// Collectives on the current communicator: true when done; false when it failed (now or
+  /// earlier in this step), the group then needs a safe_point() before it communicates again.
+  template <reducible T>
+  bool allreduce(std::span<T> buf, reduce_op op) {
+    return run("allreduce", [&](Comm& c) { c.allreduce(buf, op); });
+  }
+  template <reducible T>
+  bool broadcast(std::span<T> buf, int root) {
+    return run("broadcast", [&](Comm& c) { c.broadcast(buf, root); });
+  }
+  bool barrier() {
+    return run("barrier", [](Comm& c) { c.barrier(); });
+  }
+
+  /// For loops of one's own: rebuilds when a collective failed or the membership changed.
+  /// True when it did: the caller's replicated state must then be resynced (see safe_point).
+  bool rebuild_if_needed() {
+    if (!joined_) {
+      rebuild("join");
+      return true;
+    }
+    std::string cause;
+    if (failed_) {
+      cause = "collective failed: " + failure_;
+    } else if (change_pending_.load(std::memory_order_acquire)) {
+      std::lock_guard lk(rdzv_mu_);
+      cause = change_cause_;
+    } else {
+      return false;
+    }
+    rebuild(cause);
+    return true;
+  }
+
+  std::uint64_t safe_point(std::uint64_t step, checkpoint::state& st) override {
+    for (;;) {
+      if (!rebuild_if_needed()) return step;
+      // A peer may die during the resync itself: then rebuild and resync again.
+      if (auto agreed = resync(step, st)) return *agreed;
+    }
+  }
+
+  [[nodiscard]] bool step_failed() const noexcept override { return failed(); }
+  [[nodiscard]] bool writes_checkpoints() const noexcept override { return comm_ && rank() == 0; }
+
+ private:
+  using clock = std::chrono::steady_clock;
+
+  static rendezvous::rendezvous_options with_events(rendezvous::rendezvous_options o, const event_log& ev) {
+    if (!o.events) o.events = ev;
+    return o;
+  }
+
+  template <class F>
+  bool run(std::string_view what, F&& f) {
+    if (!joined_) throw error(errc::invalid_argument, fmt::format("elastic_group {}: join() first", what));
+    if (failed_ || !comm_) return false;
+    timer::scope scope;
+    if (const auto d = deadline(); d.count() > 0) scope = elastic::expires(d, what);
+    try {
+      f(*comm_);
+      return true;
+    } catch (const error& e) {
+      fail(what, e);
+      return false;
+    }
+  }
+
+  std::chrono::milliseconds deadline() const {
+    if (opts_.collective_deadline.count() > 0) return opts_.collective_deadline;
+    if constexpr (requires(const Comm& c) { c.timeout(); }) {
+      if (comm_) return 2 * std::chrono::duration_cast<std::chrono::milliseconds>(comm_->timeout()) + std::chrono::seconds(1);
+    }
+    return std::chrono::milliseconds(0);
+  }
+
+  void fail(std::string_view what, const error& e) {
+    failed_ = true;
+    failure_ = e.what();
+    noticed_ns_ = elastic::detail::monotonic_ns();
+    events_.emit("group_failure", {{"round", round()},
+                                   {"collective", what},
+                                   {"code", to_string(e.code())},
+                                   {"message", e.what()}});
+    // Closing our connections now fails the peers still blocked on us.
+    comm_.reset();
+  }
+
+  /// Tears the communicator down, forms the next round and connects its communicator; again
+  /// while a peer dies during the connect, until the rendezvous's join timeout.
+  void rebuild(const std::string& cause) {
+    const std::int64_t noticed = failed_ ? noticed_ns_ : elastic::detail::monotonic_ns();
+    comm_.reset();
+    const auto deadline = clock::now() + opts_.rendezvous.join_timeout;
+    std::lock_guard lk(rdzv_mu_);
+    for (;;) {
+      const auto& info = joined_ ? rdzv_.next_round(bootstrap_) : rdzv_.join(bootstrap_);
+      const std::int64_t met = elastic::detail::monotonic_ns();
+      try {
+        comm_ = make_(store_, info);
+      } catch (const error& e) {
+        if (clock::now() >= deadline) throw;
+        events_.emit("group_connect_failed", {{"round", info.round}, {"message", e.what()}});
+        joined_ = true;  // a member of that round: the next one is entered as a survivor
+        continue;
+      }
+      const bool first = !joined_ && rebuilds_ == 0 && last_.round == 0;
+      joined_ = true;
+      failed_ = false;
+      change_pending_.store(false, std::memory_order_release);
+      last_ = {info.round, info.world_size, cause, noticed, met, elastic::detail::monotonic_ns(), 0};
+      if (!first) ++rebuilds_;
+      events_.emit(first ? "group_formed" : "group_rebuilt",
+                   {{"round", info.round},
+                    {"world_size", info.world_size},
+                    {"cause", cause},
+                    {"rendezvous_ms", (last_.rendezvous_done_ns - noticed) / 1e6},
+                    {"connect_ms", (last_.connected_ns - last_.rendezvous_done_ns) / 1e6},
+                    {"noticed_ns", noticed}});
+      break;
+    }
+    if (!watcher_.joinable()) watcher_ = std::jthread([this](std::stop_token st) { watch(st); });
+  }
+
+  /// Every rank ends with rank 0's step and state. Nothing when a collective failed on the way.
+  std::optional<std::uint64_t> resync(std::uint64_t step, checkpoint::state& st) {
+    if (size() <= 1) {
+      last_.resynced_ns = elastic::detail::monotonic_ns();
+      return step;
+    }
+    // Header: step, layout fingerprint, payload words.
+    std::vector<std::byte> payload;
+    if (rank() == 0) pack(st, payload);
+    std::int64_t head[3] = {static_cast<std::int64_t>(step), static_cast<std::int64_t>(fingerprint(st)),
+                            static_cast<std::int64_t>((payload.size() + 7) / 8)};
+    if (!broadcast(std::span<std::int64_t>(head), 0)) return std::nullopt;
+    if (static_cast<std::uint64_t>(head[1]) != fingerprint(st)) {
+      throw error(errc::mismatch,
+                  fmt::format("elastic_group: rank {} registered other state than rank 0 (names, types or sizes "
+                              "differ): every rank of a group must register the same replicated state",
+                              rank()));
+    }
+    std::vector<std::int64_t> words(static_cast<std::size_t>(head[2]));
+    if (rank() == 0 && !payload.empty()) std::memcpy(words.data(), payload.data(), payload.size());
+    if (!broadcast(std::span<std::int64_t>(words), 0)) return std::nullopt;
+    if (rank() != 0) unpack(st, std::as_bytes(std::span<const std::int64_t>(words)));
+    last_.resynced_ns = elastic::detail::monotonic_ns();
+    events_.emit("group_resynced", {{"round", round()},
+                                    {"step", head[0]},
+                                    {"bytes", words.size() * 8},
+                                    {"resync_ms", (last_.resynced_ns - last_.connected_ns) / 1e6},
+                                    {"recovery_ms", (last_.resynced_ns - last_.noticed_ns) / 1e6}});
+    return static_cast<std::uint64_t>(head[0]);
+  }
+
+  static void check_host(const checkpoint::entry& e) {
+    if (e.where != checkpoint::location::host) {
+      throw error(errc::invalid_argument,
+                  fmt::format("elastic_group: state entry '{}' lives in device memory; this group resyncs host "
+                              "state only (keep a host copy, or restore device state from the checkpoint)",
+                              e.name));
+    }
+  }
+
+  /// Names, kinds and sizes of the state: ranks must agree before bytes move.
+  static std::uint64_t fingerprint(const checkpoint::state& st) {
+    std::uint64_t h = 1469598103934665603ull;
+    auto mix = [&](const void* p, std::size_t n) {
+      const auto* b = static_cast<const unsigned char*>(p);
+      for (std::size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+    };
+    for (const auto& e : st.entries()) {
+      mix(e.name.data(), e.name.size() + 1);
+      const auto kind = static_cast<std::uint8_t>(e.kind);
+      mix(&kind, 1);
+      const std::uint64_t bytes = e.kind == checkpoint::entry_kind::object ? 0 : e.bytes;
+      mix(&bytes, sizeof bytes);
+    }
+    return h >> 1;  // travels as a non-negative int64
+  }
+
+  static void pack(const checkpoint::state& st, std::vector<std::byte>& out) {
+    std::vector<std::byte> obj;
+    for (const auto& e : st.entries()) {
+      if (e.kind == checkpoint::entry_kind::object) {
+        obj.clear();
+        e.save(obj);
+        const std::uint64_t n = obj.size();
+        const auto* p = reinterpret_cast<const std::byte*>(&n);
+        out.insert(out.end(), p, p + sizeof n);
+        out.insert(out.end(), obj.begin(), obj.end());
+      } else {
+        check_host(e);
+        const auto* p = static_cast<const std::byte*>(e.data);
+        out.insert(out.end(), p, p + e.bytes);
+      }
+    }
+  }
+
+  static void unpack(checkpoint::state& st, std::span<const std::byte> in) {
+    std::size_t at = 0;
+    auto take = [&](std::size_t n, const std::string& name) {
+      if (n > in.size() - at) {
+        throw error(errc::corrupt, fmt::format("elastic_group: rank 0's state ended inside entry '{}'", name));
+      }
+      auto s = in.subspan(at, n);
+      at += n;
+      return s;
+    };
+    for (const auto& e : st.entries()) {
+      if (e.kind == checkpoint::entry_kind::object) {
+        std::uint64_t n = 0;
+        std::memcpy(&n, take(sizeof n, e.name).data(), sizeof n);
+        e.load(take(static_cast<std::size_t>(n), e.name));
+      } else {
+        check_host(e);
+        const auto s = take(e.bytes, e.name);
+        if (!s.empty()) std::memcpy(e.data, s.data(), s.size());
+      }
+    }
+  }
+
+  /// The watcher: marks a change for the next safe point; a store that does not answer is
+  /// reported once and retried (training goes on meanwhile).
+  void watch(std::stop_token st) {
+    bool store_down = false;
+    std::mutex m;
+    std::unique_lock wait_lk(m);
+    while (!st.stop_requested()) {
+      watch_cv_.wait_for(wait_lk, st, opts_.poll_interval, [] { return false; });
+      if (st.stop_requested()) return;
+      if (change_pending_.load(std::memory_order_acquire) || failed_) continue;
+      std::lock_guard lk(rdzv_mu_);
+      try {
+        const auto ch = rdzv_.poll();
+        if (store_down) {
+          store_down = false;
+          events_.emit("group_store_back", {{"round", round()}});
+        }
+        if (!ch.any()) continue;
+        change_cause_ = !ch.departed.empty() ? "departure of " + join(ch.departed)
+                        : !ch.joining.empty() ? "newcomer " + join(ch.joining)
+                        : ch.self_lost ? std::string("our heartbeat lapsed")
+                                       : std::string("round started by another member");
+        change_pending_.store(true, std::memory_order_release);
+      } catch (const error& e) {
+        if (!store_down) {
+          store_down = true;
+          events_.emit("group_store_unavailable", {{"round", round()}, {"message", e.what()}});
+        }
+      }
+    }
+  }
+
+  static std::string join(const std::vector<std::string>& v) {
+    std::string out;
+    for (const auto& s : v) out += (out.empty() ? "" : ",") + s;
+    return out;
+  }
+
+  rendezvous::store& store_;
+  group_options opts_;
+  event_log events_;
+  communicator_factory<Comm> make_;
+  rendezvous::bootstrap_fn bootstrap_;
+  std::mutex rdzv_mu_;  // the rendezvous is driven by one thread at a time: us or the watcher
+  rendezvous::rendezvous rdzv_;
+  std::unique_ptr<Comm> comm_;
+  bool joined_ = false;
+  std::atomic<bool> failed_{false};  // read by the watcher
+  std::string failure_;
+  std::int64_t noticed_ns_ = 0;
+  std::atomic<bool> change_pending_{false};
+  std::string change_cause_;  // guarded by rdzv_mu_
+  std::size_t rebuilds_ = 0;
+  recovery_timings last_;
+  std::condition_variable_any watch_cv_;
+  std::jthread watcher_;  // last: it stops before the members it uses go away
+};
+
+}  // namespace elastic::comm

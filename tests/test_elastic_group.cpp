@@ -1,0 +1,208 @@
+// Elastic groups with real processes: 4 workers (tests/support/group_worker.cpp) train over Gloo
+// on loopback, bootstrapped through a real store; the tests SIGKILL, SIGSTOP and restart them,
+// stop the store, and check that the survivors rebuild and end with the very weights of an
+// undisturbed run (the workers sum gradients exactly, so any world size gives the same bits).
+//
+// Timings (kill to resumed, rejoin) are printed, never asserted: benchmarks/recovery_bench.cpp
+// measures them.
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <elastic/checkpoint/storage.hpp>
+#include <elastic/detail/clock.hpp>
+#include <elastic/rendezvous/shm_store.hpp>
+
+#include "support/catch.hpp"
+#include "support/hosted_watchdog.hpp"
+#include "support/process.hpp"
+#if defined(ELASTIC_ETCD_SERVER)
+#include "support/etcd_server.hpp"
+#endif
+
+namespace {
+
+using namespace std::chrono_literals;
+using elastic::test::child_process;
+using elastic::test::temp_dir;
+using elastic::test::unique_name;
+
+/// The value of `key=` in a worker's line ("" when absent).
+std::string field(const std::string& line, const std::string& key) {
+  const std::string k = key + "=";
+  std::size_t at = 0;
+  for (;;) {
+    at = line.find(k, at);
+    if (at == std::string::npos) return {};
+    if (at == 0 || line[at - 1] == ' ') break;
+    ++at;
+  }
+  const auto end = line.find(' ', at);
+  return line.substr(at + k.size(), end == std::string::npos ? std::string::npos : end - at - k.size());
+}
+
+std::int64_t num(const std::string& line, const std::string& key) {
+  const std::string v = field(line, key);
+  return v.empty() ? -1 : std::stoll(v);
+}
+
+bool starts_with(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }
+
+/// A set of group workers whose stdout is collected line by line; every wait keeps reading all
+/// of them, so no worker ever blocks on a full pipe.
+class fleet {
+ public:
+  struct worker {
+    std::string id;
+    child_process proc;
+    std::vector<std::string> lines;
+    std::optional<int> status;
+  };
+
+  /// Workers meet in `store` as run `run_id`; their events go to `events`.
+  fleet(std::string store, std::string run_id, std::vector<std::string> common, std::string events)
+      : store_(std::move(store)), run_id_(std::move(run_id)), common_(std::move(common)), events_(std::move(events)) {}
+
+  /// Starts a worker with participant id `id`; returns its index.
+  std::size_t start(const std::string& id, std::vector<std::string> extra = {},
+                    std::vector<std::pair<std::string, std::string>> env = {}) {
+    std::vector<std::string> argv{ELASTIC_GROUP_WORKER, "--store", store_, "--run-id", run_id_, "--id", id};
+    argv.insert(argv.end(), common_.begin(), common_.end());
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    env.emplace_back("ELASTIC_EVENTS", events_);
+    workers_.push_back({id, child_process::spawn(argv, env), {}, {}});
+    return workers_.size() - 1;
+  }
+
+  worker& operator[](std::size_t i) { return workers_[i]; }
+  std::size_t size() const { return workers_.size(); }
+
+  /// Reads what is there from every worker and reaps those that ended.
+  void pump() {
+    for (auto& w : workers_) {
+      while (auto line = w.proc.read_line(0ms)) w.lines.push_back(*line);
+      if (!w.status) w.status = w.proc.wait_for(0ms);
+    }
+  }
+
+  /// Pumps until `done()` holds or `timeout` passes; the final value of done().
+  bool wait_until(const std::function<bool()>& done, std::chrono::milliseconds timeout) {
+    const auto until = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      pump();
+      if (done()) return true;
+      if (std::chrono::steady_clock::now() >= until) return false;
+      std::this_thread::sleep_for(2ms);
+    }
+  }
+
+  /// The first line of worker i starting with `prefix` (and passing `pred`), if any yet.
+  std::optional<std::string> find(std::size_t i, const std::string& prefix,
+                                  const std::function<bool(const std::string&)>& pred = {}) const {
+    for (const auto& l : workers_[i].lines)
+      if (starts_with(l, prefix) && (!pred || pred(l))) return l;
+    return std::nullopt;
+  }
+
+  bool all_ended(const std::vector<std::size_t>& which) const {
+    return std::all_of(which.begin(), which.end(), [&](std::size_t i) { return workers_[i].status.has_value(); });
+  }
+
+  std::string transcript(std::size_t i, std::size_t last = 12) const {
+    const auto& ls = workers_[i].lines;
+    std::string out = "worker " + workers_[i].id + ":\n";
+    for (std::size_t k = ls.size() > last ? ls.size() - last : 0; k < ls.size(); ++k) out += "  " + ls[k] + "\n";
+    return out;
+  }
+
+ private:
+  std::string store_, run_id_;
+  std::vector<std::string> common_;
+  std::string events_;
+  std::vector<worker> workers_;
+};
+
+int exit_code_of(const std::optional<int>& st) { return st && WIFEXITED(*st) ? WEXITSTATUS(*st) : -1; }
+
+struct scratch {
+  temp_dir dir;
+  std::string store_name = unique_name("grp");
+  std::string url = "shm://" + store_name;
+  std::string ckpt = dir.file("ckpt");
+  std::string events = dir.file("events.jsonl");
+  ~scratch() { elastic::rendezvous::shm_store::remove(store_name); }
+};
+
+/// The weights' crc after `steps` steps of an undisturbed run (one worker: exact sums make any
+/// world size give the same result).
+std::string reference_crc(const std::vector<std::string>& common, std::uint64_t steps) {
+  scratch s;
+  fleet f(s.url, "ref", common, s.events);
+  const auto i = f.start("ref", {"--dir", s.ckpt, "--steps", std::to_string(steps), "--min", "1", "--max", "1"});
+  REQUIRE(f.wait_until([&] { return f.all_ended({i}); }, 120s));
+  const auto fin = f.find(i, "final ");
+  REQUIRE(fin);
+  return field(*fin, "crc");
+}
+
+// Workers of 4 that detect a death quickly: 100 ms heartbeats, 500 ms to be declared dead.
+const std::vector<std::string> fast{"--every", "10", "--dim", "65536", "--timeout-ms", "2000",
+                                    "--hb-interval-ms", "100", "--hb-timeout-ms", "500", "--last-call-ms", "300",
+                                    "--join-timeout-ms", "30000", "--poll-ms", "20"};
+
+}  // namespace
+
+TEST_CASE("4 ranks lose one mid-allreduce: the 3 survivors rebuild and finish with the undisturbed weights") {
+  const std::uint64_t steps = 60;
+  const std::string want = reference_crc(fast, steps);
+  scratch s;
+  fleet f(s.url, "kill4", fast, s.events);
+  const std::vector<std::string> args{"--dir", s.ckpt, "--steps", std::to_string(steps), "--min", "2", "--max", "4"};
+  for (int i = 0; i < 4; ++i) {
+    auto a = args;
+    if (i == 2) a.insert(a.end(), {"--kill-self-at", "20"});
+    f.start("w" + std::to_string(i), a);
+  }
+  const std::vector<std::size_t> survivors{0, 1, 3};
+  const bool ended = f.wait_until([&] { return f.all_ended({0, 1, 2, 3}); }, 120s);
+  INFO(f.transcript(0) << f.transcript(1) << f.transcript(2) << f.transcript(3));
+  REQUIRE(ended);
+
+  // The victim died by SIGKILL inside the allreduce of step 20; nobody else restarted.
+  REQUIRE(f[2].status);
+  CHECK(WIFSIGNALED(*f[2].status));
+  const auto killed = f.find(2, "killing ");
+  REQUIRE(killed);
+  const std::int64_t t_kill = num(*killed, "t");
+  std::int64_t resumed = 0;
+  for (auto i : survivors) {
+    CHECK(exit_code_of(f[i].status) == 0);
+    CHECK(std::count_if(f[i].lines.begin(), f[i].lines.end(), [](auto& l) { return starts_with(l, "joined "); }) == 1);
+    const auto rebuilt = f.find(i, "rebuilt ", [](auto& l) { return field(l, "world") == "3"; });
+    CHECK(rebuilt);
+    const auto fin = f.find(i, "final ");
+    REQUIRE(fin);
+    CHECK(field(*fin, "step") == std::to_string(steps));
+    CHECK(field(*fin, "crc") == want);  // identical across ranks, and to the undisturbed run
+    const auto first3 = f.find(i, "step=", [](auto& l) { return field(l, "world") == "3"; });
+    REQUIRE(first3);
+    resumed = std::max(resumed, num(*first3, "t"));
+    if (rebuilt) {
+      std::printf("rank %s: noticed %.1f ms, rendezvous %.1f ms, connect %.1f ms, resync %.1f ms after the kill\n",
+                  f[i].id.c_str(), (num(*rebuilt, "noticed") - t_kill) / 1e6, (num(*rebuilt, "met") - t_kill) / 1e6,
+                  (num(*rebuilt, "connected") - t_kill) / 1e6, (num(*rebuilt, "resynced") - t_kill) / 1e6);
+    }
+  }
+  std::printf("kill -> first step of the 3 survivors: %.1f ms\n", (resumed - t_kill) / 1e6);
+}
