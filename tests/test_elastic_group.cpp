@@ -121,7 +121,12 @@ class fleet {
 
   std::string transcript(std::size_t i, std::size_t last = 12) const {
     const auto& ls = workers_[i].lines;
-    std::string out = "worker " + workers_[i].id + ":\n";
+    const auto& st = workers_[i].status;
+    std::string out = "worker " + workers_[i].id + " (pid " + std::to_string(workers_[i].proc.pid()) + ", " +
+                      (!st ? std::string("running")
+                       : WIFSIGNALED(*st) ? "killed by signal " + std::to_string(WTERMSIG(*st))
+                                          : "exit " + std::to_string(WEXITSTATUS(*st))) +
+                      "):\n";
     for (std::size_t k = ls.size() > last ? ls.size() - last : 0; k < ls.size(); ++k) out += "  " + ls[k] + "\n";
     return out;
   }
@@ -206,3 +211,201 @@ TEST_CASE("4 ranks lose one mid-allreduce: the 3 survivors rebuild and finish wi
   }
   std::printf("kill -> first step of the 3 survivors: %.1f ms\n", (resumed - t_kill) / 1e6);
 }
+
+TEST_CASE("a killed rank restarted under its id rejoins: the group is back to 4 at the next round") {
+  const std::uint64_t steps = 150;
+  const std::string want = reference_crc(fast, steps);
+  scratch s;
+  fleet f(s.url, "rejoin", fast, s.events);
+  const std::vector<std::string> args{"--dir", s.ckpt, "--steps", std::to_string(steps), "--min", "2", "--max", "4",
+                                      "--step-sleep-ms", "10"};
+  for (int i = 0; i < 4; ++i) {
+    auto a = args;
+    if (i == 2) a.insert(a.end(), {"--kill-self-at", "20"});
+    f.start("w" + std::to_string(i), a);
+  }
+  REQUIRE(f.wait_until([&] { return f[2].status.has_value(); }, 60s));
+  REQUIRE(WIFSIGNALED(*f[2].status));
+  // The survivors go on as 3; then the rank comes back, restores the newest checkpoint and
+  // waits as a newcomer until the group takes it in.
+  REQUIRE(f.wait_until([&] { return f.find(0, "step=", [](auto& l) { return field(l, "world") == "3"; }).has_value(); },
+                       30s));
+  const std::int64_t t_restart = elastic::detail::monotonic_ns();
+  const auto back = f.start("w2", args);
+  const bool ended = f.wait_until([&] { return f.all_ended({0, 1, 3, back}); }, 120s);
+  INFO(f.transcript(0) << f.transcript(1) << f.transcript(3) << f.transcript(back));
+  REQUIRE(ended);
+  const auto joined = f.find(back, "joined ");
+  REQUIRE(joined);
+  CHECK(field(*joined, "world") == "4");
+  for (auto i : {std::size_t{0}, std::size_t{1}, std::size_t{3}, back}) {
+    CHECK(exit_code_of(f[i].status) == 0);
+    const auto fin = f.find(i, "final ");
+    REQUIRE(fin);
+    CHECK(field(*fin, "step") == std::to_string(steps));
+    CHECK(field(*fin, "crc") == want);
+  }
+  for (auto i : {std::size_t{0}, std::size_t{1}, std::size_t{3}}) {
+    CHECK(f.find(i, "rebuilt ", [](auto& l) { return field(l, "world") == "4"; }));
+  }
+  std::printf("restart -> rejoined the group of 4: %.1f ms\n", (num(*joined, "t") - t_restart) / 1e6);
+}
+
+TEST_CASE("a rank that hangs (SIGSTOP) is dropped by its peers and killed by the watchdog") {
+  const std::uint64_t steps = 60;
+  const std::string want = reference_crc(fast, steps);
+  scratch s;
+  elastic::test::hosted wd;  // the watchdog elastic-run would host
+  fleet f(s.url, "hang", fast, s.events);
+  const std::vector<std::string> args{"--dir", s.ckpt, "--steps", std::to_string(steps), "--min", "2", "--max", "4",
+                                      "--timeout-ms", "1000", "--step-timeout-ms", "3000"};
+  const std::vector<std::pair<std::string, std::string>> env{{"ELASTIC_WATCHDOG", wd.name}};
+  for (int i = 0; i < 4; ++i) {
+    auto a = args;
+    if (i == 1) a.insert(a.end(), {"--stop-self-at", "15"});
+    f.start("w" + std::to_string(i), a, env);
+  }
+  const bool ended = f.wait_until([&] { return f.all_ended({0, 1, 2, 3}); }, 120s);
+  INFO(f.transcript(0) << f.transcript(1) << f.transcript(2) << f.transcript(3));
+  REQUIRE(ended);
+  // The hung rank never resumed: the watchdog's SIGKILL ended it (a stopped process takes it).
+  REQUIRE(f[1].status);
+  CHECK(WIFSIGNALED(*f[1].status));
+  CHECK(WTERMSIG(*f[1].status) == SIGKILL);
+  CHECK_FALSE(f.find(1, "step=", [](auto& l) { return num(l, "step") > 15; }));
+  const auto kills = elastic::test::events_named(wd.events, "watchdog_kill");
+  CHECK(std::any_of(kills.begin(), kills.end(), [&](const std::string& e) {
+    return e.find("\"pid\":" + std::to_string(f[1].proc.pid())) != std::string::npos ||
+           e.find("\"target_pid\":" + std::to_string(f[1].proc.pid())) != std::string::npos;
+  }));
+  for (auto i : {0, 2, 3}) {
+    CHECK(exit_code_of(f[i].status) == 0);
+    const auto fin = f.find(i, "final ");
+    REQUIRE(fin);
+    CHECK(field(*fin, "crc") == want);
+    CHECK(f.find(i, "rebuilt ", [](auto& l) { return field(l, "world") == "3"; }));
+  }
+}
+
+TEST_CASE("a participant of another run is refused and the group goes on undisturbed") {
+  const std::uint64_t steps = 80;
+  const std::string want = reference_crc(fast, steps);
+  scratch s;
+  fleet f(s.url, "ours", fast, s.events);
+  const std::vector<std::string> args{"--dir", s.ckpt, "--steps", std::to_string(steps), "--min", "2", "--max", "2",
+                                      "--step-sleep-ms", "10"};
+  f.start("w0", args);
+  f.start("w1", args);
+  REQUIRE(f.wait_until([&] { return f.find(0, "joined ") && f.find(1, "joined "); }, 30s));
+  // Same store, another run id.
+  fleet intruder(s.url, "theirs", fast, s.events);
+  const auto x = intruder.start("x0", {"--dir", s.dir.file("other"), "--steps", "5", "--min", "1", "--max", "1"});
+  REQUIRE(intruder.wait_until([&] { return intruder.all_ended({x}); }, 30s));
+  CHECK(exit_code_of(intruder[x].status) == 3);
+  const auto err = intruder.find(x, "error ");
+  REQUIRE(err);
+  CHECK(field(*err, "code") == "mismatch");
+  CHECK(err->find("'ours'") != std::string::npos);  // names the run the store serves
+  REQUIRE(f.wait_until([&] { return f.all_ended({0, 1}); }, 60s));
+  for (auto i : {0, 1}) {
+    CHECK(exit_code_of(f[i].status) == 0);
+    const auto fin = f.find(i, "final ");
+    REQUIRE(fin);
+    CHECK(field(*fin, "crc") == want);
+    CHECK_FALSE(f.find(i, "rebuilt "));
+  }
+}
+
+TEST_CASE("a group that falls below min_nodes stops with a clear error and keeps its checkpoint") {
+  scratch s;
+  fleet f(s.url, "shrink", fast, s.events);
+  const std::vector<std::string> args{"--dir", s.ckpt, "--steps", "1000", "--min", "3", "--max", "3",
+                                      "--join-timeout-ms", "2000", "--step-sleep-ms", "5"};
+  for (int i = 0; i < 3; ++i) f.start("w" + std::to_string(i), args);
+  REQUIRE(f.wait_until([&] { return f.find(0, "step=", [](auto& l) { return num(l, "step") >= 25; }).has_value(); },
+                       60s));
+  f[2].proc.kill(SIGKILL);
+  const bool ended = f.wait_until([&] { return f.all_ended({0, 1, 2}); }, 60s);
+  INFO(f.transcript(0) << f.transcript(1));
+  REQUIRE(ended);
+  for (auto i : {0, 1}) {
+    CHECK(exit_code_of(f[i].status) == 3);
+    const auto err = f.find(i, "error ");
+    REQUIRE(err);
+    CHECK(field(*err, "code") == "timeout");
+    CHECK(err->find("below min_nodes 3") != std::string::npos);
+  }
+  // What was committed stays, and loads.
+  const auto committed = elastic::checkpoint::storage::list_steps(s.ckpt);
+  REQUIRE_FALSE(committed.empty());
+  CHECK(committed.front() >= 20);
+}
+
+#if defined(ELASTIC_ETCD_SERVER)
+TEST_CASE("etcd away for 3 seconds: training goes on, and the group still recovers once it is back") {
+  const std::uint64_t steps = 400;
+  const std::string want = reference_crc(fast, steps);
+  elastic::test::etcd_server etcd;
+  scratch s;
+  // etcd: no agent retires a dead rank's key, its lease does (2 s).
+  std::vector<std::string> common = fast;
+  common.insert(common.end(), {"--hb-interval-ms", "250", "--hb-timeout-ms", "2000", "--unavailable-ms", "20000"});
+  fleet f(etcd.url(), "outage", common, s.events);
+  const std::vector<std::string> args{"--dir", s.ckpt, "--steps", std::to_string(steps), "--min", "2", "--max", "3",
+                                      "--step-sleep-ms", "10"};
+  for (int i = 0; i < 3; ++i) f.start("w" + std::to_string(i), args);
+  auto last_step = [&](std::size_t i) {
+    std::int64_t n = 0;
+    for (const auto& l : f[i].lines)
+      if (starts_with(l, "step=")) n = std::max(n, num(l, "step"));
+    return n;
+  };
+  REQUIRE(f.wait_until([&] { return last_step(0) >= 30 && last_step(1) >= 30 && last_step(2) >= 30; }, 60s));
+  etcd.kill();
+  const std::int64_t before = last_step(0);
+  f.wait_until([] { return false; }, 3s);
+  const std::int64_t during = last_step(0);
+  etcd.restart();
+  INFO(f.transcript(0) << f.transcript(1) << f.transcript(2));
+  CHECK(during - before >= 20);  // steps need no store: ~100 of them fit in 3 s
+  // Once etcd answers again, a death is handled as usual.
+  REQUIRE(f.wait_until([&] { return last_step(0) >= during + 20; }, 30s));
+  f[2].proc.kill(SIGKILL);
+  const bool ended = f.wait_until([&] { return f.all_ended({0, 1, 2}); }, 120s);
+  INFO(f.transcript(0) << f.transcript(1));
+  REQUIRE(ended);
+  for (auto i : {0, 1}) {
+    CHECK(exit_code_of(f[i].status) == 0);
+    const auto fin = f.find(i, "final ");
+    REQUIRE(fin);
+    CHECK(field(*fin, "crc") == want);
+    CHECK(f.find(i, "rebuilt ", [](auto& l) { return field(l, "world") == "2"; }));
+  }
+}
+
+TEST_CASE("etcd gone for good: a rebuild fails with a clear error after the store's timeout") {
+  elastic::test::etcd_server etcd;
+  scratch s;
+  std::vector<std::string> common = fast;
+  common.insert(common.end(), {"--hb-interval-ms", "250", "--hb-timeout-ms", "2000", "--unavailable-ms", "2000"});
+  fleet f(etcd.url(), "gone", common, s.events);
+  const std::vector<std::string> args{"--dir", s.ckpt, "--steps", "100000", "--min", "2", "--max", "3",
+                                      "--step-sleep-ms", "5"};
+  for (int i = 0; i < 3; ++i) f.start("w" + std::to_string(i), args);
+  REQUIRE(f.wait_until([&] { return f.find(0, "step=", [](auto& l) { return num(l, "step") >= 20; }).has_value(); },
+                       60s));
+  etcd.kill();
+  f[2].proc.kill(SIGKILL);
+  const bool ended = f.wait_until([&] { return f.all_ended({0, 1, 2}); }, 60s);
+  INFO(f.transcript(0) << f.transcript(1));
+  REQUIRE(ended);
+  for (auto i : {0, 1}) {
+    CHECK(exit_code_of(f[i].status) == 3);
+    const auto err = f.find(i, "error ");
+    REQUIRE(err);
+    CHECK(field(*err, "code") == "timeout");
+    CHECK(err->find(etcd.endpoint()) != std::string::npos);  // says which store did not answer
+  }
+  CHECK_FALSE(elastic::checkpoint::storage::list_steps(s.ckpt).empty());
+}
+#endif

@@ -8,10 +8,11 @@
 // weights as an undisturbed one, and the tests compare them bit for bit.
 //
 // stdout, one line each, flushed:
-//   joined round=R rank=r world=W
+//   joined round=R rank=r world=W t=<ns>
 //   step=N world=W rank=r t=<CLOCK_MONOTONIC ns> crc=<crc32c of the weights>   (N steps done)
 //   rebuilt round=R world=W rank=r cause=<...> noticed=<ns> met=<ns> connected=<ns> resynced=<ns>
 //   killing t=<ns>                      (--kill-self-at: just before the SIGKILL)
+//   stopping t=<ns>                     (--stop-self-at: just before the SIGSTOP)
 //   final step=N crc=<hex> reason=<finished|preempted|stopped> redone=<n>
 // Errors: "error code=<errc> <message>" and exit 3.
 #include <signal.h>
@@ -53,6 +54,7 @@ struct options {
   ms timeout{2000}, hb_interval{100}, hb_timeout{500}, last_call{300}, join_timeout{20000}, poll{20};
   ms step_sleep{0}, step_timeout{0}, unavailable{30000};
   long kill_self_at = -1;  // SIGKILL ourselves mid-allreduce of this step
+  long stop_self_at = -1;  // SIGSTOP ourselves before the allreduce of this step (a hang)
 };
 
 [[noreturn]] void usage(const std::string& why) {
@@ -86,6 +88,7 @@ options parse(int argc, char** argv) {
     else if (a == "--step-timeout-ms") o.step_timeout = ms(n());
     else if (a == "--unavailable-ms") o.unavailable = ms(n());
     else if (a == "--kill-self-at") o.kill_self_at = static_cast<long>(n());
+    else if (a == "--stop-self-at") o.stop_self_at = static_cast<long>(n());
     else usage("unknown option " + a);
   }
   if (o.store.empty() || o.dir.empty()) usage("--store and --dir are required");
@@ -172,7 +175,7 @@ int main(int argc, char** argv) {
     for (auto& step : loop) {
       if (!announced) {
         say("joined round=" + std::to_string(group.round()) + " rank=" + std::to_string(group.rank()) +
-            " world=" + std::to_string(group.size()));
+            " world=" + std::to_string(group.size()) + " t=" + std::to_string(elastic::detail::monotonic_ns()));
         announced = true;
       }
       if (group.rebuilds() != rebuilds_seen) {
@@ -195,6 +198,10 @@ int main(int argc, char** argv) {
         }
         const float r = pred - label;
         for (std::size_t k = 0; k < o.dim; ++k) grad[k] += std::llround(static_cast<double>(r * data.at(x, k)) * scale);
+      }
+      if (o.stop_self_at >= 0 && idx == static_cast<std::uint64_t>(o.stop_self_at)) {
+        say("stopping t=" + std::to_string(elastic::detail::monotonic_ns()));
+        ::raise(SIGSTOP);  // frozen inside the step's timer scope, as a hung kernel or NFS read would be
       }
       std::jthread killer;
       if (o.kill_self_at >= 0 && idx == static_cast<std::uint64_t>(o.kill_self_at)) {
