@@ -25,6 +25,7 @@
 #include <elastic/rendezvous/shm_store.hpp>
 
 #include "support/catch.hpp"
+#include "support/fleet.hpp"
 #include "support/hosted_watchdog.hpp"
 #include "support/process.hpp"
 #if defined(ELASTIC_ETCD_SERVER)
@@ -34,111 +35,13 @@
 namespace {
 
 using namespace std::chrono_literals;
-using elastic::test::child_process;
+using elastic::test::exit_code_of;
+using elastic::test::field;
+using elastic::test::fleet;
+using elastic::test::num;
+using elastic::test::starts_with;
 using elastic::test::temp_dir;
 using elastic::test::unique_name;
-
-/// The value of `key=` in a worker's line ("" when absent).
-std::string field(const std::string& line, const std::string& key) {
-  const std::string k = key + "=";
-  std::size_t at = 0;
-  for (;;) {
-    at = line.find(k, at);
-    if (at == std::string::npos) return {};
-    if (at == 0 || line[at - 1] == ' ') break;
-    ++at;
-  }
-  const auto end = line.find(' ', at);
-  return line.substr(at + k.size(), end == std::string::npos ? std::string::npos : end - at - k.size());
-}
-
-std::int64_t num(const std::string& line, const std::string& key) {
-  const std::string v = field(line, key);
-  return v.empty() ? -1 : std::stoll(v);
-}
-
-bool starts_with(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }
-
-/// A set of group workers whose stdout is collected line by line; every wait keeps reading all
-/// of them, so no worker ever blocks on a full pipe.
-class fleet {
- public:
-  struct worker {
-    std::string id;
-    child_process proc;
-    std::vector<std::string> lines;
-    std::optional<int> status;
-  };
-
-  /// Workers meet in `store` as run `run_id`; their events go to `events`.
-  fleet(std::string store, std::string run_id, std::vector<std::string> common, std::string events)
-      : store_(std::move(store)), run_id_(std::move(run_id)), common_(std::move(common)), events_(std::move(events)) {}
-
-  /// Starts a worker with participant id `id`; returns its index.
-  std::size_t start(const std::string& id, std::vector<std::string> extra = {},
-                    std::vector<std::pair<std::string, std::string>> env = {}) {
-    std::vector<std::string> argv{ELASTIC_GROUP_WORKER, "--store", store_, "--run-id", run_id_, "--id", id};
-    argv.insert(argv.end(), common_.begin(), common_.end());
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    env.emplace_back("ELASTIC_EVENTS", events_);
-    workers_.push_back({id, child_process::spawn(argv, env), {}, {}});
-    return workers_.size() - 1;
-  }
-
-  worker& operator[](std::size_t i) { return workers_[i]; }
-  std::size_t size() const { return workers_.size(); }
-
-  /// Reads what is there from every worker and reaps those that ended.
-  void pump() {
-    for (auto& w : workers_) {
-      while (auto line = w.proc.read_line(0ms)) w.lines.push_back(*line);
-      if (!w.status) w.status = w.proc.wait_for(0ms);
-    }
-  }
-
-  /// Pumps until `done()` holds or `timeout` passes; the final value of done().
-  bool wait_until(const std::function<bool()>& done, std::chrono::milliseconds timeout) {
-    const auto until = std::chrono::steady_clock::now() + timeout;
-    for (;;) {
-      pump();
-      if (done()) return true;
-      if (std::chrono::steady_clock::now() >= until) return false;
-      std::this_thread::sleep_for(2ms);
-    }
-  }
-
-  /// The first line of worker i starting with `prefix` (and passing `pred`), if any yet.
-  std::optional<std::string> find(std::size_t i, const std::string& prefix,
-                                  const std::function<bool(const std::string&)>& pred = {}) const {
-    for (const auto& l : workers_[i].lines)
-      if (starts_with(l, prefix) && (!pred || pred(l))) return l;
-    return std::nullopt;
-  }
-
-  bool all_ended(const std::vector<std::size_t>& which) const {
-    return std::all_of(which.begin(), which.end(), [&](std::size_t i) { return workers_[i].status.has_value(); });
-  }
-
-  std::string transcript(std::size_t i, std::size_t last = 12) const {
-    const auto& ls = workers_[i].lines;
-    const auto& st = workers_[i].status;
-    std::string out = "worker " + workers_[i].id + " (pid " + std::to_string(workers_[i].proc.pid()) + ", " +
-                      (!st ? std::string("running")
-                       : WIFSIGNALED(*st) ? "killed by signal " + std::to_string(WTERMSIG(*st))
-                                          : "exit " + std::to_string(WEXITSTATUS(*st))) +
-                      "):\n";
-    for (std::size_t k = ls.size() > last ? ls.size() - last : 0; k < ls.size(); ++k) out += "  " + ls[k] + "\n";
-    return out;
-  }
-
- private:
-  std::string store_, run_id_;
-  std::vector<std::string> common_;
-  std::string events_;
-  std::vector<worker> workers_;
-};
-
-int exit_code_of(const std::optional<int>& st) { return st && WIFEXITED(*st) ? WEXITSTATUS(*st) : -1; }
 
 struct scratch {
   temp_dir dir;
@@ -153,7 +56,7 @@ struct scratch {
 /// world size give the same result).
 std::string reference_crc(const std::vector<std::string>& common, std::uint64_t steps) {
   scratch s;
-  fleet f(s.url, "ref", common, s.events);
+  fleet f(ELASTIC_GROUP_WORKER, s.url, "ref", common, s.events);
   const auto i = f.start("ref", {"--dir", s.ckpt, "--steps", std::to_string(steps), "--min", "1", "--max", "1"});
   REQUIRE(f.wait_until([&] { return f.all_ended({i}); }, 120s));
   const auto fin = f.find(i, "final ");
@@ -172,7 +75,7 @@ TEST_CASE("4 ranks lose one mid-allreduce: the 3 survivors rebuild and finish wi
   const std::uint64_t steps = 60;
   const std::string want = reference_crc(fast, steps);
   scratch s;
-  fleet f(s.url, "kill4", fast, s.events);
+  fleet f(ELASTIC_GROUP_WORKER, s.url, "kill4", fast, s.events);
   const std::vector<std::string> args{"--dir", s.ckpt, "--steps", std::to_string(steps), "--min", "2", "--max", "4"};
   for (int i = 0; i < 4; ++i) {
     auto a = args;
@@ -216,7 +119,7 @@ TEST_CASE("a killed rank restarted under its id rejoins: the group is back to 4 
   const std::uint64_t steps = 150;
   const std::string want = reference_crc(fast, steps);
   scratch s;
-  fleet f(s.url, "rejoin", fast, s.events);
+  fleet f(ELASTIC_GROUP_WORKER, s.url, "rejoin", fast, s.events);
   const std::vector<std::string> args{"--dir", s.ckpt, "--steps", std::to_string(steps), "--min", "2", "--max", "4",
                                       "--step-sleep-ms", "10"};
   for (int i = 0; i < 4; ++i) {
@@ -256,7 +159,7 @@ TEST_CASE("a rank that hangs (SIGSTOP) is dropped by its peers and killed by the
   const std::string want = reference_crc(fast, steps);
   scratch s;
   elastic::test::hosted wd;  // the watchdog elastic-run would host
-  fleet f(s.url, "hang", fast, s.events);
+  fleet f(ELASTIC_GROUP_WORKER, s.url, "hang", fast, s.events);
   const std::vector<std::string> args{"--dir", s.ckpt, "--steps", std::to_string(steps), "--min", "2", "--max", "4",
                                       "--timeout-ms", "1000", "--step-timeout-ms", "3000"};
   const std::vector<std::pair<std::string, std::string>> env{{"ELASTIC_WATCHDOG", wd.name}};
@@ -291,14 +194,14 @@ TEST_CASE("a participant of another run is refused and the group goes on undistu
   const std::uint64_t steps = 80;
   const std::string want = reference_crc(fast, steps);
   scratch s;
-  fleet f(s.url, "ours", fast, s.events);
+  fleet f(ELASTIC_GROUP_WORKER, s.url, "ours", fast, s.events);
   const std::vector<std::string> args{"--dir", s.ckpt, "--steps", std::to_string(steps), "--min", "2", "--max", "2",
                                       "--step-sleep-ms", "10"};
   f.start("w0", args);
   f.start("w1", args);
   REQUIRE(f.wait_until([&] { return f.find(0, "joined ") && f.find(1, "joined "); }, 30s));
   // Same store, another run id.
-  fleet intruder(s.url, "theirs", fast, s.events);
+  fleet intruder(ELASTIC_GROUP_WORKER, s.url, "theirs", fast, s.events);
   const auto x = intruder.start("x0", {"--dir", s.dir.file("other"), "--steps", "5", "--min", "1", "--max", "1"});
   REQUIRE(intruder.wait_until([&] { return intruder.all_ended({x}); }, 30s));
   CHECK(exit_code_of(intruder[x].status) == 3);
@@ -318,7 +221,7 @@ TEST_CASE("a participant of another run is refused and the group goes on undistu
 
 TEST_CASE("a group that falls below min_nodes stops with a clear error and keeps its checkpoint") {
   scratch s;
-  fleet f(s.url, "shrink", fast, s.events);
+  fleet f(ELASTIC_GROUP_WORKER, s.url, "shrink", fast, s.events);
   const std::vector<std::string> args{"--dir", s.ckpt, "--steps", "1000", "--min", "3", "--max", "3",
                                       "--join-timeout-ms", "2000", "--step-sleep-ms", "5"};
   for (int i = 0; i < 3; ++i) f.start("w" + std::to_string(i), args);
@@ -350,7 +253,7 @@ TEST_CASE("etcd away for 3 seconds: training goes on, and the group still recove
   // etcd: no agent retires a dead rank's key, its lease does (2 s).
   std::vector<std::string> common = fast;
   common.insert(common.end(), {"--hb-interval-ms", "250", "--hb-timeout-ms", "2000", "--unavailable-ms", "20000"});
-  fleet f(etcd.url(), "outage", common, s.events);
+  fleet f(ELASTIC_GROUP_WORKER, etcd.url(), "outage", common, s.events);
   const std::vector<std::string> args{"--dir", s.ckpt, "--steps", std::to_string(steps), "--min", "2", "--max", "3",
                                       "--step-sleep-ms", "10"};
   for (int i = 0; i < 3; ++i) f.start("w" + std::to_string(i), args);
@@ -388,7 +291,7 @@ TEST_CASE("etcd gone for good: a rebuild fails with a clear error after the stor
   scratch s;
   std::vector<std::string> common = fast;
   common.insert(common.end(), {"--hb-interval-ms", "250", "--hb-timeout-ms", "2000", "--unavailable-ms", "2000"});
-  fleet f(etcd.url(), "gone", common, s.events);
+  fleet f(ELASTIC_GROUP_WORKER, etcd.url(), "gone", common, s.events);
   const std::vector<std::string> args{"--dir", s.ckpt, "--steps", "100000", "--min", "2", "--max", "3",
                                       "--step-sleep-ms", "5"};
   for (int i = 0; i < 3; ++i) f.start("w" + std::to_string(i), args);
