@@ -1,0 +1,338 @@
+// Elastic data-parallel training of a real small model on a real small dataset, on CPUs: an MLP
+// (64-32-10) classifying the UCI handwritten digits (8x8 images, 1797 samples; the copy Debian
+// ships in python3-sklearn, see scripts/fetch_digits.sh). Meant to run under elastic-run:
+//
+//   elastic-run --nproc-per-node 4 --nnodes 2:4 -- digits_train --data digits.csv --ckpt ckpt
+//
+// Every rank takes its share of each global batch, the gradients are summed over a gloo_group
+// and the training_loop checkpoints (rank 0) and resumes. Ranks may die, hang or come back: the
+// group rebuilds and the loop redoes the step, so the job goes on with whoever is there.
+//
+// Gradients are summed in 2^-24 fixed point (int64): integer sums do not depend on the order or
+// on how many ranks there are, so a disturbed run ends with the very weights of an undisturbed
+// one, which the demo checks.
+//
+// Fault injection for the demo, by worker slot (ELASTIC_LOCAL_RANK, else the first rank it got),
+// only in a worker's first life (ELASTIC_RESTART_COUNT=0), so each fault happens once:
+//   --kill-rank R --kill-at S    worker R SIGKILLs itself in the middle of step S's allreduce
+//   --hang-rank R --hang-at S    worker R stops making progress in step S (the watchdog kills it)
+//
+// Without a --data file it trains on a synthetic stand-in (and says so).
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <span>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <elastic/checkpoint.hpp>
+#include <elastic/comm/gloo_group.hpp>
+#include <elastic/detail/crc32c.hpp>
+#include <elastic/detail/env.hpp>
+#include <elastic/rendezvous/shm_store.hpp>
+#include <elastic/rendezvous/store_url.hpp>
+#if ELASTIC_WITH_ETCD
+#include <elastic/rendezvous/etcd_store.hpp>
+#endif
+
+namespace {
+
+using namespace std::chrono_literals;
+constexpr int in = 64, hidden = 32, classes = 10, batch = 64;
+constexpr std::size_t params = in * hidden + hidden + hidden * classes + classes;
+constexpr double scale = 16777216.0;  // 2^24
+
+struct options {
+  std::string data, ckpt = "digits-ckpt";
+  std::uint64_t steps = 600, every = 25;
+  long step_sleep_ms = 0;
+  long kill_rank = -1, kill_at = -1, hang_rank = -1, hang_at = -1;
+};
+
+[[noreturn]] void usage(const std::string& why) {
+  std::fprintf(stderr,
+               "digits_train: %s\nusage: digits_train [--data digits.csv] [--ckpt DIR] [--steps N] [--every N]\n"
+               "                    [--step-sleep-ms MS] [--kill-rank R --kill-at S] [--hang-rank R --hang-at S]\n",
+               why.c_str());
+  std::exit(2);
+}
+
+options parse(int argc, char** argv) {
+  options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (i + 1 >= argc) usage("missing value for " + a);
+    const std::string v = argv[++i];
+    auto n = [&] {
+      char* end = nullptr;
+      const long long x = std::strtoll(v.c_str(), &end, 10);
+      if (end == v.c_str() || *end != '\0') usage("'" + v + "' is not a number (" + a + ")");
+      return x;
+    };
+    if (a == "--data") o.data = v;
+    else if (a == "--ckpt") o.ckpt = v;
+    else if (a == "--steps") o.steps = static_cast<std::uint64_t>(n());
+    else if (a == "--every") o.every = static_cast<std::uint64_t>(n());
+    else if (a == "--step-sleep-ms") o.step_sleep_ms = static_cast<long>(n());
+    else if (a == "--kill-rank") o.kill_rank = static_cast<long>(n());
+    else if (a == "--kill-at") o.kill_at = static_cast<long>(n());
+    else if (a == "--hang-rank") o.hang_rank = static_cast<long>(n());
+    else if (a == "--hang-at") o.hang_at = static_cast<long>(n());
+    else usage("unknown option " + a);
+  }
+  return o;
+}
+
+/// Images as 64 features in [0, 1] and labels 0..9.
+struct dataset {
+  std::vector<float> x;
+  std::vector<int> y;
+  bool real = false;
+  [[nodiscard]] std::size_t size() const { return y.size(); }
+};
+
+/// sklearn's digits.csv: 64 pixel values (0..16) then the label, comma-separated.
+dataset load(const std::string& path) {
+  dataset d;
+  if (!path.empty()) {
+    std::ifstream f(path);
+    if (!f) throw elastic::error(elastic::errc::not_found, "digits_train: cannot open --data " + path);
+    for (std::string line; std::getline(f, line);) {
+      if (line.empty()) continue;
+      std::stringstream ss(line);
+      std::string cell;
+      std::vector<float> row;
+      while (std::getline(ss, cell, ',')) row.push_back(std::strtof(cell.c_str(), nullptr));
+      if (row.size() != in + 1) {
+        throw elastic::error(elastic::errc::corrupt, "digits_train: a line of " + path + " has " +
+                                                         std::to_string(row.size()) + " fields, want 65");
+      }
+      for (int k = 0; k < in; ++k) d.x.push_back(row[k] / 16.0f);
+      d.y.push_back(static_cast<int>(row[in]));
+    }
+    d.real = true;
+    return d;
+  }
+  // A synthetic stand-in: 10 noisy prototypes.
+  std::mt19937 g(11);
+  std::uniform_real_distribution<float> u(0, 1);
+  std::vector<float> proto(classes * in);
+  for (auto& p : proto) p = u(g) > 0.6f ? 1.0f : 0.0f;
+  for (int i = 0; i < 1797; ++i) {
+    const int c = i % classes;
+    for (int k = 0; k < in; ++k) d.x.push_back(std::clamp(proto[c * in + k] + (u(g) - 0.5f) * 0.6f, 0.0f, 1.0f));
+    d.y.push_back(c);
+  }
+  return d;
+}
+
+/// Views of the flat parameter vector.
+struct mlp {
+  float* w1;  // [hidden][in]
+  float* b1;
+  float* w2;  // [classes][hidden]
+  float* b2;
+  explicit mlp(float* p) : w1(p), b1(w1 + in * hidden), w2(b1 + hidden), b2(w2 + hidden * classes) {}
+};
+
+/// Forward and backward for one sample; adds its fixed-point gradient to `grad`. Returns the loss.
+float sample_gradient(const float* p, const float* x, int label, std::int64_t* grad) {
+  const mlp m(const_cast<float*>(p));
+  float h[hidden], logits[classes], prob[classes];
+  for (int j = 0; j < hidden; ++j) {
+    float s = m.b1[j];
+    for (int k = 0; k < in; ++k) s += m.w1[j * in + k] * x[k];
+    h[j] = s > 0 ? s : 0;
+  }
+  float mx = -1e30f;
+  for (int c = 0; c < classes; ++c) {
+    float s = m.b2[c];
+    for (int j = 0; j < hidden; ++j) s += m.w2[c * hidden + j] * h[j];
+    logits[c] = s;
+    mx = std::max(mx, s);
+  }
+  float z = 0;
+  for (int c = 0; c < classes; ++c) z += (prob[c] = std::exp(logits[c] - mx));
+  for (auto& q : prob) q /= z;
+  const float loss = -std::log(std::max(prob[label], 1e-12f));
+  auto add = [](std::int64_t& g, float v) { g += std::llround(static_cast<double>(v) * scale); };
+  std::int64_t* gw1 = grad;
+  std::int64_t* gb1 = gw1 + in * hidden;
+  std::int64_t* gw2 = gb1 + hidden;
+  std::int64_t* gb2 = gw2 + hidden * classes;
+  float dh[hidden] = {};
+  for (int c = 0; c < classes; ++c) {
+    const float d = prob[c] - (c == label ? 1.0f : 0.0f);
+    add(gb2[c], d);
+    for (int j = 0; j < hidden; ++j) {
+      add(gw2[c * hidden + j], d * h[j]);
+      dh[j] += d * m.w2[c * hidden + j];
+    }
+  }
+  for (int j = 0; j < hidden; ++j) {
+    if (h[j] <= 0) continue;
+    add(gb1[j], dh[j]);
+    for (int k = 0; k < in; ++k) add(gw1[j * in + k], dh[j] * x[k]);
+  }
+  return loss;
+}
+
+int predict(const float* p, const float* x) {
+  const mlp m(const_cast<float*>(p));
+  float h[hidden];
+  for (int j = 0; j < hidden; ++j) {
+    float s = m.b1[j];
+    for (int k = 0; k < in; ++k) s += m.w1[j * in + k] * x[k];
+    h[j] = s > 0 ? s : 0;
+  }
+  int best = 0;
+  float best_v = -1e30f;
+  for (int c = 0; c < classes; ++c) {
+    float s = m.b2[c];
+    for (int j = 0; j < hidden; ++j) s += m.w2[c * hidden + j] * h[j];
+    if (s > best_v) best_v = s, best = c;
+  }
+  return best;
+}
+
+std::unique_ptr<elastic::rendezvous::store> open_store(const std::string& url_text) {
+  const auto url = elastic::rendezvous::parse_store_url(url_text);
+  if (url.scheme == elastic::rendezvous::store_url::kind::shm) {
+    return std::make_unique<elastic::rendezvous::shm_store>(url.name);
+  }
+#if ELASTIC_WITH_ETCD
+  return std::make_unique<elastic::rendezvous::etcd_store>(url);
+#else
+  throw elastic::error(elastic::errc::invalid_argument, "digits_train was built without the etcd store (libcurl)");
+#endif
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const options o = parse(argc, argv);
+  namespace env = elastic::detail;
+  try {
+    const dataset data = load(o.data);
+    const std::size_t n_test = data.size() / 6, n_train = data.size() - n_test;  // the last sixth is held out
+    const bool first_life = env::env_string("ELASTIC_RESTART_COUNT").value_or("0") == "0";
+    const std::string rdzv = env::env_string("ELASTIC_RDZV").value_or("shm://digits-" + std::to_string(::getpid()));
+    auto store = open_store(rdzv);
+
+    // The replicated state: parameters and momentum, initialized the same on every rank.
+    std::vector<float> p(params), velocity(params, 0.0f);
+    {
+      std::mt19937 g(1234);
+      std::normal_distribution<float> n(0.0f, 1.0f);
+      const mlp m(p.data());
+      for (int i = 0; i < in * hidden; ++i) m.w1[i] = n(g) * std::sqrt(2.0f / in);
+      for (int i = 0; i < hidden * classes; ++i) m.w2[i] = n(g) * std::sqrt(2.0f / hidden);
+    }
+    elastic::checkpoint::state st;
+    st.add("params", p).add("velocity", velocity);
+
+    elastic::comm::group_options go;
+    go.rendezvous.min_nodes = env::env_index_or_none("ELASTIC_MIN_NODES").value_or(1);
+    go.rendezvous.max_nodes = env::env_index_or_none("ELASTIC_MAX_NODES").value_or(go.rendezvous.min_nodes);
+    go.rendezvous.heartbeat_interval = 200ms;
+    go.rendezvous.heartbeat_timeout = 2s;
+    go.rendezvous.last_call_timeout = 500ms;
+    if (go.rendezvous.run_id.empty() && !env::env_string("ELASTIC_RUN_ID")) go.rendezvous.run_id = "digits";
+    elastic::comm::gloo_group group(*store, go, elastic::comm::gloo_factory(10s));
+
+    elastic::training_loop loop({.dir = o.ckpt, .steps = o.steps, .every_steps = o.every, .keep_last = 2, .group = &group},
+                                st);
+    std::vector<std::int64_t> grad(params);
+    std::vector<std::uint32_t> order(n_train);
+    std::size_t rebuilds = 0;
+    bool said_hello = false;
+    long slot = env::env_index_or_none("ELASTIC_LOCAL_RANK").value_or(-1);
+    for (auto& step : loop) {
+      const int rank = group.rank(), world = group.size();
+      if (!said_hello && rank == 0) {
+        std::printf("training an MLP %d-%d-%d on %s (%zu train / %zu test), %d ranks, from step %llu of %llu\n", in,
+                    hidden, classes, data.real ? "the UCI digits" : "SYNTHETIC digits (no --data given)", n_train,
+                    n_test, world, static_cast<unsigned long long>(step.index()),
+                    static_cast<unsigned long long>(o.steps));
+      }
+      said_hello = true;
+      if (slot < 0) slot = rank;
+      if (group.rebuilds() != rebuilds) {
+        rebuilds = group.rebuilds();
+        const auto& r = group.last_recovery();
+        if (rank == 0) {
+          std::printf("group rebuilt: round %lld, %zu ranks (%s); back to training %.0f ms after noticing\n",
+                      static_cast<long long>(r.round), r.world_size, r.cause.c_str(),
+                      (r.resynced_ns - r.noticed_ns) / 1e6);
+        }
+      }
+      const std::uint64_t s = step.index();
+      // The global batch of step s: a fixed shuffle per epoch, the same on every rank.
+      const std::uint64_t first = s * batch, epoch = first / n_train;
+      std::mt19937 g(static_cast<std::uint32_t>(epoch + 1));
+      for (std::size_t i = 0; i < n_train; ++i) order[i] = static_cast<std::uint32_t>(i);
+      std::shuffle(order.begin(), order.end(), g);
+      std::fill(grad.begin(), grad.end(), 0);
+      float loss = 0;
+      for (int j = rank; j < batch; j += world) {
+        const std::uint32_t i = order[(first + static_cast<std::uint64_t>(j)) % n_train];
+        loss += sample_gradient(p.data(), &data.x[i * in], data.y[i], grad.data());
+      }
+      if (first_life && slot == o.hang_rank && static_cast<long>(s) == o.hang_at) {
+        std::printf("worker %ld hangs in step %llu (injected): the watchdog will kill it\n", slot,
+                    static_cast<unsigned long long>(s));
+        std::fflush(stdout);
+        for (;;) std::this_thread::sleep_for(1s);
+      }
+      std::jthread killer;
+      if (first_life && slot == o.kill_rank && static_cast<long>(s) == o.kill_at) {
+        std::printf("worker %ld is SIGKILLed inside the allreduce of step %llu (injected)\n", slot,
+                    static_cast<unsigned long long>(s));
+        std::fflush(stdout);
+        std::this_thread::sleep_for(20ms);  // the others are in the allreduce by now
+        killer = std::jthread([] {
+          std::this_thread::sleep_for(std::chrono::microseconds(200));
+          ::kill(::getpid(), SIGKILL);
+        });
+      }
+      if (!group.allreduce(std::span<std::int64_t>(grad), elastic::comm::reduce_op::sum)) continue;  // redone
+      step.before_update();
+      constexpr float lr = 0.05f, momentum = 0.9f;
+      for (std::size_t k = 0; k < params; ++k) {
+        velocity[k] = momentum * velocity[k] + static_cast<float>(static_cast<double>(grad[k]) / scale / batch);
+        p[k] -= lr * velocity[k];
+      }
+      if (rank == 0 && ((s + 1) % 100 == 0 || s + 1 == o.steps)) {
+        std::size_t right = 0;
+        for (std::size_t i = n_train; i < data.size(); ++i) right += predict(p.data(), &data.x[i * in]) == data.y[i];
+        std::printf("step %4llu/%llu  ranks %d  rank-0 batch loss %.3f  test accuracy %.1f%%\n",
+                    static_cast<unsigned long long>(s + 1), static_cast<unsigned long long>(o.steps), world,
+                    loss / static_cast<float>((batch + world - 1 - rank) / world),
+                    100.0 * static_cast<double>(right) / static_cast<double>(n_test));
+      }
+      std::fflush(stdout);
+      if (o.step_sleep_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o.step_sleep_ms));
+    }
+    if (group.rank() == 0) {
+      std::printf("%s at step %llu: weights crc32c %08x\n",
+                  loop.reason() == elastic::loop_reason::preempted ? "preempted (checkpoint written)" : "finished",
+                  static_cast<unsigned long long>(loop.completed_steps()),
+                  elastic::detail::crc32c(p.data(), p.size() * sizeof(float)));
+    }
+    return loop.exit_code();
+  } catch (const elastic::error& e) {
+    std::fprintf(stderr, "digits_train: %s\n", e.what());
+    return 1;
+  }
+}
