@@ -376,3 +376,78 @@ TEST_CASE("a staging budget too small for the state is refused up front") {
   ck::checkpointer c(a.st, o);
   CHECK(c.staging_slots() == 1);
 }
+
+namespace {
+
+/// The loop's side of the group contract, scripted: which steps fail, which step the group
+/// hands back at a safe point, and whether this rank writes. The real group over real processes
+/// is tests/test_elastic_group.cpp; this pins down what the loop does with each answer.
+struct scripted_group final : elastic::group_hook {
+  std::vector<std::uint64_t> fail_steps;  // the collective of these step indices fails once
+  std::optional<std::pair<std::uint64_t, std::uint64_t>> jump;  // at safe point of step a, go to b
+  bool writer = true;
+  std::vector<std::uint64_t> safe_points;
+  bool failed = false;
+  std::uint64_t safe_point(std::uint64_t step, ck::state&) override {
+    safe_points.push_back(step);
+    failed = false;
+    if (jump && jump->first == step) {
+      const auto to = jump->second;
+      jump.reset();
+      return to;
+    }
+    return step;
+  }
+  bool step_failed() const noexcept override { return failed; }
+  bool writes_checkpoints() const noexcept override { return writer; }
+  void run_step(std::uint64_t index) {
+    auto it = std::find(fail_steps.begin(), fail_steps.end(), index);
+    if (it != fail_steps.end()) {
+      failed = true;
+      fail_steps.erase(it);
+    }
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a loop with a group redoes failed steps, takes the group's step, and only the writer checkpoints") {
+  elastic::test::temp_dir d;
+  const std::string events = d.file("events.jsonl");
+  model m(1);
+  scripted_group g;
+  g.fail_steps = {3, 7};
+  g.jump = std::make_pair(std::uint64_t{5}, std::uint64_t{9});  // a rebuild hands rank 0's step 9
+  {
+    elastic::training_loop loop({.dir = d.file("ck"), .steps = 12, .every_steps = 4, .handle_signals = false,
+                                 .events = elastic::event_log::to_file(events), .group = &g},
+                                m.st);
+    std::vector<std::uint64_t> bodies;
+    for (auto& step : loop) {
+      bodies.push_back(step.index());
+      g.run_step(step.index());
+    }
+    // 0 1 2 3(failed) 3 4 5 -> 9 10 11: steps 6..8 were done by the group before us.
+    CHECK(bodies == std::vector<std::uint64_t>{0, 1, 2, 3, 3, 4, 9, 10, 11});
+    CHECK(loop.redone_steps() == 1);
+    CHECK(loop.completed_steps() == 12);
+    CHECK(loop.reason() == elastic::loop_reason::finished);
+  }
+  CHECK(g.safe_points.size() == 9);  // one before every step body
+  const auto steps = ck::storage::list_steps(d.file("ck"));
+  CHECK(std::find(steps.begin(), steps.end(), 12u) != steps.end());
+  CHECK(elastic::test::events_named(events, "loop_resynced").size() == 1);
+
+  // A rank that does not write leaves the directory alone, even at the end.
+  model other(2);
+  scripted_group reader;
+  reader.writer = false;
+  {
+    elastic::training_loop loop({.dir = d.file("ck2"), .steps = 8, .every_steps = 2, .handle_signals = false,
+                                 .events = elastic::event_log::to_file(events), .group = &reader},
+                                other.st);
+    for (auto& step : loop) (void)step;
+    CHECK(loop.completed_steps() == 8);
+  }
+  CHECK(ck::storage::list_steps(d.file("ck2")).empty());
+}
