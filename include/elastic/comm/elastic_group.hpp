@@ -114,6 +114,7 @@ class elastic_group final : public group_hook {
     watch_cv_.notify_all();
     if (watcher_.joinable()) watcher_.join();
     comm_.reset();
+    if (reaper_.joinable()) reaper_.join();
     rdzv_.leave();
   }
 
@@ -229,14 +230,22 @@ class elastic_group final : public group_hook {
                                    {"code", to_string(e.code())},
                                    {"message", e.what()}});
     // Closing our connections now fails the peers still blocked on us.
-    comm_.reset();
+    retire();
+  }
+
+  /// Destroys the communicator on a thread of its own: closing Gloo's connections takes up to
+  /// 10 ms per peer (its event loop's tick), time the rendezvous need not wait for.
+  void retire() {
+    if (!comm_) return;
+    if (reaper_.joinable()) reaper_.join();  // the previous one had a whole round to finish
+    reaper_ = std::jthread([c = std::move(comm_)]() mutable { c.reset(); });
   }
 
   /// Tears the communicator down, forms the next round and connects its communicator; again
   /// while a peer dies during the connect, until the rendezvous's join timeout.
   void rebuild(const std::string& cause) {
     const std::int64_t noticed = failed_ ? noticed_ns_ : elastic::detail::monotonic_ns();
-    comm_.reset();
+    retire();
     const auto deadline = clock::now() + opts_.rendezvous.join_timeout;
     std::lock_guard lk(rdzv_mu_);
     for (;;) {
@@ -420,6 +429,7 @@ class elastic_group final : public group_hook {
   std::string change_cause_;  // guarded by rdzv_mu_
   std::size_t rebuilds_ = 0;
   recovery_timings last_;
+  std::jthread reaper_;  // destroys a retired communicator
   std::condition_variable_any watch_cv_;
   std::jthread watcher_;  // last: it stops before the members it uses go away
 };

@@ -307,8 +307,11 @@ class rendezvous {
       bad(fmt::format("key prefix '{}' with participant id '{}' makes store keys longer than 255 bytes",
                       elastic::detail::printable(prefix_), opts_.participant_id));
     }
+    // How often a joiner looks at the round again: its waits wake on the round's outcome only,
+    // and the last member to join is seen at the next look, so this bounds a recovery's
+    // rendezvous. A few store reads per look, for the short while a round is open.
     step_ = std::clamp(std::min(opts_.last_call_timeout, opts_.heartbeat_interval) / 8, milliseconds(2),
-                       milliseconds(25));
+                       milliseconds(4));
   }
 
   rendezvous(const rendezvous&) = delete;
