@@ -64,6 +64,21 @@ std::string reference_crc(const std::vector<std::string>& common, std::uint64_t 
   return field(*fin, "crc");
 }
 
+/// Worker i ended well after `steps` steps with the weights `want`, rebuilt into a group of
+/// `world` on the way (world 0: never rebuilt).
+void check_finished(fleet& f, std::size_t i, std::uint64_t steps, const std::string& want, const char* world) {
+  CHECK(exit_code_of(f[i].status) == 0);
+  const auto fin = f.find(i, "final ");
+  REQUIRE(fin);
+  CHECK(field(*fin, "step") == std::to_string(steps));
+  CHECK(field(*fin, "crc") == want);  // identical across ranks, and to the undisturbed run
+  if (std::string(world) == "0") {
+    CHECK_FALSE(f.find(i, "rebuilt "));
+  } else {
+    CHECK(f.find(i, "rebuilt ", [&](auto& l) { return field(l, "world") == world; }));
+  }
+}
+
 // Workers of 4 that detect a death quickly: 100 ms heartbeats, 500 ms to be declared dead.
 const std::vector<std::string> fast{"--every", "10", "--dim", "65536", "--timeout-ms", "2000",
                                     "--hb-interval-ms", "100", "--hb-timeout-ms", "500", "--last-call-ms", "300",
@@ -95,14 +110,9 @@ TEST_CASE("4 ranks lose one mid-allreduce: the 3 survivors rebuild and finish wi
   const std::int64_t t_kill = num(*killed, "t");
   std::int64_t resumed = 0;
   for (auto i : survivors) {
-    CHECK(exit_code_of(f[i].status) == 0);
+    check_finished(f, i, steps, want, "3");
     CHECK(std::count_if(f[i].lines.begin(), f[i].lines.end(), [](auto& l) { return starts_with(l, "joined "); }) == 1);
     const auto rebuilt = f.find(i, "rebuilt ", [](auto& l) { return field(l, "world") == "3"; });
-    CHECK(rebuilt);
-    const auto fin = f.find(i, "final ");
-    REQUIRE(fin);
-    CHECK(field(*fin, "step") == std::to_string(steps));
-    CHECK(field(*fin, "crc") == want);  // identical across ranks, and to the undisturbed run
     const auto first3 = f.find(i, "step=", [](auto& l) { return field(l, "world") == "3"; });
     REQUIRE(first3);
     resumed = std::max(resumed, num(*first3, "t"));
@@ -141,16 +151,8 @@ TEST_CASE("a killed rank restarted under its id rejoins: the group is back to 4 
   const auto joined = f.find(back, "joined ");
   REQUIRE(joined);
   CHECK(field(*joined, "world") == "4");
-  for (auto i : {std::size_t{0}, std::size_t{1}, std::size_t{3}, back}) {
-    CHECK(exit_code_of(f[i].status) == 0);
-    const auto fin = f.find(i, "final ");
-    REQUIRE(fin);
-    CHECK(field(*fin, "step") == std::to_string(steps));
-    CHECK(field(*fin, "crc") == want);
-  }
-  for (auto i : {std::size_t{0}, std::size_t{1}, std::size_t{3}}) {
-    CHECK(f.find(i, "rebuilt ", [](auto& l) { return field(l, "world") == "4"; }));
-  }
+  for (auto i : {std::size_t{0}, std::size_t{1}, std::size_t{3}}) check_finished(f, i, steps, want, "4");
+  check_finished(f, back, steps, want, "0");
   std::printf("restart -> rejoined the group of 4: %.1f ms\n", (num(*joined, "t") - t_restart) / 1e6);
 }
 
@@ -181,13 +183,7 @@ TEST_CASE("a rank that hangs (SIGSTOP) is dropped by its peers and killed by the
     return e.find("\"pid\":" + std::to_string(f[1].proc.pid())) != std::string::npos ||
            e.find("\"target_pid\":" + std::to_string(f[1].proc.pid())) != std::string::npos;
   }));
-  for (auto i : {0, 2, 3}) {
-    CHECK(exit_code_of(f[i].status) == 0);
-    const auto fin = f.find(i, "final ");
-    REQUIRE(fin);
-    CHECK(field(*fin, "crc") == want);
-    CHECK(f.find(i, "rebuilt ", [](auto& l) { return field(l, "world") == "3"; }));
-  }
+  for (std::size_t i : {0, 2, 3}) check_finished(f, i, steps, want, "3");
 }
 
 TEST_CASE("a participant of another run is refused and the group goes on undisturbed") {
@@ -210,13 +206,7 @@ TEST_CASE("a participant of another run is refused and the group goes on undistu
   CHECK(field(*err, "code") == "mismatch");
   CHECK(err->find("'ours'") != std::string::npos);  // names the run the store serves
   REQUIRE(f.wait_until([&] { return f.all_ended({0, 1}); }, 60s));
-  for (auto i : {0, 1}) {
-    CHECK(exit_code_of(f[i].status) == 0);
-    const auto fin = f.find(i, "final ");
-    REQUIRE(fin);
-    CHECK(field(*fin, "crc") == want);
-    CHECK_FALSE(f.find(i, "rebuilt "));
-  }
+  for (std::size_t i : {0, 1}) check_finished(f, i, steps, want, "0");
 }
 
 TEST_CASE("a group that falls below min_nodes stops with a clear error and keeps its checkpoint") {
@@ -277,13 +267,7 @@ TEST_CASE("etcd away for 3 seconds: training goes on, and the group still recove
   const bool ended = f.wait_until([&] { return f.all_ended({0, 1, 2}); }, 120s);
   INFO(f.transcript(0) << f.transcript(1));
   REQUIRE(ended);
-  for (auto i : {0, 1}) {
-    CHECK(exit_code_of(f[i].status) == 0);
-    const auto fin = f.find(i, "final ");
-    REQUIRE(fin);
-    CHECK(field(*fin, "crc") == want);
-    CHECK(f.find(i, "rebuilt ", [](auto& l) { return field(l, "world") == "2"; }));
-  }
+  for (std::size_t i : {0, 1}) check_finished(f, i, steps, want, "2");
 }
 
 TEST_CASE("etcd gone for good: a rebuild fails with a clear error after the store's timeout") {
