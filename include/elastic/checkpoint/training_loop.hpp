@@ -43,6 +43,7 @@
 #include <elastic/checkpoint/preemption.hpp>
 #include <elastic/checkpoint/state.hpp>
 #include <elastic/detail/clock.hpp>
+#include <elastic/detail/env.hpp>
 #include <elastic/error.hpp>
 #include <elastic/events.hpp>
 #include <elastic/timer/expires.hpp>
@@ -68,11 +69,15 @@ struct loop_options {
   std::uint64_t every_steps = 0;             ///< checkpoint every N steps (0: not by count)
   std::chrono::seconds every_seconds{0};     ///< and/or every S seconds (0: not by time)
   std::size_t keep_last = 3;                 ///< committed checkpoints kept
-  std::chrono::milliseconds step_timeout{0}; ///< each step runs in a timer scope of this (0: none)
+  /// Each step runs in a timer scope of this; 0: ELASTIC_STEP_TIMEOUT (seconds, set by
+  /// elastic-run --step-timeout), else none.
+  std::chrono::milliseconds step_timeout{0};
   /// > 0: pick the checkpoint interval so that the time the loop is blocked by checkpoints
   /// stays under this fraction of training time (CheckFreq); every_steps is the first guess.
   double max_overhead = 0;
-  std::chrono::milliseconds grace{std::chrono::seconds(25)};  ///< final checkpoint budget after a notice
+  /// Final checkpoint budget after a notice; nothing: ELASTIC_GRACE (seconds, set by elastic-run
+  /// --grace), else 25 s.
+  std::optional<std::chrono::milliseconds> grace{};
   bool checkpoint_at_end = true;             ///< a durable checkpoint of the last step
   bool handle_signals = true;                ///< SIGTERM/SIGINT mean preemption
   checkpoint::stream_handle stream = nullptr;  ///< the compute stream snapshots follow (CUDA)
@@ -143,6 +148,10 @@ class training_loop {
     if (opts_.max_overhead < 0 || opts_.max_overhead >= 1) {
       throw error(errc::invalid_argument, "training_loop: max_overhead is a fraction in [0, 1)");
     }
+    if (opts_.step_timeout.count() == 0) {
+      opts_.step_timeout = elastic::detail::env_seconds("ELASTIC_STEP_TIMEOUT").value_or(std::chrono::milliseconds(0));
+    }
+    if (!opts_.grace) opts_.grace = elastic::detail::env_seconds("ELASTIC_GRACE").value_or(std::chrono::seconds(25));
     interval_ = opts_.every_steps;
     if (opts_.max_overhead > 0 && interval_ == 0) interval_ = 10;
     if (opts_.handle_signals) signals_.emplace();
@@ -310,7 +319,7 @@ class training_loop {
     if (why == loop_reason::preempted) {
       const std::int64_t since = preemption_handler::requested_at_ns();
       const auto left = std::chrono::nanoseconds(
-          std::max<std::int64_t>(0, std::chrono::nanoseconds(opts_.grace).count() - (detail::monotonic_ns() - since)));
+          std::max<std::int64_t>(0, std::chrono::nanoseconds(*opts_.grace).count() - (detail::monotonic_ns() - since)));
       grace.emplace(left, events_, next_);
     }
     if (last_snapshot_step_ != next_) ckpt_.snapshot(next_, {}, opts_.stream);

@@ -1,6 +1,9 @@
 // Reading the worker environment of DESIGN.md (ELASTIC_RANK, ELASTIC_RUN_ID, ...).
 #pragma once
 
+#include <cerrno>
+#include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <optional>
 #include <string>
@@ -40,6 +43,21 @@ inline std::optional<long> env_index_or_none(const char* name) noexcept {
   } catch (...) {
     return std::nullopt;
   }
+}
+
+/// The variable as a duration in seconds ("30", "2.5"); nullopt when unset; an error naming
+/// the variable when it is set to something else.
+inline std::optional<std::chrono::milliseconds> env_seconds(const char* name) {
+  auto v = env_string(name);
+  if (!v) return std::nullopt;
+  char* end = nullptr;
+  errno = 0;
+  const double s = std::strtod(v->c_str(), &end);
+  if (errno != 0 || end == v->c_str() || *end != '\0' || !(s >= 0) || s > 1e9) {
+    throw error(errc::invalid_argument,
+                std::string(name) + "='" + *v + "' is not a number of seconds (e.g. 30 or 2.5): fix or unset it");
+  }
+  return std::chrono::milliseconds(static_cast<std::int64_t>(std::llround(s * 1000)));
 }
 
 }  // namespace elastic::detail
