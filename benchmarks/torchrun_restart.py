@@ -11,7 +11,9 @@ every worker of the group, running a new rendezvous and starting them all again
      allreduce steps (a 1000-float tensor, 10 ms apart) and appends one line per completed step
      to its file, stamped with ``time.monotonic_ns()`` (CLOCK_MONOTONIC, system-wide, so stamps
      from different processes compare).
-  2. Once every rank has completed 20 steps, the script SIGKILLs rank 1.
+  2. Once every rank has completed 20 steps, and after a further random delay (uniform over one
+     monitor interval, so the kill falls at a random phase of the agent's monitoring loop
+     instead of the same phase in every trial), the script SIGKILLs rank 1.
   3. It waits for the restarted group (TORCHELASTIC_RESTART_COUNT = 1) to complete its first
      allreduce step on all 4 ranks, then asks the workers to stop and reaps everything.
 
@@ -32,6 +34,7 @@ left when a trial ends (or fails) is SIGKILLed and reaped.
 
 import argparse
 import json
+import random
 import os
 import signal
 import socket
@@ -45,6 +48,7 @@ WORLD = 4
 VICTIM = 1
 STEPS_BEFORE_KILL = 20
 STEP_PERIOD_S = 0.01
+DEFAULT_MONITOR_INTERVAL_S = 5.0  # torch/distributed/run.py, --monitor_interval, in 1.13
 
 
 # ---------------------------------------------------------------------------------------------
@@ -156,6 +160,7 @@ def trial(monitor_interval, index, timeout_s):
                 return per_rank if len(per_rank) == WORLD else None
 
             pids = wait_for(ready, proc, timeout_s, "20 steps on every rank", log_path)
+            time.sleep(random.uniform(0, monitor_interval or DEFAULT_MONITOR_INTERVAL_S))
             kill_ns = time.monotonic_ns()
             os.kill(pids[VICTIM], signal.SIGKILL)
 
@@ -227,7 +232,7 @@ def main():
                   "  ".join(f"{k} {r[k]:8.1f} ms" for k in keys), flush=True)
         summary = {k: {"median_ms": statistics.median(r[k] for r in runs),
                        "max_ms": max(r[k] for r in runs)} for k in keys}
-        result["settings"][name] = {"monitor_interval_s": interval if interval is not None else 5.0,
+        result["settings"][name] = {"monitor_interval_s": interval or DEFAULT_MONITOR_INTERVAL_S,
                                     "summary": summary, "trials": runs}
         print(f"monitor_interval {name}: kill -> restarted group's first step on all ranks: "
               f"median {summary['first_step_all']['median_ms']:.1f} ms, "
