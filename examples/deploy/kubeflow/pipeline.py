@@ -14,7 +14,9 @@ tests can load it; building or compiling the pipeline needs kfp. What it sets up
 - the step scheduled on a spot/preemptible GPU node pool (node selector + toleration);
 - a ReadWriteMany PVC at /shared for checkpoints and logs (kubernetes/job.yaml creates one named
   elastic-shared), so a retried pod finds the checkpoints and the logs of the preempted one;
-- run_id = the pipeline run's name, identical for every retry of the step.
+- run_id = the pipeline run's id, identical for every retry of the step and unique per run
+  (the run's name is a display name two runs may share). checkpoint_dir is a pipeline
+  parameter: a new run given the same directory continues the training there.
 
 KFP counts every failed attempt against set_retry, preemptions (exit 75) included: it has no
 per-exit-code rule like a Kubernetes Job's podFailurePolicy. Size the retry budget for the
@@ -42,13 +44,13 @@ def build_pipeline():
 
     @dsl.pipeline(name="elastic-train",
                   description="Checkpointed, preemption-tolerant training under elastic-run")
-    def elastic_pipeline(steps: int = 100000):
+    def elastic_pipeline(steps: int = 100000, checkpoint_dir: str = "/shared/ckpt"):
         train = elastic_train(
-            run_id=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
+            run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
             nnodes="1",
             nproc_per_node=GPUS_PER_HOST,
             rdzv="etcd://elastic-etcd:2379",
-            checkpoint_dir="/shared/ckpt",
+            checkpoint_dir=checkpoint_dir,
             log_dir="/shared/logs",
             steps=steps,
         )
@@ -76,9 +78,9 @@ def build_pipeline_v1():
     elastic_train = components.load_component_from_file(COMPONENT)
 
     @dsl.pipeline(name="elastic-train")
-    def elastic_pipeline(steps: int = 100000):
-        train = elastic_train(run_id="{{workflow.name}}", nnodes="1",
-                              nproc_per_node=GPUS_PER_HOST, steps=steps)
+    def elastic_pipeline(steps: int = 100000, checkpoint_dir: str = "/shared/ckpt"):
+        train = elastic_train(run_id="{{workflow.uid}}", nnodes="1", nproc_per_node=GPUS_PER_HOST,
+                              checkpoint_dir=checkpoint_dir, steps=steps)
         train.set_retry(RETRIES)
         train.set_gpu_limit(GPUS_PER_HOST)
         # Node selector cloud.google.com/gke-preemptible=true and its toleration.
