@@ -147,45 +147,60 @@ def main(argv):
     check("RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}" in tools_cml,
           "tools/CMakeLists.txt does not install tools into bin/, where vcpkg_copy_tools looks")
 
-    # cmake -P parses the portfile and walks it with vcpkg's functions stubbed, features all on.
+    # cmake -P walks the portfile with vcpkg's functions stubbed: every feature on and the
+    # install producing each feature's targets file; then cuda on with nothing produced, which
+    # the portfile must refuse.
     cmake = shutil.which("cmake")
     if cmake:
-        with tempfile.TemporaryDirectory() as d:
-            driver = os.path.join(d, "driver.cmake")
-            with open(driver, "w") as f:
-                f.write(f'''
+        def walk(features, produce):
+            with tempfile.TemporaryDirectory() as d:
+                driver = os.path.join(d, "driver.cmake")
+                touch = " ".join(f'"{d}/pkg/share/cmake/elastic/{f}"' for f in produce)
+                with open(driver, "w") as f:
+                    f.write(f'''
 cmake_minimum_required(VERSION 3.21)  # vcpkg runs portfiles with modern policies (IN_LIST)
 set(VERSION "{m.get("version")}")
 set(PORT elastic)
-set(FEATURES core cuda etcd gloo nccl tools)
+set(FEATURES {" ".join(features)})
 set(CURRENT_PACKAGES_DIR "{d}/pkg")
 set(ENV{{ELASTIC_SOURCE_DIR}} "{src}")
-set(calls "")
-foreach(fn vcpkg_from_github vcpkg_cmake_configure vcpkg_cmake_install vcpkg_cmake_config_fixup
+foreach(fn vcpkg_from_github vcpkg_cmake_configure vcpkg_cmake_config_fixup
            vcpkg_copy_tools vcpkg_install_copyright)
   cmake_language(EVAL CODE "function(${{fn}})\\n  set_property(GLOBAL APPEND PROPERTY calls ${{fn}})\\nendfunction()")
 endforeach()
+function(vcpkg_cmake_install)
+  set_property(GLOBAL APPEND PROPERTY calls vcpkg_cmake_install)
+  file(MAKE_DIRECTORY "{d}/pkg/share/cmake/elastic")
+  foreach(f IN ITEMS {touch})
+    file(TOUCH "${{f}}")
+  endforeach()
+endfunction()
 function(vcpkg_check_features)
   cmake_parse_arguments(PARSE_ARGV 0 a "" "OUT_FEATURE_OPTIONS" "FEATURES;INVERTED_FEATURES")
   set(${{a_OUT_FEATURE_OPTIONS}} "-DX=ON" PARENT_SCOPE)
   set_property(GLOBAL APPEND PROPERTY calls vcpkg_check_features)
 endfunction()
-function(file)
-  set_property(GLOBAL APPEND PROPERTY calls "file_${{ARGV0}}")
-endfunction()
 include("{pf_path}")
 get_property(c GLOBAL PROPERTY calls)
 message(STATUS "calls: ${{c}}")
 ''')
-            r = subprocess.run([cmake, "-P", driver], capture_output=True, text=True, timeout=60)
-            out = r.stdout + r.stderr
-            check(r.returncode == 0, f"cmake -P with the portfile failed:\n{out}")
-            calls = re.search(r"calls: (.*)", out)
-            if check(calls, f"cmake -P: no call trace:\n{out}"):
-                seq = calls.group(1).split(";")
-                want = ["vcpkg_check_features", "vcpkg_cmake_configure", "vcpkg_cmake_install",
-                        "vcpkg_cmake_config_fixup", "vcpkg_install_copyright"]
-                check([c for c in seq if c in want] == want, f"portfile.cmake: the vcpkg steps run as {seq}, expected the order {want}")
+                r = subprocess.run([cmake, "-P", driver], capture_output=True, text=True, timeout=60)
+                return r.returncode, r.stdout + r.stderr, os.path.exists(os.path.join(d, "pkg", "share", "elastic", "usage"))
+
+        rc, out, usage = walk(["core", "cuda", "etcd", "gloo", "nccl", "tools"],
+                              ["elasticCudaTargets.cmake", "elasticEtcdTargets.cmake"])
+        check(rc == 0, f"cmake -P with the portfile failed:\n{out}")
+        calls = re.search(r"calls: (.*)", out)
+        if check(calls, f"cmake -P: no call trace:\n{out}"):
+            seq = calls.group(1).split(";")
+            want = ["vcpkg_check_features", "vcpkg_cmake_configure", "vcpkg_cmake_install",
+                    "vcpkg_cmake_config_fixup", "vcpkg_copy_tools", "vcpkg_install_copyright"]
+            check([c for c in seq if c in want] == want, f"portfile.cmake: the vcpkg steps run as {seq}, expected the order {want}")
+        check(usage, "portfile.cmake: usage is not installed into share/elastic")
+        rc, out, _ = walk(["core", "cuda"], [])
+        check(rc != 0 and "elastic[cuda]" in out, f"portfile.cmake: accepts elastic[cuda] when no elastic::cuda was built:\n{out}")
+        rc, out, _ = walk(["core"], [])
+        check(rc == 0, f"portfile.cmake: fails for the core package:\n{out}")
     else:
         print("note: cmake not found; portfile.cmake not run")
 

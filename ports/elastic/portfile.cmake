@@ -26,13 +26,12 @@ endif()
 set(VCPKG_BUILD_TYPE release)
 
 # elastic's CMakeLists finds each optional dependency QUIETly and enables the matching target
-# when it is there. A feature that is on must find it (CMAKE_REQUIRE_FIND_PACKAGE_*, CMake 3.22+);
-# one that is off must not pick up a copy that happens to be on the system.
+# when it is there. A feature that is off must not pick up a copy that happens to be on the
+# system; one that is on is checked after the install (below). CMAKE_REQUIRE_FIND_PACKAGE_CURL
+# is not used for that: FindCURL first tries find_package(CURL CONFIG), which the flag turns
+# into a hard error wherever curl has no CURLConfig.cmake (CMake 3.25, Debian's libcurl).
 vcpkg_check_features(OUT_FEATURE_OPTIONS FEATURE_OPTIONS
     FEATURES
-        cuda  CMAKE_REQUIRE_FIND_PACKAGE_CUDAToolkit
-        etcd  CMAKE_REQUIRE_FIND_PACKAGE_CURL
-        nccl  CMAKE_REQUIRE_FIND_PACKAGE_NCCL
         tools ELASTIC_BUILD_TOOLS
     INVERTED_FEATURES
         cuda  CMAKE_DISABLE_FIND_PACKAGE_CUDAToolkit
@@ -52,10 +51,22 @@ vcpkg_cmake_configure(
         ${FEATURE_OPTIONS}
     MAYBE_UNUSED_VARIABLES
         # elastic does not call find_package(NCCL) yet: harmless until it does.
-        CMAKE_REQUIRE_FIND_PACKAGE_NCCL
         CMAKE_DISABLE_FIND_PACKAGE_NCCL
 )
 vcpkg_cmake_install()
+
+# A feature that was asked for must have produced its target.
+foreach(_feature_file IN ITEMS "cuda|elasticCudaTargets.cmake|the CUDA toolkit"
+                               "etcd|elasticEtcdTargets.cmake|libcurl")
+    string(REPLACE "|" ";" _feature_file "${_feature_file}")
+    list(GET _feature_file 0 _feature)
+    list(GET _feature_file 1 _file)
+    list(GET _feature_file 2 _what)
+    if(_feature IN_LIST FEATURES AND NOT EXISTS "${CURRENT_PACKAGES_DIR}/share/cmake/elastic/${_file}")
+        message(FATAL_ERROR "elastic[${_feature}] was requested but elastic::${_feature} was not built: "
+                            "elastic's CMakeLists did not find ${_what}; see the configure log")
+    endif()
+endforeach()
 
 # elastic installs its package config in share/cmake/elastic (CMakeLists.txt: ELASTIC_CMAKE_DIR).
 # The fixup moves it to share/elastic and points the imported tool targets
