@@ -30,7 +30,6 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 COMPONENT = os.path.join(HERE, "component.yaml")
 GPUS_PER_HOST = 8
-RETRIES = 5
 SPOT_LABEL = ("cloud.google.com/gke-spot", "true")   # GKE; e.g. eks.amazonaws.com/capacityType=SPOT on EKS
 SHARED_PVC = "elastic-shared"
 
@@ -54,7 +53,7 @@ def build_pipeline():
             log_dir="/shared/logs",
             steps=steps,
         )
-        train.set_retry(RETRIES, backoff_duration="30s", backoff_factor=2)
+        train.set_retry(5, backoff_duration="30s", backoff_factor=2)  # preemptions count too
         train.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(GPUS_PER_HOST)
         # Preemptible pool: select it and tolerate its taint.
         kubernetes.add_node_selector(train, label_key=SPOT_LABEL[0], label_value=SPOT_LABEL[1])
@@ -81,7 +80,7 @@ def build_pipeline_v1():
     def elastic_pipeline(steps: int = 100000, checkpoint_dir: str = "/shared/ckpt"):
         train = elastic_train(run_id="{{workflow.uid}}", nnodes="1", nproc_per_node=GPUS_PER_HOST,
                               checkpoint_dir=checkpoint_dir, steps=steps)
-        train.set_retry(RETRIES)
+        train.set_retry(5)
         train.set_gpu_limit(GPUS_PER_HOST)
         # Node selector cloud.google.com/gke-preemptible=true and its toleration.
         train.apply(gcp.use_preemptible_nodepool())
