@@ -28,7 +28,6 @@ Exits 0 when everything holds, 1 with one line per failed check.
 import ast
 import json
 import os
-import shlex
 import shutil
 import signal
 import socket
