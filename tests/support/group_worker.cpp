@@ -136,6 +136,15 @@ struct dataset {
   float at(std::size_t x, std::size_t k) const { return table[(x + k) & (table_size - 1)]; }
 };
 
+/// Replicated host state beside the weights, so a resync must carry values and objects too.
+struct history {
+  std::vector<std::uint32_t> recent;  // crc of the weights after each of the last 8 steps
+};
+template <class Archive>
+void elastic_checkpoint(Archive& ar, history& h) {
+  ar(h.recent);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -145,8 +154,10 @@ int main(int argc, char** argv) {
     auto store = open_store(o);
     const dataset data(o.dim);
     std::vector<float> w(o.dim, 0.0f);
+    std::uint64_t samples_seen = 0;
+    history hist;
     elastic::checkpoint::state st;
-    st.add("w", w);
+    st.add("w", w).add_value("samples_seen", samples_seen).add_object("history", hist);
 
     comm::group_options go;
     go.rendezvous.run_id = o.run_id;
@@ -219,6 +230,9 @@ int main(int argc, char** argv) {
         w[k] -= lr * static_cast<float>(static_cast<double>(grad[k]) / scale / static_cast<double>(o.batch));
       }
       const auto crc = elastic::detail::crc32c(w.data(), w.size() * sizeof(float));
+      samples_seen += o.batch;
+      hist.recent.push_back(crc);
+      if (hist.recent.size() > 8) hist.recent.erase(hist.recent.begin());
       char line[160];
       std::snprintf(line, sizeof line, "step=%llu world=%d rank=%d t=%lld crc=%08x",
                     static_cast<unsigned long long>(idx + 1), group.size(), group.rank(),
@@ -227,9 +241,12 @@ int main(int argc, char** argv) {
       if (o.step_sleep.count() > 0) std::this_thread::sleep_for(o.step_sleep);
     }
     char line[160];
+    // The crc covers the weights, the value and the object: all of the replicated state.
+    std::uint32_t all = elastic::detail::crc32c(w.data(), w.size() * sizeof(float));
+    all = elastic::detail::crc32c(&samples_seen, sizeof samples_seen, all);
+    all = elastic::detail::crc32c(hist.recent.data(), hist.recent.size() * sizeof(std::uint32_t), all);
     std::snprintf(line, sizeof line, "final step=%llu crc=%08x reason=%s redone=%llu",
-                  static_cast<unsigned long long>(loop.completed_steps()),
-                  elastic::detail::crc32c(w.data(), w.size() * sizeof(float)),
+                  static_cast<unsigned long long>(loop.completed_steps()), all,
                   std::string(elastic::to_string(loop.reason())).c_str(),
                   static_cast<unsigned long long>(loop.redone_steps()));
     say(line);

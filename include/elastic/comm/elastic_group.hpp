@@ -22,6 +22,8 @@
 //   the communicator down, forms the next round (survivors keep their relative order), builds a
 //   communicator for it and makes every rank agree on rank 0's step and state (a broadcast).
 //   The loop then runs the failed step again on the new group.
+// Rank 0's state travels by the communicator: host entries packed into one broadcast, device
+// entries (with a device communicator such as nccl) broadcast in place from device memory.
 // A collective is wrapped in a timer scope, so a process stuck inside one past twice its timeout
 // is killed by the watchdog (when one serves the process) rather than hanging the job.
 #pragma once
@@ -78,6 +80,14 @@ struct recovery_timings {
   std::int64_t rendezvous_done_ns = 0;
   std::int64_t connected_ns = 0;     ///< the new communicator is up
   std::int64_t resynced_ns = 0;      ///< the state is rank 0's (0 when no resync ran)
+};
+
+/// A communicator whose collectives take device memory (NCCL). For the state that lives on the
+/// host (step, RNG, loader cursor) it also broadcasts host words, through device staging.
+template <class C>
+concept device_communicator = requires(C& c, std::span<std::int64_t> words, int root) {
+  requires C::takes_device_memory;
+  c.broadcast_host(words, root);
 };
 
 /// The communicator of each round, made from the round's outcome (rank, world size, bootstrap).
@@ -288,7 +298,7 @@ class elastic_group final : public group_hook {
     if (rank() == 0) pack(st, payload);
     std::int64_t head[3] = {static_cast<std::int64_t>(step), static_cast<std::int64_t>(fingerprint(st)),
                             static_cast<std::int64_t>((payload.size() + 7) / 8)};
-    if (!broadcast(std::span<std::int64_t>(head), 0)) return std::nullopt;
+    if (!broadcast_words(std::span<std::int64_t>(head))) return std::nullopt;
     if (static_cast<std::uint64_t>(head[1]) != fingerprint(st)) {
       throw error(errc::mismatch,
                   fmt::format("elastic_group: rank {} registered other state than rank 0 (names, types or sizes "
@@ -297,8 +307,15 @@ class elastic_group final : public group_hook {
     }
     std::vector<std::int64_t> words(static_cast<std::size_t>(head[2]));
     if (rank() == 0 && !payload.empty()) std::memcpy(words.data(), payload.data(), payload.size());
-    if (!broadcast(std::span<std::int64_t>(words), 0)) return std::nullopt;
+    if (!broadcast_words(std::span<std::int64_t>(words))) return std::nullopt;
     if (rank() != 0) unpack(st, std::as_bytes(std::span<const std::int64_t>(words)));
+    if constexpr (device_communicator<Comm>) {
+      // Device buffers go from rank 0's device memory straight into the others'.
+      for (const auto& e : st.entries()) {
+        if (e.kind != checkpoint::entry_kind::buffer || e.where != checkpoint::location::device) continue;
+        if (!broadcast_device(e)) return std::nullopt;
+      }
+    }
     last_.resynced_ns = elastic::detail::monotonic_ns();
     events_.emit("group_resynced", {{"round", round()},
                                     {"step", head[0]},
@@ -308,13 +325,38 @@ class elastic_group final : public group_hook {
     return static_cast<std::uint64_t>(head[0]);
   }
 
-  static void check_host(const checkpoint::entry& e) {
-    if (e.where != checkpoint::location::host) {
-      throw error(errc::invalid_argument,
-                  fmt::format("elastic_group: state entry '{}' lives in device memory; this group resyncs host "
-                              "state only (keep a host copy, or restore device state from the checkpoint)",
-                              e.name));
+  /// Host words from rank 0 to every rank.
+  bool broadcast_words(std::span<std::int64_t> words) {
+    if constexpr (device_communicator<Comm>) {
+      return run("broadcast", [&](Comm& c) { c.broadcast_host(words, 0); });
+    } else {
+      return broadcast(words, 0);
     }
+  }
+
+  /// A device buffer from rank 0, bit for bit, moved as 64- or 32-bit words.
+  bool broadcast_device(const checkpoint::entry& e) {
+    const auto addr = reinterpret_cast<std::uintptr_t>(e.data);
+    if (e.bytes % 8 == 0 && addr % 8 == 0) {
+      return broadcast(std::span<std::int64_t>(static_cast<std::int64_t*>(e.data), e.bytes / 8), 0);
+    }
+    if (e.bytes % 4 == 0 && addr % 4 == 0) {
+      return broadcast(std::span<std::int32_t>(static_cast<std::int32_t*>(e.data), e.bytes / 4), 0);
+    }
+    throw error(errc::invalid_argument,
+                fmt::format("elastic_group: device state entry '{}' is {} bytes at {:#x}; a group moves device "
+                            "buffers in 4-byte words: pad it to a multiple of 4 bytes",
+                            e.name, e.bytes, addr));
+  }
+
+  /// Device entries travel by the device communicator; with a host one they cannot.
+  static bool skip_entry(const checkpoint::entry& e) {
+    if (e.kind == checkpoint::entry_kind::object || e.where == checkpoint::location::host) return false;
+    if constexpr (device_communicator<Comm>) return true;
+    throw error(errc::invalid_argument,
+                fmt::format("elastic_group: state entry '{}' lives in device memory and this group's communicator "
+                            "moves host memory only: use a device communicator (nccl) or keep a host copy",
+                            e.name));
   }
 
   /// Names, kinds and sizes of the state: ranks must agree before bytes move.
@@ -344,8 +386,7 @@ class elastic_group final : public group_hook {
         const auto* p = reinterpret_cast<const std::byte*>(&n);
         out.insert(out.end(), p, p + sizeof n);
         out.insert(out.end(), obj.begin(), obj.end());
-      } else {
-        check_host(e);
+      } else if (!skip_entry(e)) {
         const auto* p = static_cast<const std::byte*>(e.data);
         out.insert(out.end(), p, p + e.bytes);
       }
@@ -367,8 +408,7 @@ class elastic_group final : public group_hook {
         std::uint64_t n = 0;
         std::memcpy(&n, take(sizeof n, e.name).data(), sizeof n);
         e.load(take(static_cast<std::size_t>(n), e.name));
-      } else {
-        check_host(e);
+      } else if (!skip_entry(e)) {
         const auto s = take(e.bytes, e.name);
         if (!s.empty()) std::memcpy(e.data, s.data(), s.size());
       }
