@@ -93,6 +93,17 @@ inline void pread_all(int fd, void* data, std::size_t n, std::uint64_t offset,
   }
 }
 
+/// Writes all of `data` to a pipe, terminal or log, retrying short writes and EINTR; gives up
+/// quietly on an error (a closed console must not stop the launcher that keeps the logs).
+inline void write_all_best_effort(int fd, std::string_view data) noexcept {
+  while (!data.empty()) {
+    const ssize_t n = ::write(fd, data.data(), data.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    data.remove_prefix(static_cast<std::size_t>(n));
+  }
+}
+
 inline void fsync_fd(int fd, const std::filesystem::path& what) {
   while (::fsync(fd) != 0) {
     if (errno != EINTR) throw os_error("cannot fsync " + what.string());

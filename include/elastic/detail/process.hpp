@@ -108,6 +108,10 @@ inline std::string_view signal_name(int sig) noexcept {
     case SIGSTOP: return "SIGSTOP";
     case SIGCONT: return "SIGCONT";
     case SIGHUP: return "SIGHUP";
+    case SIGBUS: return "SIGBUS";
+    case SIGFPE: return "SIGFPE";
+    case SIGILL: return "SIGILL";
+    case SIGPIPE: return "SIGPIPE";
     default: return "signal";
   }
 }
