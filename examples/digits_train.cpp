@@ -249,7 +249,12 @@ int main(int argc, char** argv) {
     go.rendezvous.heartbeat_timeout = 2s;
     go.rendezvous.last_call_timeout = 500ms;
     if (go.rendezvous.run_id.empty() && !env::env_string("ELASTIC_RUN_ID")) go.rendezvous.run_id = "digits";
-    elastic::comm::gloo_group group(*store, go, elastic::comm::gloo_factory(10s));
+    // A collective must give up on a hung peer before this rank's own step deadline does, or
+    // the watchdog kills the waiting ranks together with the hung one.
+    const auto step_timeout = env::env_seconds("ELASTIC_STEP_TIMEOUT");
+    const auto collective_timeout =
+        step_timeout ? std::max(std::chrono::milliseconds(200), *step_timeout / 3) : std::chrono::milliseconds(10s);
+    elastic::comm::gloo_group group(*store, go, elastic::comm::gloo_factory(collective_timeout));
 
     elastic::training_loop loop({.dir = o.ckpt, .steps = o.steps, .every_steps = o.every, .keep_last = 2, .group = &group},
                                 st);

@@ -178,7 +178,7 @@ class elastic_group final : public group_hook {
     }
     std::string cause;
     if (failed_) {
-      cause = "collective failed: " + failure_;
+      cause = failure_;
     } else if (change_pending_.load(std::memory_order_acquire)) {
       std::lock_guard lk(rdzv_mu_);
       cause = change_cause_;
@@ -233,7 +233,8 @@ class elastic_group final : public group_hook {
 
   void fail(std::string_view what, const error& e) {
     failed_ = true;
-    failure_ = e.what();
+    failure_ = fmt::format("{} failed: {}", what,
+                           e.code() == errc::timeout ? "a peer did not answer in time" : "a peer's connection broke");
     noticed_ns_ = elastic::detail::monotonic_ns();
     events_.emit("group_failure", {{"round", round()},
                                    {"collective", what},
