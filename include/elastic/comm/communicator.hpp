@@ -11,6 +11,8 @@
 #include <span>
 #include <string_view>
 
+#include <elastic/comm/half.hpp>
+
 namespace elastic::comm {
 
 /// How allreduce combines the ranks' buffers.
@@ -28,11 +30,11 @@ constexpr std::string_view to_string(reduce_op op) noexcept {
   return "unknown";
 }
 
-/// The element types every communicator reduces. bf16/fp16 come with the NCCL backend and a CPU
-/// fallback for them in gloo; they are not part of the concept yet.
+/// The element types every communicator reduces: float, double, int32, int64 and the 16-bit
+/// floats bfloat16/float16 (see half.hpp; NCCL reduces them natively, gloo through float).
 template <class T>
 concept reducible = std::same_as<T, float> || std::same_as<T, double> || std::same_as<T, std::int32_t> ||
-                    std::same_as<T, std::int64_t>;
+                    std::same_as<T, std::int64_t> || std::same_as<T, bfloat16> || std::same_as<T, float16>;
 
 /// A communicator over `size()` ranks.
 ///
@@ -46,17 +48,22 @@ concept reducible = std::same_as<T, float> || std::same_as<T, double> || std::sa
 /// - `abort()`: gives the communicator up; every later call throws at once. Never throws.
 template <class C>
 concept communicator = requires(C& c, const C& cc, std::span<float> f32, std::span<double> f64,
-                                std::span<std::int32_t> i32, std::span<std::int64_t> i64, reduce_op op, int root) {
+                                std::span<std::int32_t> i32, std::span<std::int64_t> i64, std::span<bfloat16> bf16,
+                                std::span<float16> f16, reduce_op op, int root) {
   { cc.rank() } -> std::convertible_to<int>;
   { cc.size() } -> std::convertible_to<int>;
   c.allreduce(f32, op);
   c.allreduce(f64, op);
   c.allreduce(i32, op);
   c.allreduce(i64, op);
+  c.allreduce(bf16, op);
+  c.allreduce(f16, op);
   c.broadcast(f32, root);
   c.broadcast(f64, root);
   c.broadcast(i32, root);
   c.broadcast(i64, root);
+  c.broadcast(bf16, root);
+  c.broadcast(f16, root);
   c.barrier();
   { cc.ok() } -> std::convertible_to<bool>;
   { c.abort() } noexcept;

@@ -136,27 +136,39 @@ class gloo_communicator {
     failed_.store(true, std::memory_order_release);
   }
 
-  /// Combines `buf` across the ranks, in place.
+  /// Combines `buf` across the ranks, in place. bfloat16/float16 buffers are widened to float in a
+  /// scratch buffer (one allocation per call), reduced in float and rounded back once: Gloo 0.5
+  /// has no bf16 type, and one rounding at the end is more accurate than rounding after every
+  /// partial sum as a reduction in 16 bits would (every rank gets the same bits either way).
   template <reducible T>
   void allreduce(std::span<T> buf, reduce_op op) {
-    check_usable("allreduce");
-    if (buf.empty()) return;  // every rank passes the same length, so every rank skips
-    run("allreduce", [&] {
-      ::gloo::AllreduceOptions opts(context_);
-      opts.setOutput(buf.data(), buf.size());
-      opts.setReduceFunction(
-          static_cast<void (*)(void*, const void*, const void*, std::size_t)>(&::gloo::sum<T>));
-      opts.setTag(next_tag());
-      opts.setTimeout(timeout_);
-      ::gloo::allreduce(opts);
-    });
-    if (op == reduce_op::avg && size_ > 1) {
-      const T n = static_cast<T>(size_);
-      for (T& x : buf) x /= n;
+    if constexpr (is_half_v<T>) {
+      check_usable("allreduce");
+      if (buf.empty()) return;
+      std::vector<float> wide(buf.size());
+      std::transform(buf.begin(), buf.end(), wide.begin(), [](T h) { return static_cast<float>(h); });
+      allreduce(std::span<float>(wide), op);
+      std::transform(wide.begin(), wide.end(), buf.begin(), [](float x) { return T(x); });
+    } else {
+      check_usable("allreduce");
+      if (buf.empty()) return;  // every rank passes the same length, so every rank skips
+      run("allreduce", [&] {
+        ::gloo::AllreduceOptions opts(context_);
+        opts.setOutput(buf.data(), buf.size());
+        opts.setReduceFunction(
+            static_cast<void (*)(void*, const void*, const void*, std::size_t)>(&::gloo::sum<T>));
+        opts.setTag(next_tag());
+        opts.setTimeout(timeout_);
+        ::gloo::allreduce(opts);
+      });
+      if (op == reduce_op::avg && size_ > 1) {
+        const T n = static_cast<T>(size_);
+        for (T& x : buf) x /= n;
+      }
     }
   }
 
-  /// Copies `root`'s `buf` into every rank's `buf`.
+  /// Copies `root`'s `buf` into every rank's `buf` (bytes only: 16-bit floats travel as they are).
   template <reducible T>
   void broadcast(std::span<T> buf, int root) {
     check_usable("broadcast");
@@ -167,7 +179,11 @@ class gloo_communicator {
     if (buf.empty()) return;
     run("broadcast", [&] {
       ::gloo::BroadcastOptions opts(context_);
-      opts.setOutput(buf.data(), buf.size());
+      if constexpr (is_half_v<T>) {
+        opts.setOutput(reinterpret_cast<std::uint16_t*>(buf.data()), buf.size());
+      } else {
+        opts.setOutput(buf.data(), buf.size());
+      }
       opts.setRoot(root);
       opts.setTag(next_tag());
       opts.setTimeout(timeout_);
