@@ -83,6 +83,31 @@ TEST_CASE("4 gloo ranks allreduce, broadcast and barrier to identical, correct r
   }
 }
 
+TEST_CASE("4 gloo ranks allreduce bfloat16 and float16 through float and broadcast their bits", "[gloo]") {
+  scratch_store st;
+  auto ranks = spawn_ranks(st, "/round/0/gloo", 4, 10s, [](int) { return std::string("half"); });
+  const std::vector<std::string> checks = {"bf16_sum", "bf16_avg", "fp16_sum", "fp16_avg", "fp16_broadcast_root1"};
+  std::map<std::string, std::string> first_hash;
+  for (auto& p : ranks) {
+    auto line = p.read_line(20s);
+    REQUIRE(line);
+    REQUIRE(*line == "connected");
+  }
+  for (std::size_t r = 0; r < ranks.size(); ++r) {
+    for (const auto& name : checks) {
+      auto line = ranks[r].read_line(20s);
+      INFO("rank " << r << " check " << name << " line " << line.value_or("<none>"));
+      REQUIRE(line);
+      CHECK(line->starts_with(name + " "));
+      CHECK(field(*line, "correct") == "1");
+      auto [it, fresh] = first_hash.emplace(name, field(*line, "hash"));
+      CHECK(it->second == field(*line, "hash"));  // every rank holds the same bits
+    }
+    CHECK(ranks[r].read_line(10s) == std::optional<std::string>("done"));
+    CHECK(ranks[r].exit_code(10s) == 0);
+  }
+}
+
 TEST_CASE("a peer SIGKILLed during an allreduce makes the survivors fail within the timeout", "[gloo]") {
   scratch_store st;
   constexpr auto timeout = 3s;
@@ -161,6 +186,10 @@ TEST_CASE("a single-rank gloo communicator reduces to itself and refuses work af
   c.broadcast(std::span<std::int32_t>(i), 0);
   CHECK(i == std::vector<std::int32_t>{7, 8});
   c.barrier();
+  std::vector<comm::bfloat16> h = {comm::bfloat16(1.5f), comm::bfloat16(-3.0f)};
+  c.allreduce(std::span<comm::bfloat16>(h), comm::reduce_op::avg);
+  CHECK(h[0].bits == comm::bfloat16(1.5f).bits);
+  CHECK(h[1].bits == comm::bfloat16(-3.0f).bits);
   CHECK(error_of([&] { c.broadcast(std::span<std::int32_t>(i), 1); }).code() == errc::invalid_argument);
   CHECK(c.ok());  // a bad argument is the caller's mistake; the communicator is still fine
 

@@ -6,6 +6,8 @@
 //   collectives  runs allreduce (sum, avg) on float/double/int32/int64 buffers, a broadcast from
 //                root 2 and a barrier, printing one line per check:
 //                "<name> correct=<0|1> hash=<fnv-1a of the result bytes>"
+//   half         runs allreduce (sum, avg) on bfloat16/float16 buffers and a float16 broadcast
+//                from root 1, one line per check in the same form
 //   die          prints "entering", then sleeps without joining the collective (the test kills it)
 //   others       prints "entering", runs one allreduce and prints
 //                "error code=<errc> ok=<0|1> ms=<elapsed>" or "finished" if it completed
@@ -62,6 +64,30 @@ void check_allreduce(comm::gloo_communicator& c, const char* name, comm::reduce_
       " hash=" + std::to_string(fnv1a(std::span<const T>(buf))));
 }
 
+// 16-bit floats: rank r holds small integers (exact in both types), the sum is checked exactly;
+// the average is checked against the float average rounded once, which is what gloo promises.
+template <class H>
+void check_half_allreduce(comm::gloo_communicator& c, const char* name, comm::reduce_op op, std::size_t n) {
+  std::vector<H> buf(n);
+  auto value = [](int rank, std::size_t i) { return static_cast<float>(rank + 1) * static_cast<float>(i % 13); };
+  for (std::size_t i = 0; i < n; ++i) buf[i] = H(value(c.rank(), i));
+  c.allreduce(std::span<H>(buf), op);
+  bool correct = true;
+  for (std::size_t i = 0; i < n; ++i) {
+    float sum = 0;
+    for (int r = 0; r < c.size(); ++r) sum += value(r, i);
+    const float want_f = op == comm::reduce_op::sum ? sum : sum / static_cast<float>(c.size());
+    const H want(want_f);
+    if (buf[i].bits != want.bits) {
+      correct = false;
+      std::cerr << name << ": element " << i << " has bits " << buf[i].bits << ", want " << want.bits << "\n";
+      break;
+    }
+  }
+  say(std::string(name) + " correct=" + (correct ? "1" : "0") +
+      " hash=" + std::to_string(fnv1a(std::span<const H>(buf))));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -102,6 +128,22 @@ int main(int argc, char** argv) {
       int seen = 0;
       for (int r = 0; r < size; ++r) seen += store.get(prefix + "-barrier/" + std::to_string(r)).has_value() ? 1 : 0;
       say(std::string("barrier correct=") + (seen == size ? "1" : "0") + " hash=0");
+    } else if (mode == "half") {
+      constexpr std::size_t n = 50021;
+      check_half_allreduce<comm::bfloat16>(c, "bf16_sum", comm::reduce_op::sum, n);
+      check_half_allreduce<comm::bfloat16>(c, "bf16_avg", comm::reduce_op::avg, n);
+      check_half_allreduce<comm::float16>(c, "fp16_sum", comm::reduce_op::sum, n);
+      check_half_allreduce<comm::float16>(c, "fp16_avg", comm::reduce_op::avg, n);
+
+      std::vector<comm::float16> b(n, comm::float16(-1.0f));
+      auto pattern = [](std::size_t i) { return static_cast<std::uint16_t>((i * 7919) & 0xffff); };
+      if (rank == 1)
+        for (std::size_t i = 0; i < n; ++i) b[i] = comm::float16::from_bits(pattern(i));  // NaNs too
+      c.broadcast(std::span<comm::float16>(b), 1);
+      bool correct = true;
+      for (std::size_t i = 0; i < n; ++i) correct = correct && b[i].bits == pattern(i);
+      say(std::string("fp16_broadcast_root1 correct=") + (correct ? "1" : "0") +
+          " hash=" + std::to_string(fnv1a(std::span<const comm::float16>(b))));
     } else if (mode == "die") {
       say("entering");
       for (;;) std::this_thread::sleep_for(1s);
