@@ -1,0 +1,121 @@
+// Lifecycle costs of the NCCL communicator on one GPU (Google Benchmark): what a recovery pays.
+//
+//   nccl_bench [google benchmark flags...]
+//
+// One GPU hosts one rank of a communicator (NCCL refuses two on the same device), so every row is
+// a single-rank communicator; multi-rank figures need one GPU per rank.
+//   BM_unique_id        ncclGetUniqueId: the leader's bootstrap blob (opens the bootstrap root)
+//   BM_init             nccl_unique_id() + non-blocking ncclCommInitRankConfig polled to ready
+//   BM_abort            ncclCommAbort of a ready communicator (includes stopping the watcher)
+//   BM_shrink           ncclCommShrink of a ready communicator to its survivors (here: all of it)
+//   BM_reinit           abort, then init from a fresh id: the path without shrink
+//   BM_allreduce_small  one 1 KiB float allreduce, enqueue to completion seen by polling
+// Without a GPU every row reports an error and measures nothing.
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <memory>
+#include <span>
+#include <string>
+
+#include <benchmark/benchmark.h>
+
+#include <elastic/comm/nccl.hpp>
+
+namespace {
+
+using namespace std::chrono_literals;
+namespace comm = elastic::comm;
+
+bool have_gpu(benchmark::State& state) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) {
+    state.SkipWithError("no CUDA device");
+    return false;
+  }
+  return true;
+}
+
+std::unique_ptr<comm::nccl_communicator> make() {
+  return std::make_unique<comm::nccl_communicator>(comm::nccl_unique_id(), 0, 1, 0, 30s);
+}
+
+void BM_unique_id(benchmark::State& state) {
+  if (!have_gpu(state)) return;
+  for (auto _ : state) benchmark::DoNotOptimize(comm::nccl_unique_id());
+}
+BENCHMARK(BM_unique_id)->Unit(benchmark::kMicrosecond);
+
+void BM_init(benchmark::State& state) {
+  if (!have_gpu(state)) return;
+  for (auto _ : state) {
+    auto c = make();
+    state.PauseTiming();
+    c.reset();
+    state.ResumeTiming();
+  }
+}
+BENCHMARK(BM_init)->Unit(benchmark::kMillisecond)->Iterations(20);
+
+void BM_abort(benchmark::State& state) {
+  if (!have_gpu(state)) return;
+  for (auto _ : state) {
+    state.PauseTiming();
+    auto c = make();
+    state.ResumeTiming();
+    c->abort();
+  }
+}
+BENCHMARK(BM_abort)->Unit(benchmark::kMillisecond)->Iterations(20);
+
+void BM_shrink(benchmark::State& state) {
+  if (!have_gpu(state)) return;
+  if constexpr (!comm::nccl_communicator::can_shrink) {
+    state.SkipWithError("this NCCL has no ncclCommShrink (needs 2.27)");
+    return;
+  } else {
+    for (auto _ : state) {
+      state.PauseTiming();
+      auto c = make();
+      state.ResumeTiming();
+      auto next = c->shrink({}, 30s);
+      state.PauseTiming();
+      next.reset();
+      c.reset();
+      state.ResumeTiming();
+    }
+  }
+}
+BENCHMARK(BM_shrink)->Unit(benchmark::kMillisecond)->Iterations(20);
+
+void BM_reinit(benchmark::State& state) {
+  if (!have_gpu(state)) return;
+  for (auto _ : state) {
+    state.PauseTiming();
+    auto c = make();
+    state.ResumeTiming();
+    c->abort();
+    c = make();
+    state.PauseTiming();
+    c.reset();
+    state.ResumeTiming();
+  }
+}
+BENCHMARK(BM_reinit)->Unit(benchmark::kMillisecond)->Iterations(20);
+
+void BM_allreduce_small(benchmark::State& state) {
+  if (!have_gpu(state)) return;
+  auto c = make();
+  float* d = nullptr;
+  if (cudaMalloc(&d, 256 * sizeof(float)) != cudaSuccess) {
+    state.SkipWithError("cudaMalloc failed");
+    return;
+  }
+  for (auto _ : state) c->allreduce(std::span<float>(d, 256), comm::reduce_op::sum);
+  cudaFree(d);
+}
+BENCHMARK(BM_allreduce_small)->Unit(benchmark::kMicrosecond);
+
+}  // namespace
+
+BENCHMARK_MAIN();

@@ -1,0 +1,259 @@
+// The NCCL communicator on one GPU (label gpu: the default suite leaves it out).
+//
+// NCCL refuses two ranks of one communicator on the same GPU, so with one GPU the legal
+// communicators have one rank: these tests check every collective and type on one rank, the init
+// deadline (a second rank that never comes), abort, shrink, and a collective that cannot finish
+// (its stream is held by a host callback) timing out and breaking the communicator. A real
+// asynchronous NCCL error (a peer dying) needs two GPUs; the watcher that turns one into ok()==false
+// is exercised here only in that it runs beside every test and must not report false errors.
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <elastic/comm/nccl.hpp>
+
+#include "support/catch.hpp"
+#include "support/errors.hpp"
+
+using namespace std::chrono_literals;
+using elastic::errc;
+using elastic::test::error_of;
+namespace comm = elastic::comm;
+
+static_assert(comm::communicator<comm::nccl_communicator>);
+static_assert(comm::nccl_communicator::takes_device_memory);
+
+namespace {
+
+void require_gpu() {
+  int n = 0;
+  const cudaError_t rc = cudaGetDeviceCount(&n);
+  INFO("cudaGetDeviceCount: " << cudaGetErrorString(rc));
+  REQUIRE(rc == cudaSuccess);
+  REQUIRE(n >= 1);
+}
+
+void cuda_ok(cudaError_t rc) {
+  INFO(cudaGetErrorName(rc) << ": " << cudaGetErrorString(rc));
+  REQUIRE(rc == cudaSuccess);
+}
+
+/// A device copy of `host`, freed on destruction.
+template <class T>
+struct device_vector {
+  T* p = nullptr;
+  std::size_t n = 0;
+  explicit device_vector(const std::vector<T>& host) : n(host.size()) {
+    cuda_ok(cudaMalloc(&p, n * sizeof(T)));
+    cuda_ok(cudaMemcpy(p, host.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  ~device_vector() { cudaFree(p); }
+  std::span<T> span() { return {p, n}; }
+  std::vector<T> host() const {
+    std::vector<T> out(n);
+    cuda_ok(cudaMemcpy(out.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return out;
+  }
+};
+
+template <class T>
+std::vector<std::uint8_t> bytes_of(const std::vector<T>& v) {
+  std::vector<std::uint8_t> b(v.size() * sizeof(T));
+  std::memcpy(b.data(), v.data(), b.size());
+  return b;
+}
+
+/// On one rank, sum and average give back the buffer unchanged, bit for bit.
+template <class T>
+void check_identity(comm::nccl_communicator& c, std::vector<T> values) {
+  for (auto op : {comm::reduce_op::sum, comm::reduce_op::avg}) {
+    device_vector<T> d(values);
+    c.allreduce(d.span(), op);
+    CHECK(bytes_of(d.host()) == bytes_of(values));
+    device_vector<T> b(values);
+    c.broadcast(b.span(), 0);
+    CHECK(bytes_of(b.host()) == bytes_of(values));
+  }
+}
+
+template <class T>
+std::vector<T> ramp(std::size_t n) {
+  std::vector<T> v(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    if constexpr (comm::is_half_v<T>) {
+      v[i] = T(static_cast<float>(i % 97) * 0.25f - 3.0f);
+    } else {
+      v[i] = static_cast<T>(static_cast<long long>(i % 1000) - 500);
+    }
+  }
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("a single-rank nccl communicator reduces and broadcasts every type to itself", "[nccl]") {
+  require_gpu();
+  comm::nccl_communicator c(comm::nccl_unique_id(), 0, 1, 0, 20s);
+  CHECK(c.rank() == 0);
+  CHECK(c.size() == 1);
+  CHECK(c.device() == 0);
+  CHECK(c.ok());
+  constexpr std::size_t n = 100003;
+  check_identity(c, ramp<float>(n));
+  check_identity(c, ramp<double>(n));
+  check_identity(c, ramp<std::int32_t>(n));
+  check_identity(c, ramp<std::int64_t>(n));
+  check_identity(c, ramp<comm::bfloat16>(n));
+  check_identity(c, ramp<comm::float16>(n));
+  c.barrier();
+  std::vector<float> empty;
+  c.allreduce(std::span<float>(empty), comm::reduce_op::sum);  // nothing to do, no error
+  CHECK(c.ok());
+  CHECK_FALSE(c.last_error().has_value());
+}
+
+TEST_CASE("broadcast_host moves host words through the device", "[nccl]") {
+  require_gpu();
+  comm::nccl_communicator c(comm::nccl_unique_id(), 0, 1, 0, 20s);
+  std::vector<std::int64_t> words = {1, -2, 1LL << 40};
+  c.broadcast_host(std::span<std::int64_t>(words), 0);
+  CHECK(words == std::vector<std::int64_t>{1, -2, 1LL << 40});
+}
+
+TEST_CASE("a communicator runs on the caller's stream when given one", "[nccl]") {
+  require_gpu();
+  cudaStream_t s = nullptr;
+  cuda_ok(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  {
+    comm::nccl_communicator c(comm::nccl_unique_id(), 0, 1, 0, 20s, s);
+    CHECK(c.stream() == s);
+    device_vector<float> d(std::vector<float>(1000, 2.5f));
+    c.allreduce(d.span(), comm::reduce_op::sum);
+    CHECK(d.host() == std::vector<float>(1000, 2.5f));
+  }
+  cuda_ok(cudaStreamDestroy(s));  // the communicator left the caller's stream alone
+}
+
+TEST_CASE("an nccl init whose peers never come times out and says so", "[nccl]") {
+  require_gpu();
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto e = error_of([] { comm::nccl_communicator c(comm::nccl_unique_id(), 0, 2, 0, 1500ms); });
+  const auto took = std::chrono::steady_clock::now() - t0;
+  INFO(e.what());
+  CHECK(e.code() == errc::timeout);
+  CHECK(std::string(e.what()).find("timed out") != std::string::npos);
+  CHECK(took >= 1400ms);
+  CHECK(took < 10s);
+}
+
+TEST_CASE("an aborted nccl communicator refuses every call at once", "[nccl]") {
+  require_gpu();
+  comm::nccl_communicator c(comm::nccl_unique_id(), 0, 1, 0, 20s);
+  device_vector<float> d(std::vector<float>(16, 1.0f));
+  c.abort();
+  CHECK_FALSE(c.ok());
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK(error_of([&] { c.allreduce(d.span(), comm::reduce_op::sum); }).code() == errc::invalid_argument);
+  CHECK(error_of([&] { c.broadcast(d.span(), 0); }).code() == errc::invalid_argument);
+  CHECK(error_of([&] { c.barrier(); }).code() == errc::invalid_argument);
+  CHECK(std::chrono::steady_clock::now() - t0 < 100ms);
+  c.abort();  // twice is fine
+}
+
+TEST_CASE("bad ranks, sizes, devices, ids and roots get clear errors", "[nccl]") {
+  require_gpu();
+  const std::string id = comm::nccl_unique_id();
+  CHECK(id.size() == 128);
+  CHECK(error_of([&] { comm::nccl_communicator c(id, 1, 1, 0, 1s); }).code() == errc::invalid_argument);
+  CHECK(error_of([&] { comm::nccl_communicator c(id, 0, 0, 0, 1s); }).code() == errc::invalid_argument);
+  CHECK(error_of([&] { comm::nccl_communicator c(id, 0, 1, -1, 1s); }).code() == errc::invalid_argument);
+  CHECK(error_of([&] { comm::nccl_communicator c(id, 0, 1, 0, 0ms); }).code() == errc::invalid_argument);
+  CHECK(error_of([&] { comm::nccl_communicator c("short", 0, 1, 0, 1s); }).code() == errc::invalid_argument);
+  comm::nccl_communicator c(id, 0, 1, 0, 20s);
+  device_vector<float> d(std::vector<float>(4, 1.0f));
+  CHECK(error_of([&] { c.broadcast(d.span(), 1); }).code() == errc::invalid_argument);
+  CHECK(c.ok());  // the caller's mistake leaves the communicator usable
+}
+
+TEST_CASE("a collective that cannot finish in time breaks the communicator with a timeout", "[nccl]") {
+  require_gpu();
+  cudaStream_t s = nullptr;
+  cuda_ok(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  auto release = std::make_unique<std::atomic<bool>>(false);
+  {
+    comm::nccl_communicator c(comm::nccl_unique_id(), 0, 1, 0, 800ms, s);
+    device_vector<float> d(std::vector<float>(1024, 1.0f));
+    // Hold the stream: the allreduce queues behind a host callback that waits for the test.
+    cuda_ok(cudaLaunchHostFunc(
+        s,
+        [](void* flag) {
+          auto* f = static_cast<std::atomic<bool>*>(flag);
+          while (!f->load()) std::this_thread::sleep_for(1ms);
+        },
+        release.get()));
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto e = error_of([&] { c.allreduce(d.span(), comm::reduce_op::sum); });
+    const auto took = std::chrono::steady_clock::now() - t0;
+    INFO(e.what());
+    CHECK(e.code() == errc::timeout);
+    CHECK(took >= 700ms);
+    CHECK(took < 5s);
+    CHECK_FALSE(c.ok());
+    REQUIRE(c.last_error().has_value());
+    CHECK(c.last_error()->code() == errc::timeout);
+    CHECK(error_of([&] { c.barrier(); }).code() == errc::timeout);  // later calls fail at once
+    release->store(true);
+    cuda_ok(cudaStreamSynchronize(s));  // the held work drains before the communicator goes
+  }
+  cuda_ok(cudaStreamDestroy(s));
+}
+
+TEST_CASE("a single-rank nccl communicator shrinks to a working copy of itself", "[nccl]") {
+  require_gpu();
+  comm::nccl_communicator c(comm::nccl_unique_id(), 0, 1, 0, 20s);
+  if constexpr (!comm::nccl_communicator::can_shrink) {
+    CHECK(error_of([&] { (void)c.shrink({}, 5s); }).code() == errc::invalid_argument);
+    return;
+  } else {
+    const int self = 0;
+    CHECK(error_of([&] { (void)c.shrink(std::span<const int>(&self, 1), 5s); }).code() == errc::invalid_argument);
+    const int beyond = 3;
+    CHECK(error_of([&] { (void)c.shrink(std::span<const int>(&beyond, 1), 5s); }).code() == errc::invalid_argument);
+    auto next = c.shrink({}, 20s);
+    REQUIRE(next);
+    CHECK(next->rank() == 0);
+    CHECK(next->size() == 1);
+    CHECK(next->ok());
+    CHECK(next->stream() != c.stream());  // each communicator owns its own stream
+    device_vector<double> d(std::vector<double>(100, 0.5));
+    next->allreduce(d.span(), comm::reduce_op::avg);
+    CHECK(d.host() == std::vector<double>(100, 0.5));
+    next->barrier();
+    c.abort();  // the parent goes, the child stays
+    CHECK(next->ok());
+    next->barrier();
+    CHECK(error_of([&] { (void)c.shrink({}, 5s); }).code() == errc::invalid_argument);
+  }
+}
+
+TEST_CASE("abort from another thread is safe while the watcher runs", "[nccl]") {
+  require_gpu();
+  for (int i = 0; i < 5; ++i) {
+    comm::nccl_communicator c(comm::nccl_unique_id(), 0, 1, 0, 20s, nullptr,
+                              comm::nccl_options{.watch_interval = 100us});
+    std::this_thread::sleep_for(20ms);  // the watcher polls a healthy communicator: no false alarm
+    CHECK(c.ok());
+    std::jthread other([&] { c.abort(); });
+    other.join();
+    CHECK_FALSE(c.ok());
+    CHECK_FALSE(c.last_error().has_value());
+  }
+}
