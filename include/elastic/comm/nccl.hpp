@@ -248,6 +248,7 @@ class nccl_communicator {
   void abort() noexcept {
     aborted_.store(true, std::memory_order_release);
     failed_.store(true, std::memory_order_release);
+    std::lock_guard once(abort_mu_);  // two threads aborting at once must not both join
     if (watcher_.joinable()) {
       watcher_.request_stop();
       wake_.notify_all();
@@ -618,6 +619,7 @@ class nccl_communicator {
   std::atomic<bool> aborted_{false};
   mutable std::mutex error_mu_;
   std::optional<error> last_error_;
+  std::mutex abort_mu_;
   std::condition_variable_any wake_;
   std::jthread watcher_;  // last: stopped (in abort(), from the destructor) before anything above goes
 };
