@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The main job in small, as a test: elastic-run trains digits_train (synthetic digits, so no
+# network is needed) undisturbed, then with a worker SIGKILLed, a worker hung until the watchdog
+# kills it, and a SIGTERM to the launcher followed by a resume; the final weights must match.
+#   tests/example_digits.sh ELASTIC_RUN DIGITS_TRAIN
+set -euo pipefail
+run="$1"
+train="$2"
+work="$(mktemp -d)"
+trap 'kill -KILL "${pid:-0}" 2>/dev/null || true; rm -rf "$work"' EXIT
+launcher=("$run" --nproc-per-node 3 --min-ranks 2 --max-restarts 3 --step-timeout 2 --grace 10 --quiet
+          --log-dir "$work/logs")
+trainer=("$train" --steps 300 --every 20 --step-sleep-ms 5)
+crc() { grep -h "weights crc32c" "$work/logs/$1"/rank-*.log | tail -1 | awk '{print $NF}'; }
+
+"${launcher[@]}" --run-id ref -- "${trainer[@]}" --ckpt "$work/ref" 2>/dev/null
+
+"${launcher[@]}" --run-id hit -- "${trainer[@]}" --ckpt "$work/hit" \
+  --kill-rank 2 --kill-at 60 --hang-rank 1 --hang-at 150 2>"$work/hit.err" &
+pid=$!
+for _ in $(seq 1 600); do
+  # the hung worker killed and started again: both failures are behind us
+  grep -qs "worker 1 started: pid [0-9]*, restart 1" "$work/logs/hit/rank-1.log" && break
+  kill -0 "$pid" 2>/dev/null || break
+  sleep 0.1
+done
+kill -TERM "$pid"
+set +e
+wait "$pid"
+code=$?
+set -e
+cat "$work/hit.err" >&2
+[ "$code" -eq 75 ] || { echo "FAIL: elastic-run exited $code after SIGTERM, want 75" >&2; exit 1; }
+grep -q "watchdog kills   1" "$work/hit.err" || { echo "FAIL: the hang was not killed by the watchdog" >&2; exit 1; }
+grep -q "failures         2" "$work/hit.err" || { echo "FAIL: want 2 failures (a kill and a hang)" >&2; exit 1; }
+
+"${launcher[@]}" --run-id hit -- "${trainer[@]}" --ckpt "$work/hit" 2>/dev/null
+ref="$(crc ref)"
+hit="$(crc hit)"
+echo "undisturbed $ref, disturbed $hit"
+[ -n "$ref" ] && [ "$ref" = "$hit" ]
