@@ -19,7 +19,9 @@ namespace {
 float from_u32(std::uint32_t u) { return std::bit_cast<float>(u); }
 std::uint16_t bf(float x) { return bfloat16(x).bits; }
 std::uint16_t fp(float x) { return float16(x).bits; }
-std::uint32_t f_of_bf(std::uint16_t b) { return std::bit_cast<std::uint32_t>(static_cast<float>(bfloat16::from_bits(b))); }
+std::uint32_t f_of_bf(std::uint16_t b) {
+  return std::bit_cast<std::uint32_t>(static_cast<float>(bfloat16::from_bits(b)));
+}
 float f_of_fp(std::uint16_t b) { return static_cast<float>(float16::from_bits(b)); }
 
 }  // namespace
@@ -186,8 +188,9 @@ TEST_CASE("bfloat16 rounds like the nearest-even choice between its two neighbou
     const double dx = std::fabs(static_cast<double>(x));
     const double dd = dx - std::fabs(static_cast<double>(static_cast<float>(bfloat16::from_bits(down))));
     // Past the largest finite bf16 the next value up counts as 2^128, as IEEE rounding has it.
-    const double up_value = (up & 0x7fff) == 0x7f80 ? std::ldexp(1.0, 128)
-                                                     : std::fabs(static_cast<double>(static_cast<float>(bfloat16::from_bits(up))));
+    const double up_value = (up & 0x7fff) == 0x7f80
+                                ? std::ldexp(1.0, 128)
+                                : std::fabs(static_cast<double>(static_cast<float>(bfloat16::from_bits(up))));
     const double du = up_value - dx;
     const std::uint16_t want = dd < du ? down : du < dd ? up : ((down & 1) ? up : down);
     if (bf(x) != want) FAIL("float bits " << u << " gave " << bf(x) << ", want " << want);

@@ -244,6 +244,24 @@ TEST_CASE("a single-rank nccl communicator shrinks to a working copy of itself",
   }
 }
 
+TEST_CASE("a revoked nccl communicator refuses collectives and can still be shrunk", "[nccl]") {
+  require_gpu();
+  comm::nccl_communicator c(comm::nccl_unique_id(), 0, 1, 0, 20s);
+  device_vector<float> d(std::vector<float>(16, 1.0f));
+  c.allreduce(d.span(), comm::reduce_op::sum);
+  c.revoke();
+  CHECK_FALSE(c.ok());
+  CHECK_FALSE(c.last_error().has_value());  // the caller's decision, not a failure
+  CHECK(error_of([&] { c.allreduce(d.span(), comm::reduce_op::sum); }).code() == errc::invalid_argument);
+  if constexpr (comm::nccl_communicator::can_shrink) {
+    auto next = c.shrink({}, 20s);
+    REQUIRE(next);
+    CHECK(next->ok());
+    next->allreduce(d.span(), comm::reduce_op::sum);
+    CHECK(d.host() == std::vector<float>(16, 1.0f));
+  }
+}
+
 TEST_CASE("abort from another thread is safe while the watcher runs", "[nccl]") {
   require_gpu();
   for (int i = 0; i < 5; ++i) {

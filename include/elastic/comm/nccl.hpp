@@ -18,8 +18,8 @@
 // watchdog kills the process.
 //
 // Recovery, by the NCCL this is compiled against (NCCL_VERSION_CODE):
-//   >= 2.28  a failed collective revokes the communicator (ncclCommRevoke: in-flight work stops,
-//            the handle stays usable for management) and shrink() builds the survivors' one.
+//   >= 2.28  a failed collective, or revoke(), revokes the communicator (ncclCommRevoke: in-flight
+//            work stops, the handle stays usable for management); shrink() builds the survivors' one.
 //   >= 2.27  no revoke: shrink() passes NCCL_SHRINK_ABORT for a broken communicator, which stops
 //            its in-flight work first.
 //   <  2.27  no shrink: can_shrink is false, shrink() throws; the caller aborts and re-initialises
@@ -102,7 +102,8 @@ inline error nccl_failure(ncclResult_t r, std::string_view where, ncclComm_t com
 }
 
 inline error cuda_failure(cudaError_t rc, std::string_view where) {
-  return error(errc::os_error, fmt::format("{} failed: CUDA {}: {}", where, cudaGetErrorName(rc), cudaGetErrorString(rc)));
+  return error(errc::os_error,
+               fmt::format("{} failed: CUDA {}: {}", where, cudaGetErrorName(rc), cudaGetErrorString(rc)));
 }
 
 /// Makes `device` current for this thread, and the previous one again on leaving.
@@ -265,6 +266,18 @@ class nccl_communicator {
     }
   }
 
+  /// Stops this communicator's work without freeing it, so that shrink() can follow: what a
+  /// survivor calls when the rendezvous reports a departure while collectives may be stuck on the
+  /// dead peer. With NCCL >= 2.28 in-flight work is cancelled now (ncclCommRevoke); before that,
+  /// shrink() cancels it (NCCL_SHRINK_ABORT). Every later collective throws at once. Never throws;
+  /// may be called from any thread.
+  void revoke() noexcept {
+    revoked_by_caller_.store(true, std::memory_order_release);
+    failed_.store(true, std::memory_order_release);
+    std::lock_guard lk(comm_mu_);
+    stop_in_flight_locked();
+  }
+
   /// Combines the device buffer `buf` across the ranks, in place (sum, or ncclAvg: integers
   /// divide with truncation toward zero). bf16/fp16 reduce natively in NCCL.
   template <reducible T>
@@ -400,7 +413,8 @@ class nccl_communicator {
   void check_arguments() const {
     if (size_ < 1 || rank_ < 0 || rank_ >= size_) {
       throw error(errc::invalid_argument,
-                  fmt::format("nccl communicator: rank {} of size {} is out of range: need 0 <= rank < size", rank_, size_));
+                  fmt::format("nccl communicator: rank {} of size {} is out of range: need 0 <= rank < size", rank_,
+                              size_));
     }
     if (device_ < 0) {
       throw error(errc::invalid_argument, fmt::format("nccl communicator: device {} is not a CUDA device", device_));
@@ -514,6 +528,10 @@ class nccl_communicator {
     }
     if (failed_.load(std::memory_order_acquire)) {
       std::lock_guard lk(error_mu_);
+      if (!last_error_ && revoked_by_caller_.load(std::memory_order_acquire)) {
+        throw error(errc::invalid_argument,
+                    where(what) + ": the communicator was revoked; shrink() it or build a new one for the next round");
+      }
       const errc code = last_error_ ? last_error_->code() : errc::os_error;
       throw error(code, fmt::format("{}: the communicator is broken by an earlier failure ({}); build a new one "
                                     "for the next round (or shrink() it)",
@@ -617,6 +635,7 @@ class nccl_communicator {
   bool revoked_ = false;
   std::atomic<bool> failed_{false};
   std::atomic<bool> aborted_{false};
+  std::atomic<bool> revoked_by_caller_{false};
   mutable std::mutex error_mu_;
   std::optional<error> last_error_;
   std::mutex abort_mu_;
