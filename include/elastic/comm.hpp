@@ -1,8 +1,13 @@
-// The communicator part: the concept, and the backends the build enabled (Gloo with elastic::gloo).
+// The communicator part: the concept, the 16-bit element types, and the backends the build
+// enabled (Gloo with elastic::gloo, NCCL with elastic::nccl).
 #pragma once
 
 #include <elastic/comm/communicator.hpp>
+#include <elastic/comm/half.hpp>
 #include <elastic/config.hpp>
 #if ELASTIC_WITH_GLOO
 #include <elastic/comm/gloo.hpp>
+#endif
+#if ELASTIC_WITH_NCCL
+#include <elastic/comm/nccl.hpp>
 #endif

@@ -1,10 +1,12 @@
 # cmake -DMODE=find_package|fetchcontent -DSOURCE_DIR=<checkout> -DWORK_DIR=<scratch>
 #       -DGENERATOR=<generator> -DCXX=<compiler> [-DMAKE_PROGRAM=<ninja/make>] [-DVERSION=x.y.z]
-#       -P run_consumer.cmake
+#       [-DFEATURES=cuda,nccl,gloo,etcd] -P run_consumer.cmake
 # Builds the consumer project against elastic the way a user would, and runs it.
 #   find_package: configure the checkout (tools on; tests, examples, benchmarks off), build,
 #                 install to WORK_DIR/prefix, then build the consumer with CMAKE_PREFIX_PATH there.
 #   fetchcontent: build the consumer, which pulls the checkout in with FetchContent.
+# FEATURES names the optional targets the outer build has (their dependencies are on this
+# machine): the install must export each, and the consumer must get and link each.
 # Nothing of the outer build's configuration (sanitizers, flags) is passed on: only the
 # generator and the compiler.
 cmake_minimum_required(VERSION 3.21)
@@ -53,6 +55,15 @@ if(MODE STREQUAL "find_package")
       message(FATAL_ERROR "install is missing ${f}")
     endif()
   endforeach()
+  string(REPLACE "," ";" _features "${FEATURES}")
+  foreach(f IN LISTS _features)
+    string(SUBSTRING "${f}" 0 1 _head)
+    string(SUBSTRING "${f}" 1 -1 _tail)
+    string(TOUPPER "${_head}" _head)
+    if(NOT EXISTS "${WORK_DIR}/prefix/share/cmake/elastic/elastic${_head}${_tail}Targets.cmake")
+      message(FATAL_ERROR "install is missing elastic${_head}${_tail}Targets.cmake for elastic::${f}")
+    endif()
+  endforeach()
   run(${CMAKE_COMMAND} -S "${consumer}" -B "${WORK_DIR}/consumer" ${common}
       -DELASTIC_CONSUME=find_package "-DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix")
 elseif(MODE STREQUAL "fetchcontent")
@@ -77,3 +88,18 @@ if(VERSION AND NOT CMAKE_MATCH_1 STREQUAL VERSION)
 endif()
 string(STRIP "${last_output}" last_output)
 message(STATUS "consumer (${MODE}): ${last_output}")
+
+# The program built with every feature target the consumer got: each the outer build has is on.
+set(program "${WORK_DIR}/consumer/consumer_features")
+if(NOT EXISTS "${program}")
+  set(program "${WORK_DIR}/consumer/${config}/consumer_features")
+endif()
+run("${program}")
+string(REPLACE "," ";" _features "${FEATURES}")
+foreach(f IN LISTS _features)
+  if(NOT last_output MATCHES "${f}=1")
+    message(FATAL_ERROR "the consumer did not get elastic::${f} (${MODE}): it printed '${last_output}'")
+  endif()
+endforeach()
+string(STRIP "${last_output}" last_output)
+message(STATUS "consumer_features (${MODE}): ${last_output}")
