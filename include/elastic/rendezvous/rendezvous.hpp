@@ -580,7 +580,9 @@ class rendezvous {
         current_.round > 0 ? fmt::format("{}:{}", current_.round, current_.rank) : std::string("new");
     store_.set(mine, incarnation_ + " " + prev, lease_.load());
     const std::string closed_key = key_round(r, "closed");
-    std::optional<clock::time_point> quorum_since;
+    // When min_nodes had joined (max(): not yet). Not an optional: GCC 12 warns of a maybe-
+    // uninitialized optional<time_point> here at -O2, which users building with -Werror would hit.
+    clock::time_point quorum_since = clock::time_point::max();
     for (;;) {
       const auto outcome = read_outcome(r);
       if (outcome.kind == detail::round_outcome::state::members) {
@@ -602,10 +604,10 @@ class rendezvous {
       const auto now = clock::now();
       bool close = joins.size() >= opts_.max_nodes;
       if (!close && joins.size() >= opts_.min_nodes) {
-        if (!quorum_since) quorum_since = now;
-        close = now - *quorum_since >= opts_.last_call_timeout || expected_all_joined(r, joins);
+        if (quorum_since == clock::time_point::max()) quorum_since = now;
+        close = now - quorum_since >= opts_.last_call_timeout || expected_all_joined(r, joins);
       } else if (joins.size() < opts_.min_nodes) {
-        quorum_since.reset();
+        quorum_since = clock::time_point::max();
       }
       if (close) {
         // Of all would-be closers the store lets exactly one write; the others read its list.
