@@ -27,11 +27,7 @@
 #include <elastic/checkpoint.hpp>
 #include <elastic/comm/nccl_group.hpp>
 #include <elastic/detail/env.hpp>
-#include <elastic/rendezvous/shm_store.hpp>
-#include <elastic/rendezvous/store_url.hpp>
-#if ELASTIC_WITH_ETCD
-#include <elastic/rendezvous/etcd_store.hpp>
-#endif
+#include <elastic/rendezvous/open_store.hpp>
 
 namespace {
 
@@ -76,18 +72,6 @@ struct cuda_stream {
   cuda_stream& operator=(const cuda_stream&) = delete;
 };
 
-std::unique_ptr<elastic::rendezvous::store> open_store(const std::string& text) {
-  const auto url = elastic::rendezvous::parse_store_url(text);
-  if (url.scheme == elastic::rendezvous::store_url::kind::shm) {
-    return std::make_unique<elastic::rendezvous::shm_store>(url.name);
-  }
-#if ELASTIC_WITH_ETCD
-  return std::make_unique<elastic::rendezvous::etcd_store>(url);
-#else
-  throw elastic::error(elastic::errc::invalid_argument, "cuda_train was built without the etcd store (libcurl)");
-#endif
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -130,7 +114,7 @@ int main(int argc, char** argv) {
     elastic::checkpoint::state st;
     st.add("w", elastic::device_span(dw.p, d));
 
-    auto store = open_store(env::env_string("ELASTIC_RDZV").value_or("shm://cuda-train-" + std::to_string(::getpid())));
+    auto store = elastic::rendezvous::open_store(env::env_string("ELASTIC_RDZV").value_or("shm://cuda-train-" + std::to_string(::getpid())));
     elastic::comm::group_options go;
     go.rendezvous.min_nodes = env::env_index_or_none("ELASTIC_MIN_NODES").value_or(1);
     go.rendezvous.max_nodes = env::env_index_or_none("ELASTIC_MAX_NODES").value_or(go.rendezvous.min_nodes);

@@ -40,11 +40,7 @@
 #include <elastic/comm/gloo_group.hpp>
 #include <elastic/detail/crc32c.hpp>
 #include <elastic/detail/env.hpp>
-#include <elastic/rendezvous/shm_store.hpp>
-#include <elastic/rendezvous/store_url.hpp>
-#if ELASTIC_WITH_ETCD
-#include <elastic/rendezvous/etcd_store.hpp>
-#endif
+#include <elastic/rendezvous/open_store.hpp>
 
 namespace {
 
@@ -206,18 +202,6 @@ int predict(const float* p, const float* x) {
   return best;
 }
 
-std::unique_ptr<elastic::rendezvous::store> open_store(const std::string& url_text) {
-  const auto url = elastic::rendezvous::parse_store_url(url_text);
-  if (url.scheme == elastic::rendezvous::store_url::kind::shm) {
-    return std::make_unique<elastic::rendezvous::shm_store>(url.name);
-  }
-#if ELASTIC_WITH_ETCD
-  return std::make_unique<elastic::rendezvous::etcd_store>(url);
-#else
-  throw elastic::error(elastic::errc::invalid_argument, "digits_train was built without the etcd store (libcurl)");
-#endif
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -228,7 +212,7 @@ int main(int argc, char** argv) {
     const std::size_t n_test = data.size() / 6, n_train = data.size() - n_test;  // the last sixth is held out
     const bool first_life = env::env_string("ELASTIC_RESTART_COUNT").value_or("0") == "0";
     const std::string rdzv = env::env_string("ELASTIC_RDZV").value_or("shm://digits-" + std::to_string(::getpid()));
-    auto store = open_store(rdzv);
+    auto store = elastic::rendezvous::open_store(rdzv);
 
     // The replicated state: parameters and momentum, initialized the same on every rank.
     std::vector<float> p(params), velocity(params, 0.0f);

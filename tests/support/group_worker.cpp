@@ -35,11 +35,7 @@
 #include <elastic/comm/gloo_group.hpp>
 #include <elastic/detail/clock.hpp>
 #include <elastic/detail/crc32c.hpp>
-#include <elastic/rendezvous/shm_store.hpp>
-#include <elastic/rendezvous/store_url.hpp>
-#if ELASTIC_WITH_ETCD
-#include <elastic/rendezvous/etcd_store.hpp>
-#endif
+#include <elastic/rendezvous/open_store.hpp>
 
 namespace {
 
@@ -96,17 +92,13 @@ options parse(int argc, char** argv) {
 }
 
 std::unique_ptr<elastic::rendezvous::store> open_store(const options& o) {
-  const auto url = elastic::rendezvous::parse_store_url(o.store);
-  if (url.scheme == elastic::rendezvous::store_url::kind::shm) {
-    return std::make_unique<elastic::rendezvous::shm_store>(url.name);
-  }
 #if ELASTIC_WITH_ETCD
   elastic::rendezvous::etcd_options eo;
   eo.unavailable_timeout = o.unavailable;
   eo.request_timeout = 2s;
-  return std::make_unique<elastic::rendezvous::etcd_store>(url, eo);
+  return elastic::rendezvous::open_store(o.store, eo);
 #else
-  throw elastic::error(elastic::errc::invalid_argument, "this worker was built without the etcd store");
+  return elastic::rendezvous::open_store(o.store);
 #endif
 }
 

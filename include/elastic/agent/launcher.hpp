@@ -45,12 +45,8 @@
 #include <elastic/detail/process.hpp>
 #include <elastic/error.hpp>
 #include <elastic/events.hpp>
-#include <elastic/rendezvous/shm_store.hpp>
-#include <elastic/rendezvous/store_url.hpp>
+#include <elastic/rendezvous/open_store.hpp>
 #include <elastic/timer/watchdog.hpp>
-#if ELASTIC_WITH_ETCD
-#include <elastic/rendezvous/etcd_store.hpp>
-#endif
 
 extern char** environ;
 
@@ -152,18 +148,10 @@ class launcher {
     sigfd_ = elastic::detail::unique_fd(::signalfd(-1, &sigs, SFD_CLOEXEC | SFD_NONBLOCK));
     if (!sigfd_) throw os_error("cannot make a signalfd");
 
-    if (url.scheme == rendezvous::store_url::kind::shm) {
-      store_ = std::make_unique<rendezvous::shm_store>(url.name);
-      // The default store is this run's alone: removed at the end. One given with --rdzv may be
-      // shared with other launchers and is left alone.
-      if (own_default_store) own_shm_store_ = url.name;
-    } else {
-#if ELASTIC_WITH_ETCD
-      store_ = std::make_unique<rendezvous::etcd_store>(url);
-#else
-      throw error(errc::invalid_argument, "this elastic-run was built without the etcd store (libcurl): use shm://");
-#endif
-    }
+    store_ = rendezvous::open_store(opts_.rdzv);
+    // The default store is this run's alone: removed at the end. One given with --rdzv may be
+    // shared with other launchers and is left alone.
+    if (own_default_store && url.scheme == rendezvous::store_url::kind::shm) own_shm_store_ = url.name;
     // Per launcher: two launchers of a run may share a host (and /dev/shm), as in tests.
     watchdog_name_ = fmt::format("elastic-{}-{}", opts_.run_id, ::getpid());
     timer::watchdog_options wo;
