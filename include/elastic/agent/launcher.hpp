@@ -277,7 +277,9 @@ class launcher {
     }
     for (int fd : {s.proc.stdout_fd(), s.proc.stderr_fd()}) ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
     if (s.starts > 0) ++report_.restarts;
-    s.log->note(fmt::format("worker {} started: pid {}, restart {}, {}", s.index, s.proc.pid(), s.starts, join_command()));
+    // The command once per log (it is in launcher_start too); the console stays readable.
+    s.log->note(s.starts == 0 ? fmt::format("worker {} started: pid {}, restart 0: {}", s.index, s.proc.pid(), join_command())
+                              : fmt::format("worker {} started: pid {}, restart {}", s.index, s.proc.pid(), s.starts));
     events_.emit(s.starts == 0 ? "worker_start" : "worker_restart",
                  {{"slot", s.index}, {"worker_pid", s.proc.pid()}, {"restart_count", s.starts}});
     ++s.starts;
