@@ -12,7 +12,10 @@ trap 'rm -rf "$tmp"' EXIT
 if [ -f "$installed" ]; then
   cp "$installed" "$tmp/digits.csv.gz"
 else
-  (cd "$tmp" && apt-get download python3-sklearn >/dev/null 2>&1) || { echo "fetch_digits: apt-get download python3-sklearn failed" >&2; exit 1; }
+  # A fresh machine may have no package lists yet: refresh them once and try again.
+  (cd "$tmp" && apt-get download python3-sklearn >/dev/null 2>&1) ||
+    { [ "$(id -u)" -eq 0 ] && apt-get update -qq >/dev/null 2>&1 && (cd "$tmp" && apt-get download python3-sklearn >/dev/null 2>&1); } ||
+    { echo "fetch_digits: apt-get download python3-sklearn failed" >&2; exit 1; }
   dpkg-deb -x "$tmp"/python3-sklearn_*.deb "$tmp/x"
   cp "$tmp/x/usr/lib/python3/dist-packages/sklearn/datasets/data/digits.csv.gz" "$tmp/digits.csv.gz"
 fi
