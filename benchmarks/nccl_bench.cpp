@@ -70,7 +70,7 @@ BENCHMARK(BM_abort)->Unit(benchmark::kMillisecond)->Iterations(20);
 
 void BM_shrink(benchmark::State& state) {
   if (!have_gpu(state)) return;
-  if constexpr (!comm::nccl_communicator::can_shrink) {
+  if (!comm::nccl_communicator::can_shrink()) {
     state.SkipWithError("this NCCL has no ncclCommShrink (needs 2.27)");
     return;
   } else {

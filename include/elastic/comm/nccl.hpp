@@ -17,13 +17,15 @@
 // elastic::expires(timeout + margin) scope: should NCCL itself hang in a call we cannot bound, the
 // watchdog kills the process.
 //
-// Recovery, by the NCCL this is compiled against (NCCL_VERSION_CODE):
-//   >= 2.28  a failed collective, or revoke(), revokes the communicator (ncclCommRevoke: in-flight
-//            work stops, the handle stays usable for management); shrink() builds the survivors' one.
-//   >= 2.27  no revoke: shrink() passes NCCL_SHRINK_ABORT for a broken communicator, which stops
-//            its in-flight work first.
-//   <  2.27  no shrink: can_shrink is false, shrink() throws; the caller aborts and re-initialises
-//            from a fresh nccl_unique_id() (what elastic_group does anyway after joins).
+// Recovery, by what the NCCL headers declare AND the libnccl loaded at run time exports (a
+// program built against new headers often runs with an older library, a PyTorch wheel's say, and
+// a call to a missing symbol would end the process; so both are looked up once with dlsym):
+//   ncclCommRevoke  a failed collective, or revoke(), revokes the communicator (in-flight work
+//                   stops, the handle stays usable for management); shrink() builds the survivors'.
+//   ncclCommShrink  without revoke: shrink() passes NCCL_SHRINK_ABORT for a broken communicator,
+//                   which stops its in-flight work first.
+//   neither         can_shrink() is false, shrink() throws; the caller aborts and re-initialises
+//                   from a fresh nccl_unique_id() (what elastic_group does anyway after joins).
 #pragma once
 
 #include <elastic/config.hpp>
@@ -48,6 +50,8 @@
 #include <thread>
 #include <utility>
 #include <vector>
+
+#include <dlfcn.h>
 
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
@@ -74,6 +78,40 @@ struct nccl_options {
 };
 
 namespace detail {
+
+/// `name` in the libnccl this process runs with, or nullptr where that library predates it.
+inline void* nccl_symbol(const char* name) noexcept {
+  // The library that holds ncclGetVersion (found through the address we link against), so that
+  // an NCCL loaded RTLD_LOCAL is searched too.
+  static void* const library = [] {
+    Dl_info info{};
+    void* handle = nullptr;
+    if (::dladdr(reinterpret_cast<void*>(&ncclGetVersion), &info) != 0 && info.dli_fname != nullptr) {
+      handle = ::dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+    }
+    return handle != nullptr ? handle : RTLD_DEFAULT;
+  }();
+  return ::dlsym(library, name);
+}
+
+/// The version of the libnccl this process runs with (2.28.3 is 22803), 0 if it cannot say.
+inline int nccl_runtime_version() noexcept {
+  int v = 0;
+  return ncclGetVersion(&v) == ncclSuccess ? v : 0;
+}
+
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+inline auto nccl_shrink_fn() noexcept {
+  static const auto fn = reinterpret_cast<decltype(&ncclCommShrink)>(nccl_symbol("ncclCommShrink"));
+  return fn;
+}
+#endif
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
+inline auto nccl_revoke_fn() noexcept {
+  static const auto fn = reinterpret_cast<decltype(&ncclCommRevoke)>(nccl_symbol("ncclCommRevoke"));
+  return fn;
+}
+#endif
 
 /// The code a failed NCCL call maps to, with the advice a person can act on.
 inline std::pair<errc, std::string_view> classify(ncclResult_t r) noexcept {
@@ -185,10 +223,22 @@ class nccl_communicator {
  public:
   /// Collectives take device memory; elastic_group resyncs device state through it directly.
   static constexpr bool takes_device_memory = true;
-  /// Whether this build's NCCL can revoke a communicator (ncclCommRevoke, NCCL >= 2.28).
-  static constexpr bool can_revoke = NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0);
-  /// Whether this build's NCCL can shrink a communicator (ncclCommShrink, NCCL >= 2.27).
-  static constexpr bool can_shrink = NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0);
+  /// Whether the headers and the libnccl this process runs with both have ncclCommRevoke (2.28).
+  static bool can_revoke() noexcept {
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
+    return detail::nccl_revoke_fn() != nullptr;
+#else
+    return false;
+#endif
+  }
+  /// Whether the headers and the libnccl this process runs with both have ncclCommShrink (2.27).
+  static bool can_shrink() noexcept {
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+    return detail::nccl_shrink_fn() != nullptr;
+#else
+    return false;
+#endif
+  }
 
   /// Joins rank `rank` of `size` on CUDA device `device`, from the leader's nccl_unique_id()
   /// `bootstrap`. Waits at most `timeout` for every rank to connect (then aborts and throws
@@ -322,17 +372,16 @@ class nccl_communicator {
   /// with ncclCommShrink: every surviving rank calls it with the same list; the new ranks keep
   /// their order and close the gaps. Works on a broken communicator (that is what it is for),
   /// not on an aborted one. The new communicator gets a stream of its own unless this one ran on
-  /// the caller's stream, and waits at most `timeout` for the survivors. Needs can_shrink.
+  /// the caller's stream, and waits at most `timeout` for the survivors. Needs can_shrink().
   [[nodiscard]] std::unique_ptr<nccl_communicator> shrink(std::span<const int> excluded_ranks,
                                                           std::chrono::milliseconds timeout) {
-    if constexpr (!can_shrink) {
-      (void)excluded_ranks;
-      (void)timeout;
-      throw error(errc::invalid_argument,
-                  fmt::format("nccl shrink on rank {}: this build's NCCL {} has no ncclCommShrink (needs 2.27): "
-                              "abort and build a new communicator from a fresh nccl_unique_id()",
-                              rank_, NCCL_VERSION_CODE));
-    } else {
+#if NCCL_VERSION_CODE < NCCL_VERSION(2, 27, 0)
+    (void)excluded_ranks;
+    (void)timeout;
+    throw no_shrink();
+#else
+    {
+      if (!can_shrink()) throw no_shrink();
       if (aborted_.load(std::memory_order_acquire)) {
         throw error(errc::invalid_argument, where("shrink") + ": the communicator was aborted; shrink before abort(), "
                                                               "or build a new one from a fresh nccl_unique_id()");
@@ -387,7 +436,7 @@ class nccl_communicator {
         // A broken communicator may still have work in flight: once revoked (NCCL >= 2.28) it is
         // stopped already; otherwise NCCL_SHRINK_ABORT stops it before shrinking.
         const int flags = ok() || revoked_ ? NCCL_SHRINK_DEFAULT : NCCL_SHRINK_ABORT;
-        r = ncclCommShrink(comm_, excluded.data(), static_cast<int>(excluded.size()), &comm, &config, flags);
+        r = detail::nccl_shrink_fn()(comm_, excluded.data(), static_cast<int>(excluded.size()), &comm, &config, flags);
       }
       if (r != ncclSuccess && r != ncclInProgress) {
         error e = detail::nccl_failure(r, where("ncclCommShrink"), comm);
@@ -397,6 +446,7 @@ class nccl_communicator {
       next->finish_creation(comm, deadline, "shrinking (ncclCommShrink)");
       return next;
     }
+#endif
   }
 
   nccl_communicator(nccl_communicator&&) = delete;  // the watcher thread holds `this`
@@ -507,11 +557,18 @@ class nccl_communicator {
   // Without, leave it: shrink() uses NCCL_SHRINK_ABORT, abort()/the destructor abort it.
   void stop_in_flight_locked() noexcept {
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
-    if (comm_ != nullptr && !revoked_) {
-      ncclCommRevoke(comm_, NCCL_REVOKE_DEFAULT);
+    if (comm_ != nullptr && !revoked_ && can_revoke()) {
+      detail::nccl_revoke_fn()(comm_, NCCL_REVOKE_DEFAULT);
       revoked_ = true;
     }
 #endif
+  }
+
+  error no_shrink() const {
+    return error(errc::invalid_argument,
+                 fmt::format("nccl shrink on rank {}: ncclCommShrink needs NCCL 2.27; this program was built against "
+                             "{} and runs with {}: abort and build a new communicator from a fresh nccl_unique_id()",
+                             rank_, NCCL_VERSION_CODE, detail::nccl_runtime_version()));
   }
 
   void check_root(int root, std::string_view what) const {

@@ -8,8 +8,8 @@ int main() {
   std::printf("cuda=%d nccl=%d gloo=%d etcd=%d\n", ELASTIC_WITH_CUDA, ELASTIC_WITH_NCCL, ELASTIC_WITH_GLOO,
               ELASTIC_WITH_ETCD);
 #if ELASTIC_WITH_NCCL
-  std::printf("nccl shrink=%d revoke=%d\n", elastic::comm::nccl_communicator::can_shrink ? 1 : 0,
-              elastic::comm::nccl_communicator::can_revoke ? 1 : 0);
+  std::printf("nccl shrink=%d revoke=%d\n", elastic::comm::nccl_communicator::can_shrink() ? 1 : 0,
+              elastic::comm::nccl_communicator::can_revoke() ? 1 : 0);
 #endif
   return 0;
 }
