@@ -377,6 +377,39 @@ TEST_CASE("a staging budget too small for the state is refused up front") {
   CHECK(c.staging_slots() == 1);
 }
 
+TEST_CASE("try_snapshot never waits for a slot: with none free it does nothing and says so") {
+  elastic::test::temp_dir tmp;
+  model a(3);
+  auto o = opts(tmp.file("ckpt"), tmp.file("e"));
+  o.staging_budget = a.st.fixed_bytes() + 4096;  // one slot: busy from snapshot() until durable
+  ck::checkpointer c(a.st, o);
+  REQUIRE(c.staging_slots() == 1);
+  // Right after a snapshot its slot is still being copied and written, so the next try finds
+  // none free; a machine fast enough to finish first just takes the snapshot, so try a few times.
+  std::uint64_t step = 0, taken = 0, refused = 0;
+  for (int i = 0; i < 20 && refused == 0; ++i) {
+    c.snapshot(++step);
+    ++taken;
+    const auto before = c.stats().snapshots;
+    if (c.try_snapshot(++step)) {
+      ++taken;
+      CHECK(c.stats().snapshots == before + 1);
+    } else {
+      ++refused;
+      CHECK(c.stats().snapshots == before);  // nothing staged, nothing queued
+      --step;
+    }
+    c.before_update();
+  }
+  CHECK(refused == 1);
+  c.wait_durable();
+  CHECK(c.stats().snapshots == taken);
+  model b(0);
+  ck::checkpointer r(b.st, opts(tmp.file("ckpt"), tmp.file("e")));
+  REQUIRE(r.restore()->step == step);
+  CHECK(b.same_as(a));
+}
+
 namespace {
 
 /// The loop's side of the group contract, scripted: which steps fail, which step the group

@@ -133,54 +133,19 @@ class checkpointer {
     std::unique_lock lk(mu_);
     // Backpressure: with every slot still being written, wait (the stall is counted).
     cv_.wait(lk, [&] { return free_slot_locked() != nullptr; });
-    slot& s = *free_slot_locked();
-    s.phase = slot_phase::filling;  // ours while we fill it unlocked
-    lk.unlock();
+    fill(*free_slot_locked(), lk, t0, step, std::move(metadata), stream);
+  }
 
-    s.step = step;
-    s.metadata = std::move(metadata);
-    s.staged.clear();
-    s.objects.clear();
-    s.objects.reserve(st_.entries().size());
-    s.has_host_copies = false;
-    s.has_device_copies = false;
-    const auto& entries = st_.entries();
-    for (std::size_t i = 0; i < entries.size(); ++i) {
-      const entry& e = entries[i];
-      if (e.kind == entry_kind::object) {
-        auto& bytes = s.objects.emplace_back();
-        e.save(bytes);
-        s.staged.push_back({&e, std::span<const std::byte>(bytes)});
-        continue;
-      }
-      std::byte* dst = s.memory.data() + offsets_[i];
-      if (e.kind == entry_kind::value) {
-        std::memcpy(dst, e.data, e.bytes);
-      } else if (e.where == location::device) {
-        if (!s.has_device_copies) {
-          // The copies start once everything queued on the user's stream before now is done.
-          s.ready.record(stream);
-          s.ready.make_wait(side_.get());
-        }
-        detail::cuda::copy_to_host_async(dst, e.data, e.bytes, side_.get());
-        s.has_device_copies = true;
-      } else {
-        s.has_host_copies = true;
-      }
-      s.staged.push_back({&e, std::span<const std::byte>(dst, e.bytes)});
-    }
-    if (s.has_device_copies) s.copied.record(side_.get());
-
-    lk.lock();
-    s.phase = slot_phase::copying;
-    s.sequence = ++sequence_;
-    fence_slot_ = &s;
-    ++stats_.snapshots;
-    const double stall = seconds_since(t0);
-    stats_.stall_seconds += stall;
-    stats_.last_stall_seconds = stall;
-    lk.unlock();
-    cv_.notify_all();
+  /// snapshot(), unless every staging slot is still being written: then nothing happens and it
+  /// returns false at once (persistence is behind; a caller that can wait a step tries again).
+  bool try_snapshot(std::uint64_t step, std::map<std::string, std::string> metadata = {},
+                    stream_handle stream = nullptr) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::unique_lock lk(mu_);
+    slot* s = free_slot_locked();
+    if (s == nullptr) return false;
+    fill(*s, lk, t0, step, std::move(metadata), stream);
+    return true;
   }
 
   /// The fence before the optimizer overwrites the state: host buffers of the newest snapshot
@@ -277,6 +242,58 @@ class checkpointer {
         s->copied = detail::cuda::event::create();
       }
     }
+  }
+
+  // Stages the state into slot `s` (free, found under `lk`) and hands it to the writer.
+  void fill(slot& s, std::unique_lock<std::mutex>& lk, std::chrono::steady_clock::time_point t0, std::uint64_t step,
+            std::map<std::string, std::string> metadata, stream_handle stream) {
+    s.phase = slot_phase::filling;  // ours while we fill it unlocked
+    lk.unlock();
+
+    s.step = step;
+    s.metadata = std::move(metadata);
+    s.staged.clear();
+    s.objects.clear();
+    s.objects.reserve(st_.entries().size());
+    s.has_host_copies = false;
+    s.has_device_copies = false;
+    const auto& entries = st_.entries();
+    for (std::size_t i = 0; i < entries.size(); ++i) {
+      const entry& e = entries[i];
+      if (e.kind == entry_kind::object) {
+        auto& bytes = s.objects.emplace_back();
+        e.save(bytes);
+        s.staged.push_back({&e, std::span<const std::byte>(bytes)});
+        continue;
+      }
+      std::byte* dst = s.memory.data() + offsets_[i];
+      if (e.kind == entry_kind::value) {
+        std::memcpy(dst, e.data, e.bytes);
+      } else if (e.where == location::device) {
+        if (!s.has_device_copies) {
+          // The copies start once everything queued on the user's stream before now is done.
+          s.ready.record(stream);
+          s.ready.make_wait(side_.get());
+        }
+        detail::cuda::copy_to_host_async(dst, e.data, e.bytes, side_.get());
+        s.has_device_copies = true;
+      } else {
+        s.has_host_copies = true;
+      }
+      s.staged.push_back({&e, std::span<const std::byte>(dst, e.bytes)});
+    }
+    if (s.has_device_copies) s.copied.record(side_.get());
+
+    lk.lock();
+    s.phase = slot_phase::copying;
+    s.sequence = ++sequence_;
+    fence_slot_ = &s;
+    ++stats_.snapshots;
+    const double stall = seconds_since(t0);
+    stats_.stall_seconds += stall;
+    stats_.last_stall_seconds = stall;
+    lk.unlock();
+    cv_.notify_all();
   }
 
   slot* free_slot_locked() {

@@ -191,6 +191,9 @@ class training_loop {
   [[nodiscard]] std::uint64_t completed_steps() const noexcept { return next_; }
   /// Steps run again because a collective of theirs failed (elastic groups only).
   [[nodiscard]] std::uint64_t redone_steps() const noexcept { return redone_; }
+  /// Steps at which the adaptive policy put a due snapshot off because persistence was behind
+  /// (both staging slots still being written); one snapshot put off three steps counts three.
+  [[nodiscard]] std::uint64_t deferred_snapshots() const noexcept { return deferred_; }
   /// The checkpoint interval in steps now in force (the adaptive policy's choice, if enabled).
   [[nodiscard]] std::uint64_t interval_steps() const noexcept { return interval_; }
   [[nodiscard]] checkpoint::checkpointer& checkpointer() noexcept { return ckpt_; }
@@ -269,7 +272,18 @@ class training_loop {
     if (due(now) && writer()) {
       const auto before = ckpt_.stats();
       const auto t0 = std::chrono::steady_clock::now();
-      ckpt_.snapshot(next_, {}, opts_.stream);
+      // Under a fixed interval the loop waits for a staging slot (the interval is a promise of
+      // how little work a failure loses); under the adaptive policy it never waits on the disk:
+      // the snapshot is taken at the first step after one frees up.
+      if (opts_.max_overhead > 0) {
+        if (!ckpt_.try_snapshot(next_, {}, opts_.stream)) {
+          ++deferred_;
+          begin_step();
+          return true;
+        }
+      } else {
+        ckpt_.snapshot(next_, {}, opts_.stream);
+      }
       if (!in_flight_) {  // the cost of one checkpoint at a time is tracked
         inflight_cost_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         tracked_done_ = before.snapshots;  // persisted in order: done once all before it and it are
@@ -335,6 +349,7 @@ class training_loop {
                   {"signal", preemption_handler::requested()},
                   {"snapshots", s.snapshots},
                   {"stall_s", s.stall_seconds},
+                  {"deferred", deferred_},
                   {"durable_step", s.last_durable_step ? static_cast<long long>(*s.last_durable_step) : -1LL}});
   }
 
@@ -373,6 +388,7 @@ class training_loop {
   std::optional<timer::scope> scope_;
   loop_reason reason_ = loop_reason::running;
   std::uint64_t start_ = 0, next_ = 0, interval_ = 0, last_snapshot_step_ = 0, redone_ = 0;
+  std::uint64_t deferred_ = 0;  // steps at which a due snapshot was put off (adaptive policy)
   std::chrono::steady_clock::time_point step_started_{}, last_snapshot_time_{std::chrono::steady_clock::now()};
   double step_ema_ = 0;       // undisturbed step time
   double inflight_cost_ = 0;  // seconds the newest checkpoint has cost the loop so far
