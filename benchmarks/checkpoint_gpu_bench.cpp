@@ -1,0 +1,272 @@
+// Device snapshots on a real GPU (Google Benchmark), each next to its limit in the same run:
+//   BM_device_snapshot/MiB   snapshot() + before_update() of device memory: how long the host is
+//                            blocked (should be microseconds: both only queue work) and how long
+//                            until the stream has passed the fence, vs one cudaMemcpyAsync of the
+//                            same bytes into pinned memory (the device-to-host limit)
+//   BM_device_restore/MiB    restore() into device memory vs pread() of the same file plus one
+//                            cudaMemcpy to the device
+//   BM_gpu_training_overhead a training loop over 1 GiB of device weights whose step is an fp32
+//                            GEMM (forward/backward) and a pass over the weights (the update),
+//                            checkpointing every N steps (or the adaptive policy at 1%) vs never
+//
+//   checkpoint_gpu_bench [--dir=PATH] [google benchmark flags]   (default dir: $TMPDIR or /tmp)
+// Without a GPU every row reports an error and measures nothing.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <benchmark/benchmark.h>
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <elastic/checkpoint.hpp>
+#include <elastic/detail/file.hpp>
+
+namespace fs = std::filesystem;
+namespace ck = elastic::checkpoint;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+fs::path g_root;
+
+double since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+bool ok(benchmark::State& state, cudaError_t rc, const char* what) {
+  if (rc == cudaSuccess) return true;
+  state.SkipWithError((std::string(what) + ": " + cudaGetErrorString(rc)).c_str());
+  return false;
+}
+bool have_gpu(benchmark::State& state) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) {
+    state.SkipWithError("no CUDA device");
+    return false;
+  }
+  return true;
+}
+
+/// Device memory, pinned host memory and a stream, freed with the object.
+struct device_bytes {
+  void* p = nullptr;
+  explicit device_bytes(std::size_t n) {
+    if (cudaMalloc(&p, n) == cudaSuccess) cudaMemset(p, 0x5a, n);
+  }
+  ~device_bytes() { cudaFree(p); }
+  device_bytes(const device_bytes&) = delete;
+  device_bytes& operator=(const device_bytes&) = delete;
+};
+struct pinned_bytes {
+  void* p = nullptr;
+  explicit pinned_bytes(std::size_t n) {
+    if (cudaMallocHost(&p, n) == cudaSuccess) std::memset(p, 0, n);
+  }
+  ~pinned_bytes() { cudaFreeHost(p); }
+  pinned_bytes(const pinned_bytes&) = delete;
+  pinned_bytes& operator=(const pinned_bytes&) = delete;
+};
+struct stream {
+  cudaStream_t s = nullptr;
+  stream() { cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking); }
+  ~stream() { cudaStreamDestroy(s); }
+  stream(const stream&) = delete;
+  stream& operator=(const stream&) = delete;
+};
+
+fs::path fresh_dir(const std::string& name) {
+  const fs::path d = g_root / name;
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+ck::checkpointer_options opts(const fs::path& dir) {
+  return {.dir = dir, .keep_last = 1, .rank = 0, .world_size = 1, .events = elastic::event_log()};
+}
+
+void BM_device_snapshot(benchmark::State& state) {
+  if (!have_gpu(state)) return;
+  const std::size_t bytes = static_cast<std::size_t>(state.range(0)) << 20;
+  device_bytes w(bytes);
+  pinned_bytes raw_dst(bytes);
+  stream s;
+  if (!w.p || !raw_dst.p || !s.s) return state.SkipWithError("could not allocate device/pinned memory");
+  ck::state st;
+  st.add("w", elastic::device_span(static_cast<std::byte*>(w.p), bytes));
+  const auto dir = fresh_dir("snapshot");
+  std::vector<double> host_block, fence, raw, ratio;
+  {
+    ck::checkpointer c(st, opts(dir));
+    std::uint64_t step = 0;
+    for (auto _ : state) {
+      auto t0 = clock_type::now();
+      c.snapshot(++step, {}, s.s);
+      c.before_update(s.s);
+      host_block.push_back(since(t0));
+      if (!ok(state, cudaStreamSynchronize(s.s), "cudaStreamSynchronize")) break;
+      const double f = since(t0);
+      fence.push_back(f);
+      state.SetIterationTime(f);
+      t0 = clock_type::now();
+      cudaMemcpyAsync(raw_dst.p, w.p, bytes, cudaMemcpyDeviceToHost, s.s);
+      if (!ok(state, cudaStreamSynchronize(s.s), "cudaMemcpyAsync")) break;
+      const double r = since(t0);
+      raw.push_back(r);
+      ratio.push_back(f / r);
+      c.wait_durable();  // persistence runs beside training; not part of what is measured
+    }
+  }
+  state.counters["host_block_us"] = median(host_block) * 1e6;
+  state.counters["fence_ms"] = median(fence) * 1e3;
+  state.counters["raw_d2h_ms"] = median(raw) * 1e3;
+  state.counters["raw_d2h_GB_s"] = static_cast<double>(bytes) / median(raw) / 1e9;
+  state.counters["x_raw_d2h"] = median(ratio);
+  fs::remove_all(dir);
+}
+
+void BM_device_restore(benchmark::State& state) {
+  if (!have_gpu(state)) return;
+  const std::size_t bytes = static_cast<std::size_t>(state.range(0)) << 20;
+  device_bytes w(bytes);
+  pinned_bytes staging(bytes);
+  if (!w.p || !staging.p) return state.SkipWithError("could not allocate device/pinned memory");
+  ck::state st;
+  st.add("w", elastic::device_span(static_cast<std::byte*>(w.p), bytes));
+  const auto dir = fresh_dir("restore");
+  {
+    ck::checkpointer c(st, opts(dir));
+    c.snapshot(1);
+    c.wait_durable();
+  }
+  const fs::path data = dir / ck::format::step_dir_name(1) / ck::format::rank_data_name(0);
+  std::vector<double> ours, raw, ratio;
+  for (auto _ : state) {
+    // Both from the page cache (a warm read): this measures our path, not the disk.
+    auto t0 = clock_type::now();
+    {
+      auto fd = elastic::detail::open_file(data, O_RDONLY);
+      elastic::detail::pread_all(fd.get(), staging.p, bytes, 0, data);
+      if (!ok(state, cudaMemcpy(w.p, staging.p, bytes, cudaMemcpyHostToDevice), "cudaMemcpy")) break;
+    }
+    const double r = since(t0);
+    ck::checkpointer c(st, opts(dir));
+    t0 = clock_type::now();
+    if (!c.restore()) state.SkipWithError("restore found nothing");
+    const double o = since(t0);
+    state.SetIterationTime(o);
+    ours.push_back(o);
+    raw.push_back(r);
+    ratio.push_back(o / r);
+  }
+  state.counters["ours_ms"] = median(ours) * 1e3;
+  state.counters["pread_h2d_ms"] = median(raw) * 1e3;
+  state.counters["x_pread_h2d"] = median(ratio);
+  fs::remove_all(dir);
+}
+
+/// Seconds for `steps` steps over 1 GiB of device weights: an 8192^3 fp32 GEMM stands for
+/// forward/backward, then a pass that scales the weights stands for the optimizer update.
+/// Checkpoints every `every` steps (0: never; -1: the adaptive policy at 1%).
+double train_seconds(long every, int steps, std::uint64_t* interval) {
+  const std::size_t n = (1u << 30) / sizeof(float);
+  const int m = 8192;
+  device_bytes w(n * sizeof(float)), a(std::size_t(m) * m * 4), b(std::size_t(m) * m * 4), c(std::size_t(m) * m * 4);
+  stream s;
+  cublasHandle_t h = nullptr;
+  cublasCreate(&h);
+  cublasSetStream(h, s.s);
+  const auto dir = fresh_dir("train");
+  ck::state st;
+  st.add("w", elastic::device_span(static_cast<float*>(w.p), n));
+  elastic::training_loop loop({.dir = dir,
+                               .steps = static_cast<std::uint64_t>(steps),
+                               .every_steps = every > 0 ? static_cast<std::uint64_t>(every) : 0,
+                               .keep_last = 1,
+                               .max_overhead = every < 0 ? 0.01 : 0.0,
+                               .checkpoint_at_end = false,
+                               .handle_signals = false,
+                               .stream = s.s,
+                               .rank = 0,
+                               .world_size = 1,
+                               .events = elastic::event_log()},
+                              st);
+  const float one = 1.0f, zero = 0.0f, decay = 0.999f;
+  const auto t0 = clock_type::now();
+  for (auto& step : loop) {
+    cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, m, m, m, &one, static_cast<float*>(a.p), m, static_cast<float*>(b.p), m,
+                &zero, static_cast<float*>(c.p), m);
+    step.before_update(s.s);
+    cublasSscal(h, static_cast<int>(n), &decay, static_cast<float*>(w.p), 1);
+    // A trainer reads its loss each step; this is where the host waits for the GPU.
+    cudaStreamSynchronize(s.s);
+  }
+  const double sec = since(t0);
+  if (interval) *interval = loop.interval_steps();
+  cublasDestroy(h);
+  return sec;
+}
+
+void BM_gpu_training_overhead(benchmark::State& state) {
+  if (!have_gpu(state)) return;
+  const long every = state.range(0);
+  const int steps = 200;
+  std::vector<double> ratio;
+  std::uint64_t interval = 0;
+  double with_s = 0, base_s = 0;
+  for (auto _ : state) {
+    for (int rep = 0; rep < 3; ++rep) {
+      base_s = train_seconds(0, steps, nullptr);
+      with_s = train_seconds(every, steps, &interval);
+      ratio.push_back(with_s / base_s);
+    }
+    state.SetIterationTime(with_s);
+  }
+  state.counters["overhead_pct"] = (median(ratio) - 1) * 100;
+  state.counters["step_ms"] = base_s / steps * 1e3;
+  state.counters["every_steps"] = static_cast<double>(interval);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  g_root = std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp";
+  for (int i = 1; i < argc; ++i) {
+    if (std::strncmp(argv[i], "--dir=", 6) == 0) {
+      g_root = argv[i] + 6;
+      for (int j = i; j + 1 < argc; ++j) argv[j] = argv[j + 1];
+      --argc;
+      --i;
+    }
+  }
+  g_root /= "elastic-checkpoint-gpu-bench-" + std::to_string(::getpid());
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  for (long mib : {256L, 1024L, 4096L}) {
+    benchmark::RegisterBenchmark(("BM_device_snapshot/" + std::to_string(mib)).c_str(), BM_device_snapshot)
+        ->Arg(mib)->Iterations(mib >= 4096 ? 3 : 5)->UseManualTime()->Unit(benchmark::kMillisecond);
+  }
+  for (long mib : {256L, 1024L}) {
+    benchmark::RegisterBenchmark(("BM_device_restore/" + std::to_string(mib)).c_str(), BM_device_restore)
+        ->Arg(mib)->Iterations(5)->UseManualTime()->Unit(benchmark::kMillisecond);
+  }
+  for (long every : {10L, 50L, -1L}) {
+    benchmark::RegisterBenchmark(
+        ("BM_gpu_training_overhead/every:" + (every < 0 ? std::string("adaptive") : std::to_string(every))).c_str(),
+        BM_gpu_training_overhead)
+        ->Arg(every)->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond);
+  }
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  fs::remove_all(g_root);
+  return 0;
+}
