@@ -25,15 +25,17 @@
 #include <elastic/checkpoint.hpp>
 #include <elastic/detail/file.hpp>
 
+#include "bench_common.hpp"
+
 namespace fs = std::filesystem;
 namespace ck = elastic::checkpoint;
-using clock_type = std::chrono::steady_clock;
+using elastic::bench::clock_type;
+using elastic::bench::median;
+using elastic::bench::since;
 
 namespace {
 
-fs::path g_root;
-
-double since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
+const elastic::bench::scratch_dir* g_scratch = nullptr;
 
 /// Pre-faulted memory of `bytes` filled with a pattern (no lazy zero pages in the measurement).
 std::unique_ptr<std::byte[]> filled(std::size_t bytes) {
@@ -50,12 +52,7 @@ void evict(const fs::path& p) {
   ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_DONTNEED);
 }
 
-fs::path fresh_dir(const std::string& name) {
-  const fs::path d = g_root / name;
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
+fs::path fresh_dir(const std::string& name) { return g_scratch->fresh(name); }
 
 ck::checkpointer_options opts(const fs::path& dir) {
   return {.dir = dir, .keep_last = 1, .rank = 0, .world_size = 1, .events = elastic::event_log()};
@@ -92,11 +89,6 @@ void BM_snapshot_stall(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<std::int64_t>(bytes) * state.iterations());
   c.reset();  // finishes its housekeeping before the directory goes
   fs::remove_all(dir);
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
 }
 
 void BM_persist(benchmark::State& state) {
@@ -254,16 +246,8 @@ void BM_training_overhead(benchmark::State& state) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  g_root = std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp";
-  for (int i = 1; i < argc; ++i) {
-    if (std::strncmp(argv[i], "--dir=", 6) == 0) {
-      g_root = argv[i] + 6;
-      for (int j = i; j + 1 < argc; ++j) argv[j] = argv[j + 1];
-      --argc;
-      --i;
-    }
-  }
-  g_root /= "elastic-checkpoint-bench-" + std::to_string(::getpid());
+  const elastic::bench::scratch_dir scratch(argc, argv, "elastic-checkpoint-bench");
+  g_scratch = &scratch;
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   for (long mib : {64L, 256L, 1024L, 4096L}) {
@@ -284,6 +268,5 @@ int main(int argc, char** argv) {
   }
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
-  fs::remove_all(g_root);
   return 0;
 }

@@ -29,32 +29,24 @@
 #include <elastic/checkpoint.hpp>
 #include <elastic/detail/file.hpp>
 
+#include "bench_common.hpp"
+#include "gpu_check.hpp"
+
 namespace fs = std::filesystem;
 namespace ck = elastic::checkpoint;
-using clock_type = std::chrono::steady_clock;
+using elastic::bench::clock_type;
+using elastic::bench::have_gpu;
+using elastic::bench::median;
+using elastic::bench::since;
 
 namespace {
 
-fs::path g_root;
-
-double since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
+const elastic::bench::scratch_dir* g_scratch = nullptr;
 
 bool ok(benchmark::State& state, cudaError_t rc, const char* what) {
   if (rc == cudaSuccess) return true;
   state.SkipWithError((std::string(what) + ": " + cudaGetErrorString(rc)).c_str());
   return false;
-}
-bool have_gpu(benchmark::State& state) {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) {
-    state.SkipWithError("no CUDA device");
-    return false;
-  }
-  return true;
 }
 
 /// Device memory, pinned host memory and a stream, freed with the object.
@@ -84,12 +76,7 @@ struct stream {
   stream& operator=(const stream&) = delete;
 };
 
-fs::path fresh_dir(const std::string& name) {
-  const fs::path d = g_root / name;
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
+fs::path fresh_dir(const std::string& name) { return g_scratch->fresh(name); }
 ck::checkpointer_options opts(const fs::path& dir) {
   return {.dir = dir, .keep_last = 1, .rank = 0, .world_size = 1, .events = elastic::event_log()};
 }
@@ -239,16 +226,8 @@ void BM_gpu_training_overhead(benchmark::State& state) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  g_root = std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp";
-  for (int i = 1; i < argc; ++i) {
-    if (std::strncmp(argv[i], "--dir=", 6) == 0) {
-      g_root = argv[i] + 6;
-      for (int j = i; j + 1 < argc; ++j) argv[j] = argv[j + 1];
-      --argc;
-      --i;
-    }
-  }
-  g_root /= "elastic-checkpoint-gpu-bench-" + std::to_string(::getpid());
+  const elastic::bench::scratch_dir scratch(argc, argv, "elastic-checkpoint-gpu-bench");
+  g_scratch = &scratch;
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   for (long mib : {256L, 1024L, 4096L}) {
@@ -267,6 +246,5 @@ int main(int argc, char** argv) {
   }
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
-  fs::remove_all(g_root);
   return 0;
 }

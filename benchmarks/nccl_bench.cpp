@@ -22,19 +22,14 @@
 
 #include <elastic/comm/nccl.hpp>
 
+#include "gpu_check.hpp"
+
 namespace {
 
 using namespace std::chrono_literals;
 namespace comm = elastic::comm;
 
-bool have_gpu(benchmark::State& state) {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) {
-    state.SkipWithError("no CUDA device");
-    return false;
-  }
-  return true;
-}
+using elastic::bench::have_gpu;
 
 std::unique_ptr<comm::nccl_communicator> make() {
   return std::make_unique<comm::nccl_communicator>(comm::nccl_unique_id(), 0, 1, 0, 30s);

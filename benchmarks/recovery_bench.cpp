@@ -28,6 +28,7 @@
 #include <elastic/detail/clock.hpp>
 #include <elastic/rendezvous/shm_store.hpp>
 
+#include "bench_common.hpp"
 #include "support/fleet.hpp"
 
 namespace {
@@ -37,11 +38,8 @@ using elastic::test::fleet;
 using elastic::test::num;
 using elastic::test::starts_with;
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-}
+using elastic::bench::median;
+
 double max_of(const std::vector<double>& v) { return v.empty() ? 0 : *std::max_element(v.begin(), v.end()); }
 
 struct trial {
