@@ -186,7 +186,7 @@ TEST_CASE("the worker environment follows the contract") {
                            "ELASTIC_LOCAL_WORLD_SIZE=2\n", "ELASTIC_RESTART_COUNT=0\n", 
                            "ELASTIC_RDZV=shm://elastic-envrun\n", "ELASTIC_MIN_NODES=2\n", "ELASTIC_MAX_NODES=4\n",
                            "ELASTIC_STEP_TIMEOUT=2.500\n", "ELASTIC_GRACE=7.000\n", "RANK=1\n", "WORLD_SIZE=2\n",
-                           "LOCAL_RANK=1\n"}) {
+                           "LOCAL_RANK=1\n", "ELASTIC_HOST_ADDR=127.0.0.1\n"}) {
     CHECK(e1.find(want) != std::string::npos);
   }
   CHECK(e1.find("ELASTIC_EVENTS=" + l.dir.path() + "/envrun/events.jsonl\n") != std::string::npos);
@@ -211,6 +211,7 @@ TEST_CASE("bad command lines are refused with exit 2 and the reason") {
                                                                 {"--grace", "soon", "--", worker},
                                                                 {"--bogus", "--", worker},
                                                                 {"--rdzv", "http://x", "--", worker},
+                                                                {"--host-addr", "a b", "--", worker},
                                                                 {"--nproc-per-node", "2"}}) {
     std::vector<std::string> argv{ELASTIC_RUN_TOOL};
     argv.insert(argv.end(), args.begin(), args.end());

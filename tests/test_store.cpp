@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include <elastic/rendezvous/host_address.hpp>
 #include <elastic/rendezvous/shm_store.hpp>
 #include <elastic/rendezvous/store_url.hpp>
 
@@ -236,4 +237,17 @@ TEST_CASE("store URLs parse, and bad ones say what to write") {
     CHECK(std::string(e.what()).find("use shm://NAME or etcd://HOST:PORT") != std::string::npos);
   }
   CHECK(error_of([&] { rdzv::parse_store_url("shm://a/b"); }).code() == errc::bad_name);
+}
+
+TEST_CASE("the address peers reach this host at: loopback for shm://, the route's source for etcd") {
+  CHECK(rdzv::host_address_for(rdzv::parse_store_url("shm://job-7")) == "127.0.0.1");
+  CHECK(rdzv::host_address_towards({"127.0.0.1", 2379}) == "127.0.0.1");
+  CHECK(rdzv::host_address_towards({"127.0.0.5", 2379}) == "127.0.0.1");  // all of 127/8 is lo, source .1
+  // An endpoint this host cannot send to (connect() to the broadcast address is refused without
+  // SO_BROADCAST) is passed over for the next one; with none left the error says what to do.
+  CHECK(rdzv::host_address_for(rdzv::parse_store_url("etcd://255.255.255.255:2379,127.0.0.1:2379")) == "127.0.0.1");
+  const auto e = error_of([] { (void)rdzv::host_address_for(rdzv::parse_store_url("etcd://255.255.255.255:2379")); });
+  CHECK(e.code() == errc::not_found);
+  CHECK(std::string(e.what()).find("255.255.255.255:2379") != std::string::npos);
+  CHECK(std::string(e.what()).find("--host-addr or ELASTIC_HOST_ADDR") != std::string::npos);
 }

@@ -45,6 +45,7 @@
 #include <elastic/detail/process.hpp>
 #include <elastic/error.hpp>
 #include <elastic/events.hpp>
+#include <elastic/rendezvous/host_address.hpp>
 #include <elastic/rendezvous/open_store.hpp>
 #include <elastic/timer/watchdog.hpp>
 
@@ -131,6 +132,8 @@ class launcher {
     const bool own_default_store = opts_.rdzv.empty();
     if (own_default_store) opts_.rdzv = "shm://elastic-" + opts_.run_id;
     const auto url = rendezvous::parse_store_url(opts_.rdzv);  // a bad URL fails before anything starts
+    if (opts_.host_addr.empty()) opts_.host_addr = elastic::detail::env_string("ELASTIC_HOST_ADDR").value_or("");
+    if (opts_.host_addr.empty()) opts_.host_addr = rendezvous::host_address_for(url);
     dir_ = opts_.log_dir / opts_.run_id;
     std::filesystem::create_directories(dir_);
     if (opts_.events.empty()) opts_.events = dir_ / "events.jsonl";
@@ -232,7 +235,7 @@ class launcher {
         "ELASTIC_RUN_ID=", "ELASTIC_RANK=", "ELASTIC_WORLD_SIZE=", "ELASTIC_LOCAL_RANK=", "ELASTIC_LOCAL_WORLD_SIZE=",
         "ELASTIC_RESTART_COUNT=", "ELASTIC_WATCHDOG=", "ELASTIC_RDZV=", "ELASTIC_EVENTS=", "ELASTIC_MIN_NODES=",
         "ELASTIC_MAX_NODES=", "ELASTIC_PARTICIPANT_ID=", "ELASTIC_STEP_TIMEOUT=", "ELASTIC_GRACE=", "RANK=",
-        "WORLD_SIZE=", "LOCAL_RANK=", "LOCAL_WORLD_SIZE=", "MASTER_ADDR=", "MASTER_PORT="};
+        "WORLD_SIZE=", "LOCAL_RANK=", "LOCAL_WORLD_SIZE=", "MASTER_ADDR=", "MASTER_PORT=", "ELASTIC_HOST_ADDR="};
     std::vector<std::string> env;
     for (char** e = environ; *e != nullptr; ++e) {
       const std::string_view kv(*e);
@@ -254,6 +257,7 @@ class launcher {
     set("ELASTIC_MIN_NODES", std::to_string(opts_.min_ranks));
     set("ELASTIC_MAX_NODES", std::to_string(opts_.max_nodes * opts_.nproc_per_node));
     set("ELASTIC_PARTICIPANT_ID", participant(s));
+    set("ELASTIC_HOST_ADDR", opts_.host_addr);
     if (opts_.step_timeout.count() > 0) set("ELASTIC_STEP_TIMEOUT", fmt::format("{:.3f}", opts_.step_timeout.count() / 1e3));
     set("ELASTIC_GRACE", fmt::format("{:.3f}", opts_.grace.count() / 1e3));
     set("RANK", std::to_string(s.index));

@@ -30,6 +30,7 @@ struct launch_options {
   std::size_t max_nodes = 1;
   std::size_t min_ranks = 0;        ///< the group's lower bound; 0: min_nodes * nproc_per_node
   std::string rdzv;                 ///< store URL; empty: shm://elastic-<run id>
+  std::string host_addr;            ///< what peers reach this host's workers at; empty: worked out
   std::string run_id;               ///< empty: ELASTIC_RUN_ID, else a random one
   std::size_t max_restarts = 3;     ///< failures restarted, across all workers
   std::chrono::milliseconds step_timeout{0};  ///< exported as ELASTIC_STEP_TIMEOUT (0: not set)
@@ -52,6 +53,9 @@ inline constexpr std::string_view usage_text =
     "  --min-ranks N         fewest workers the group trains with (default MIN * nproc-per-node)\n"
     "  --rdzv URL            store: shm://NAME (one host) or etcd://HOST:PORT[,HOST:PORT]\n"
     "                        (default shm://elastic-RUN_ID)\n"
+    "  --host-addr ADDR      the address workers on other hosts reach this host's workers at,\n"
+    "                        exported as ELASTIC_HOST_ADDR (default: $ELASTIC_HOST_ADDR, else\n"
+    "                        loopback for shm://, else this host's address on the route to etcd)\n"
     "  --run-id ID           the job's name in the store, the logs and the events (default\n"
     "                        $ELASTIC_RUN_ID, else random)\n"
     "  --max-restarts K      failed workers restarted before giving up (default 3); a worker\n"
@@ -153,6 +157,11 @@ inline launch_options parse_command_line(std::span<const std::string_view> args)
     } else if (flag == "--rdzv" || flag == "--rdzv-endpoint") {
       o.rdzv = std::string(val(flag));
       (void)rendezvous::parse_store_url(o.rdzv);  // a bad URL is a bad command line
+    } else if (flag == "--host-addr" || flag == "--local-addr") {
+      o.host_addr = std::string(val(flag));
+      if (o.host_addr.empty() || o.host_addr.find_first_of(" \t\n/") != std::string::npos) {
+        throw error(errc::invalid_argument, fmt::format("{} wants an IP address or host name, got '{}'", flag, o.host_addr));
+      }
     } else if (flag == "--run-id") {
       o.run_id = std::string(val(flag));
     } else if (flag == "--max-restarts") {

@@ -13,6 +13,7 @@
 
 #include <elastic/comm/elastic_group.hpp>
 #include <elastic/comm/gloo.hpp>
+#include <elastic/detail/env.hpp>
 
 namespace elastic::comm {
 
@@ -31,11 +32,18 @@ inline void ignore_sigpipe() noexcept {
 
 }  // namespace detail
 
+/// The address a Gloo rank listens on and publishes: $ELASTIC_HOST_ADDR (elastic-run sets it to
+/// this host's address towards the store, so that ranks on other hosts reach it), else loopback.
+inline std::string default_host_address() {
+  return elastic::detail::env_string("ELASTIC_HOST_ADDR").value_or("127.0.0.1");
+}
+
 /// Connects each round's Gloo communicator under the prefix the round's leader published (the
 /// rendezvous default bootstrap), every collective bounded by `timeout`. `hostname` is the
-/// address this rank listens on: loopback for ranks on one host, the host's address otherwise.
+/// address this rank listens on: loopback for ranks on one host, the host's address otherwise
+/// (by default what elastic-run worked out; see default_host_address()).
 inline communicator_factory<gloo_communicator> gloo_factory(std::chrono::milliseconds timeout,
-                                                           std::string hostname = "127.0.0.1") {
+                                                           std::string hostname = default_host_address()) {
   detail::ignore_sigpipe();
   return [timeout, hostname](rendezvous::store& s, const rendezvous::round_info& r) {
     return std::make_unique<gloo_communicator>(s, r.bootstrap, static_cast<int>(r.rank),

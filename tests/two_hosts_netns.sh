@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Two hosts on one machine: two network namespaces joined by a veth pair, each with its own
+# addresses and loopback, an etcd listening in the first. An elastic-run in each namespace
+# meets the other through etcd and their workers train as one Gloo group over the veth link,
+# which works only if each host's workers listen on, and publish, an address the other host
+# routes to (ELASTIC_HOST_ADDR), not loopback. Exits 77 (skipped) where namespaces cannot be
+# made: that needs root (CAP_SYS_ADMIN, CAP_NET_ADMIN) and iproute2.
+#   tests/two_hosts_netns.sh ELASTIC_RUN GROUP_WORKER ETCD_SERVER
+set -euo pipefail
+run="$1" worker="$2" etcd="$3"
+
+tag="elx$$"
+a="${tag}a" b="${tag}b"
+net="10.231.$(( $$ % 250 ))"
+addr_a="$net.1" addr_b="$net.2"
+work="$(mktemp -d)"
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  ip netns del "$a" 2>/dev/null || true
+  ip netns del "$b" 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null; then
+  echo "skipped: network namespaces need root and iproute2"; exit 77
+fi
+if ! ip netns add "$a" 2>"$work/err" || ! ip netns add "$b" 2>>"$work/err"; then
+  echo "skipped: cannot make network namespaces: $(cat "$work/err")"; exit 77
+fi
+ip link add "${tag}va" type veth peer name "${tag}vb"
+ip link set "${tag}va" netns "$a"
+ip link set "${tag}vb" netns "$b"
+ip -n "$a" addr add "$addr_a/24" dev "${tag}va"
+ip -n "$b" addr add "$addr_b/24" dev "${tag}vb"
+for ns in "$a" "$b"; do
+  ip -n "$ns" link set lo up
+done
+ip -n "$a" link set "${tag}va" up
+ip -n "$b" link set "${tag}vb" up
+
+# etcd on host a's veth address only: host b can reach it, nothing outside the namespaces can.
+ip netns exec "$a" "$etcd" --name two-hosts --data-dir "$work/etcd" \
+  --listen-client-urls "http://$addr_a:2379" --advertise-client-urls "http://$addr_a:2379" \
+  --listen-peer-urls "http://127.0.0.1:2380" --initial-advertise-peer-urls "http://127.0.0.1:2380" \
+  --initial-cluster "two-hosts=http://127.0.0.1:2380" >"$work/etcd.log" 2>&1 &
+pids+=($!)
+for i in $(seq 1 100); do
+  ip netns exec "$b" curl -fsS -m 1 "http://$addr_a:2379/health" >/dev/null 2>&1 && break
+  [ "$i" = 100 ] && { echo "etcd did not come up:"; tail -20 "$work/etcd.log"; exit 1; }
+  sleep 0.1
+done
+
+url="etcd://$addr_a:2379"
+for ns in "$a" "$b"; do
+  # The checkpoint directory is shared, as /shared/ckpt would be on two real hosts.
+  ip netns exec "$ns" "$run" --run-id twonets --nproc-per-node 1 --nnodes 2:2 --rdzv "$url" --quiet \
+    --log-dir "$work/logs-$ns" -- "$worker" --store "$url" --run-id twonets --min 2 --max 2 --steps 30 \
+    --dir "$work/ckpt" --dim 4096 >"$work/launcher-$ns.log" 2>&1 &
+  pids+=($!)
+done
+status=0
+for i in 1 2; do
+  p="${pids[$i]}"
+  for _ in $(seq 1 1200); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+  if kill -0 "$p" 2>/dev/null; then echo "elastic-run $i still running after 120 s"; status=1; continue; fi
+  set +e; wait "$p"; code=$?; set -e
+  [ "$code" = 0 ] || { echo "elastic-run $i exited $code"; status=1; }
+done
+
+log() { cat "$work/logs-$1/twonets/rank-0.log" 2>/dev/null || true; }
+for ns in "$a" "$b"; do
+  echo "--- host $ns"
+  grep -E "^(joined|final)|HOST_ADDR" <(log "$ns") || true
+done
+if [ "$status" != 0 ]; then
+  for ns in "$a" "$b"; do echo "--- launcher $ns"; tail -20 "$work/launcher-$ns.log"; echo "--- rank log $ns"; log "$ns" | tail -20; done
+  exit 1
+fi
+field() { grep -m1 "^$2" <(log "$1") | grep -o "$3=[^ ]*" | cut -d= -f2; }
+ra=$(field "$a" joined rank) rb=$(field "$b" joined rank)
+wa=$(field "$a" joined world) wb=$(field "$b" joined world)
+ca=$(field "$a" final crc) cb=$(field "$b" final crc)
+[ "$wa" = 2 ] && [ "$wb" = 2 ] || { echo "world sizes $wa and $wb, not 2"; exit 1; }
+[ -n "$ra" ] && [ "$ra" != "$rb" ] || { echo "ranks '$ra' and '$rb' are not distinct"; exit 1; }
+[ -n "$ca" ] && [ "$ca" = "$cb" ] || { echo "final weights differ: $ca vs $cb"; exit 1; }
+echo "two hosts ($addr_a, $addr_b) trained as one group: ranks $ra and $rb, final crc $ca on both"
