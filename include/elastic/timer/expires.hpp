@@ -50,10 +50,10 @@ class [[nodiscard]] scope {
     // Pairs with the acquire fence in read_entry(): a reader that sees any field written below
     // also sees the generation this entry had before (0), so it cannot mistake a half-written
     // entry for the previous one.
-    std::atomic_thread_fence(std::memory_order_release);
-    e.deadline_ns.store(deadline, std::memory_order_relaxed);
-    e.entered_ns.store(now, std::memory_order_relaxed);
-    e.signal.store(signal, std::memory_order_relaxed);
+    detail::seqlock_write_fence();
+    e.deadline_ns.store(deadline, detail::field_store);
+    e.entered_ns.store(now, detail::field_store);
+    e.signal.store(signal, detail::field_store);
     detail::store_name(e, name);
     e.generation.store(g, std::memory_order_release);
     b.held->head.depth.store(++b.depth, std::memory_order_release);
