@@ -132,8 +132,9 @@ class checkpointer {
     const auto t0 = std::chrono::steady_clock::now();
     std::unique_lock lk(mu_);
     // Backpressure: with every slot still being written, wait (the stall is counted).
-    cv_.wait(lk, [&] { return free_slot_locked() != nullptr; });
-    fill(*free_slot_locked(), lk, t0, step, std::move(metadata), stream);
+    slot* s = nullptr;
+    cv_.wait(lk, [&] { return (s = free_slot_locked()) != nullptr; });
+    fill(*s, lk, t0, step, std::move(metadata), stream);
   }
 
   /// snapshot(), unless every staging slot is still being written: then nothing happens and it

@@ -272,27 +272,28 @@ class training_loop {
     if (due(now) && writer()) {
       const auto before = ckpt_.stats();
       const auto t0 = std::chrono::steady_clock::now();
-      // Under a fixed interval the loop waits for a staging slot (the interval is a promise of
-      // how little work a failure loses); under the adaptive policy it never waits on the disk:
-      // the snapshot is taken at the first step after one frees up.
-      if (opts_.max_overhead > 0) {
-        if (!ckpt_.try_snapshot(next_, {}, opts_.stream)) {
-          ++deferred_;
-          begin_step();
-          return true;
+      if (take_snapshot()) {
+        if (!in_flight_) {  // the cost of one checkpoint at a time is tracked
+          inflight_cost_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          tracked_done_ = before.snapshots;  // persisted in order: done once all before it and it are
+          in_flight_ = true;
         }
+        last_snapshot_step_ = next_;
+        last_snapshot_time_ = now;
       } else {
-        ckpt_.snapshot(next_, {}, opts_.stream);
+        ++deferred_;  // due still: tried again at the end of the next step
       }
-      if (!in_flight_) {  // the cost of one checkpoint at a time is tracked
-        inflight_cost_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        tracked_done_ = before.snapshots;  // persisted in order: done once all before it and it are
-        in_flight_ = true;
-      }
-      last_snapshot_step_ = next_;
-      last_snapshot_time_ = now;
     }
     begin_step();
+    return true;
+  }
+
+  // Under a fixed interval the loop waits for a staging slot (the interval is a promise of how
+  // little work a failure loses); under the adaptive policy it never waits on the disk: with no
+  // slot free it takes nothing now, and the snapshot comes at the first step after one frees up.
+  bool take_snapshot() {
+    if (opts_.max_overhead > 0) return ckpt_.try_snapshot(next_, {}, opts_.stream);
+    ckpt_.snapshot(next_, {}, opts_.stream);
     return true;
   }
 
