@@ -14,10 +14,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <chrono>
-#include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -27,6 +24,8 @@
 #include <cuda_runtime_api.h>
 
 #include <elastic/checkpoint.hpp>
+#include <elastic/checkpoint/detail/cuda.hpp>
+#include <elastic/checkpoint/detail/host_memory.hpp>
 #include <elastic/detail/file.hpp>
 
 #include "bench_common.hpp"
@@ -34,6 +33,7 @@
 
 namespace fs = std::filesystem;
 namespace ck = elastic::checkpoint;
+namespace ckd = elastic::checkpoint::detail;
 using elastic::bench::clock_type;
 using elastic::bench::have_gpu;
 using elastic::bench::median;
@@ -49,7 +49,7 @@ bool ok(benchmark::State& state, cudaError_t rc, const char* what) {
   return false;
 }
 
-/// Device memory, pinned host memory and a stream, freed with the object.
+/// Device memory, freed with the object (the library allocates none, so it has no type for it).
 struct device_bytes {
   void* p = nullptr;
   explicit device_bytes(std::size_t n) {
@@ -59,21 +59,17 @@ struct device_bytes {
   device_bytes(const device_bytes&) = delete;
   device_bytes& operator=(const device_bytes&) = delete;
 };
-struct pinned_bytes {
-  void* p = nullptr;
-  explicit pinned_bytes(std::size_t n) {
-    if (cudaMallocHost(&p, n) == cudaSuccess) std::memset(p, 0, n);
+/// A cuBLAS handle on `stream`, destroyed with the object.
+struct cublas {
+  cublasHandle_t h = nullptr;
+  explicit cublas(cudaStream_t stream) {
+    if (cublasCreate(&h) == CUBLAS_STATUS_SUCCESS) cublasSetStream(h, stream);
   }
-  ~pinned_bytes() { cudaFreeHost(p); }
-  pinned_bytes(const pinned_bytes&) = delete;
-  pinned_bytes& operator=(const pinned_bytes&) = delete;
-};
-struct stream {
-  cudaStream_t s = nullptr;
-  stream() { cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking); }
-  ~stream() { cudaStreamDestroy(s); }
-  stream(const stream&) = delete;
-  stream& operator=(const stream&) = delete;
+  ~cublas() {
+    if (h) cublasDestroy(h);
+  }
+  cublas(const cublas&) = delete;
+  cublas& operator=(const cublas&) = delete;
 };
 
 fs::path fresh_dir(const std::string& name) { return g_scratch->fresh(name); }
@@ -85,9 +81,11 @@ void BM_device_snapshot(benchmark::State& state) {
   if (!have_gpu(state)) return;
   const std::size_t bytes = static_cast<std::size_t>(state.range(0)) << 20;
   device_bytes w(bytes);
-  pinned_bytes raw_dst(bytes);
-  stream s;
-  if (!w.p || !raw_dst.p || !s.s) return state.SkipWithError("could not allocate device/pinned memory");
+  if (!w.p) return state.SkipWithError("could not allocate device memory");
+  // The library's own pinned staging and side stream (they throw with CUDA's reason on failure).
+  const ckd::host_memory raw_dst(bytes, /*pinned=*/true);
+  const auto stream = ckd::cuda::stream::create();
+  const cudaStream_t s = stream.get();
   ck::state st;
   st.add("w", elastic::device_span(static_cast<std::byte*>(w.p), bytes));
   const auto dir = fresh_dir("snapshot");
@@ -97,16 +95,16 @@ void BM_device_snapshot(benchmark::State& state) {
     std::uint64_t step = 0;
     for (auto _ : state) {
       auto t0 = clock_type::now();
-      c.snapshot(++step, {}, s.s);
-      c.before_update(s.s);
+      c.snapshot(++step, {}, s);
+      c.before_update(s);
       host_block.push_back(since(t0));
-      if (!ok(state, cudaStreamSynchronize(s.s), "cudaStreamSynchronize")) break;
+      if (!ok(state, cudaStreamSynchronize(s), "cudaStreamSynchronize")) break;
       const double f = since(t0);
       fence.push_back(f);
       state.SetIterationTime(f);
       t0 = clock_type::now();
-      cudaMemcpyAsync(raw_dst.p, w.p, bytes, cudaMemcpyDeviceToHost, s.s);
-      if (!ok(state, cudaStreamSynchronize(s.s), "cudaMemcpyAsync")) break;
+      cudaMemcpyAsync(raw_dst.data(), w.p, bytes, cudaMemcpyDeviceToHost, s);
+      if (!ok(state, cudaStreamSynchronize(s), "cudaMemcpyAsync")) break;
       const double r = since(t0);
       raw.push_back(r);
       ratio.push_back(f / r);
@@ -125,8 +123,8 @@ void BM_device_restore(benchmark::State& state) {
   if (!have_gpu(state)) return;
   const std::size_t bytes = static_cast<std::size_t>(state.range(0)) << 20;
   device_bytes w(bytes);
-  pinned_bytes staging(bytes);
-  if (!w.p || !staging.p) return state.SkipWithError("could not allocate device/pinned memory");
+  if (!w.p) return state.SkipWithError("could not allocate device memory");
+  const ckd::host_memory staging(bytes, /*pinned=*/true);
   ck::state st;
   st.add("w", elastic::device_span(static_cast<std::byte*>(w.p), bytes));
   const auto dir = fresh_dir("restore");
@@ -142,8 +140,8 @@ void BM_device_restore(benchmark::State& state) {
     auto t0 = clock_type::now();
     {
       auto fd = elastic::detail::open_file(data, O_RDONLY);
-      elastic::detail::pread_all(fd.get(), staging.p, bytes, 0, data);
-      if (!ok(state, cudaMemcpy(w.p, staging.p, bytes, cudaMemcpyHostToDevice), "cudaMemcpy")) break;
+      elastic::detail::pread_all(fd.get(), staging.data(), bytes, 0, data);
+      if (!ok(state, cudaMemcpy(w.p, staging.data(), bytes, cudaMemcpyHostToDevice), "cudaMemcpy")) break;
     }
     const double r = since(t0);
     ck::checkpointer c(st, opts(dir));
@@ -168,10 +166,10 @@ double train_seconds(long every, int steps, std::uint64_t* interval) {
   const std::size_t n = (1u << 30) / sizeof(float);
   const int m = 8192;
   device_bytes w(n * sizeof(float)), a(std::size_t(m) * m * 4), b(std::size_t(m) * m * 4), c(std::size_t(m) * m * 4);
-  stream s;
-  cublasHandle_t h = nullptr;
-  cublasCreate(&h);
-  cublasSetStream(h, s.s);
+  const auto stream = ckd::cuda::stream::create();
+  const cudaStream_t s = stream.get();
+  const cublas blas(s);
+  cublasHandle_t h = blas.h;
   const auto dir = fresh_dir("train");
   ck::state st;
   st.add("w", elastic::device_span(static_cast<float*>(w.p), n));
@@ -182,7 +180,7 @@ double train_seconds(long every, int steps, std::uint64_t* interval) {
                                .max_overhead = every < 0 ? 0.01 : 0.0,
                                .checkpoint_at_end = false,
                                .handle_signals = false,
-                               .stream = s.s,
+                               .stream = s,
                                .rank = 0,
                                .world_size = 1,
                                .events = elastic::event_log()},
@@ -192,14 +190,13 @@ double train_seconds(long every, int steps, std::uint64_t* interval) {
   for (auto& step : loop) {
     cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, m, m, m, &one, static_cast<float*>(a.p), m, static_cast<float*>(b.p), m,
                 &zero, static_cast<float*>(c.p), m);
-    step.before_update(s.s);
+    step.before_update(s);
     cublasSscal(h, static_cast<int>(n), &decay, static_cast<float*>(w.p), 1);
     // A trainer reads its loss each step; this is where the host waits for the GPU.
-    cudaStreamSynchronize(s.s);
+    cudaStreamSynchronize(s);
   }
   const double sec = since(t0);
   if (interval) *interval = loop.interval_steps();
-  cublasDestroy(h);
   return sec;
 }
 
