@@ -375,77 +375,75 @@ class nccl_communicator {
   /// the caller's stream, and waits at most `timeout` for the survivors. Needs can_shrink().
   [[nodiscard]] std::unique_ptr<nccl_communicator> shrink(std::span<const int> excluded_ranks,
                                                           std::chrono::milliseconds timeout) {
+    if (!can_shrink()) throw no_shrink();  // also where the headers predate it
 #if NCCL_VERSION_CODE < NCCL_VERSION(2, 27, 0)
     (void)excluded_ranks;
     (void)timeout;
-    throw no_shrink();
+    return nullptr;  // not reached
 #else
-    {
-      if (!can_shrink()) throw no_shrink();
-      if (aborted_.load(std::memory_order_acquire)) {
-        throw error(errc::invalid_argument, where("shrink") + ": the communicator was aborted; shrink before abort(), "
-                                                              "or build a new one from a fresh nccl_unique_id()");
-      }
-      std::vector<int> excluded(excluded_ranks.begin(), excluded_ranks.end());
-      std::sort(excluded.begin(), excluded.end());
-      excluded.erase(std::unique(excluded.begin(), excluded.end()), excluded.end());
-      for (int r : excluded) {
-        if (r < 0 || r >= size_ || r == rank_) {
-          throw error(errc::invalid_argument,
-                      fmt::format("{}: excluded rank {} is {}", where("shrink"), r,
-                                  r == rank_ ? "this rank itself: an excluded rank must not call shrink()"
-                                             : fmt::format("out of range 0..{}", size_ - 1)));
-        }
-      }
-      if (timeout.count() <= 0) {
-        throw error(errc::invalid_argument,
-                    fmt::format("{}: timeout {} ms must be positive", where("shrink"), timeout.count()));
-      }
-      nccl_options options = options_;
-      detail::device_scope on(device_);
-      // The new rank is this rank less the excluded ranks below it (NCCL closes the gaps in order).
-      const int new_rank =
-          rank_ - static_cast<int>(std::count_if(excluded.begin(), excluded.end(), [&](int r) { return r < rank_; }));
-      std::unique_ptr<nccl_communicator> next(new nccl_communicator(
-          private_tag{}, new_rank, size_ - static_cast<int>(excluded.size()), device_, timeout, options));
-      next->adopt_stream(owned_stream_ ? nullptr : stream_);
-      next->barrier_word_ = detail::device_bytes(sizeof(std::int32_t));
-      ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-      config.blocking = 0;
-      const auto deadline = std::chrono::steady_clock::now() + timeout;
-      ncclComm_t comm = nullptr;
-      ncclResult_t r;
-      {
-        std::unique_lock lk(comm_mu_);
-        if (comm_ == nullptr) {
-          throw error(errc::invalid_argument, where("shrink") + ": the communicator was aborted");
-        }
-        // A revoked communicator is ready for management once NCCL says it is quiescent.
-        while (revoked_) {
-          ncclResult_t state = ncclSuccess;
-          if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess || state != ncclInProgress) break;
-          if (std::chrono::steady_clock::now() >= deadline) {
-            throw error(errc::timeout, where("shrink") + ": the revoked communicator did not quiesce in time; abort "
-                                                         "it and build a new one from a fresh nccl_unique_id()");
-          }
-          lk.unlock();
-          std::this_thread::sleep_for(std::chrono::microseconds(200));
-          lk.lock();
-          if (comm_ == nullptr) throw error(errc::invalid_argument, where("shrink") + ": the communicator was aborted");
-        }
-        // A broken communicator may still have work in flight: once revoked (NCCL >= 2.28) it is
-        // stopped already; otherwise NCCL_SHRINK_ABORT stops it before shrinking.
-        const int flags = ok() || revoked_ ? NCCL_SHRINK_DEFAULT : NCCL_SHRINK_ABORT;
-        r = detail::nccl_shrink_fn()(comm_, excluded.data(), static_cast<int>(excluded.size()), &comm, &config, flags);
-      }
-      if (r != ncclSuccess && r != ncclInProgress) {
-        error e = detail::nccl_failure(r, where("ncclCommShrink"), comm);
-        if (comm != nullptr) ncclCommAbort(comm);
-        throw e;
-      }
-      next->finish_creation(comm, deadline, "shrinking (ncclCommShrink)");
-      return next;
+    if (aborted_.load(std::memory_order_acquire)) {
+      throw error(errc::invalid_argument, where("shrink") + ": the communicator was aborted; shrink before abort(), "
+                                                            "or build a new one from a fresh nccl_unique_id()");
     }
+    std::vector<int> excluded(excluded_ranks.begin(), excluded_ranks.end());
+    std::sort(excluded.begin(), excluded.end());
+    excluded.erase(std::unique(excluded.begin(), excluded.end()), excluded.end());
+    for (int r : excluded) {
+      if (r < 0 || r >= size_ || r == rank_) {
+        throw error(errc::invalid_argument,
+                    fmt::format("{}: excluded rank {} is {}", where("shrink"), r,
+                                r == rank_ ? "this rank itself: an excluded rank must not call shrink()"
+                                           : fmt::format("out of range 0..{}", size_ - 1)));
+      }
+    }
+    if (timeout.count() <= 0) {
+      throw error(errc::invalid_argument,
+                  fmt::format("{}: timeout {} ms must be positive", where("shrink"), timeout.count()));
+    }
+    nccl_options options = options_;
+    detail::device_scope on(device_);
+    // The new rank is this rank less the excluded ranks below it (NCCL closes the gaps in order).
+    const int new_rank =
+        rank_ - static_cast<int>(std::count_if(excluded.begin(), excluded.end(), [&](int r) { return r < rank_; }));
+    std::unique_ptr<nccl_communicator> next(new nccl_communicator(
+        private_tag{}, new_rank, size_ - static_cast<int>(excluded.size()), device_, timeout, options));
+    next->adopt_stream(owned_stream_ ? nullptr : stream_);
+    next->barrier_word_ = detail::device_bytes(sizeof(std::int32_t));
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    ncclComm_t comm = nullptr;
+    ncclResult_t r;
+    {
+      std::unique_lock lk(comm_mu_);
+      if (comm_ == nullptr) {
+        throw error(errc::invalid_argument, where("shrink") + ": the communicator was aborted");
+      }
+      // A revoked communicator is ready for management once NCCL says it is quiescent.
+      while (revoked_) {
+        ncclResult_t state = ncclSuccess;
+        if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess || state != ncclInProgress) break;
+        if (std::chrono::steady_clock::now() >= deadline) {
+          throw error(errc::timeout, where("shrink") + ": the revoked communicator did not quiesce in time; abort "
+                                                       "it and build a new one from a fresh nccl_unique_id()");
+        }
+        lk.unlock();
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+        lk.lock();
+        if (comm_ == nullptr) throw error(errc::invalid_argument, where("shrink") + ": the communicator was aborted");
+      }
+      // A broken communicator may still have work in flight: once revoked (NCCL >= 2.28) it is
+      // stopped already; otherwise NCCL_SHRINK_ABORT stops it before shrinking.
+      const int flags = ok() || revoked_ ? NCCL_SHRINK_DEFAULT : NCCL_SHRINK_ABORT;
+      r = detail::nccl_shrink_fn()(comm_, excluded.data(), static_cast<int>(excluded.size()), &comm, &config, flags);
+    }
+    if (r != ncclSuccess && r != ncclInProgress) {
+      error e = detail::nccl_failure(r, where("ncclCommShrink"), comm);
+      if (comm != nullptr) ncclCommAbort(comm);
+      throw e;
+    }
+    next->finish_creation(comm, deadline, "shrinking (ncclCommShrink)");
+    return next;
 #endif
   }
 
