@@ -25,7 +25,7 @@ TEST_CASE("every error code has a stable name") {
   using elastic::errc;
   for (auto c : {errc::invalid_argument, errc::bad_name, errc::not_found, errc::already_running,
                  errc::version_mismatch, errc::owner_mismatch, errc::corrupt, errc::capacity_exhausted,
-                 errc::timeout, errc::os_error, errc::mismatch}) {
+                 errc::timeout, errc::os_error, errc::mismatch, errc::interrupted, errc::unsafe_path}) {
     CHECK(elastic::to_string(c) != "unknown");
   }
 }

@@ -23,6 +23,8 @@ enum class errc {
   timeout,               ///< a bounded wait ran out
   os_error,              ///< a system call failed; os_code() holds its errno
   mismatch,              ///< data that is valid but does not fit what the caller declared
+  interrupted,           ///< a wait was cut short by a preemption notice (the process should exit 75)
+  unsafe_path,           ///< a path another user could redirect (symlink, foreign or shared directory)
 };
 
 /// A short, stable name for a code (used in events and messages).
@@ -39,6 +41,8 @@ constexpr std::string_view to_string(errc code) noexcept {
     case errc::timeout: return "timeout";
     case errc::os_error: return "os_error";
     case errc::mismatch: return "mismatch";
+    case errc::interrupted: return "interrupted";
+    case errc::unsafe_path: return "unsafe_path";
   }
   return "unknown";
 }

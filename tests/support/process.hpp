@@ -3,6 +3,7 @@
 #pragma once
 
 #include <fcntl.h>
+#include <grp.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -30,6 +31,12 @@ class child_process {
   /// to read_line(), its stderr is inherited.
   static child_process spawn(std::vector<std::string> argv,
                              std::vector<std::pair<std::string, std::string>> env = {}) {
+    return spawn_as(-1, -1, std::move(argv), std::move(env));
+  }
+
+  /// spawn(), as user `uid` with group `gid` (the caller must be root); -1 keeps this process's.
+  static child_process spawn_as(uid_t uid, gid_t gid, std::vector<std::string> argv,
+                                std::vector<std::pair<std::string, std::string>> env = {}) {
     int fds[2];
     if (::pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error("pipe2 failed");
     std::vector<char*> args;
@@ -40,6 +47,8 @@ class child_process {
     if (pid == 0) {
       // Only async-signal-safe calls until exec: the parent may have threads.
       ::dup2(fds[1], STDOUT_FILENO);
+      if (gid != static_cast<gid_t>(-1) && (::setgroups(0, nullptr) != 0 || ::setgid(gid) != 0)) ::_exit(126);
+      if (uid != static_cast<uid_t>(-1) && ::setuid(uid) != 0) ::_exit(126);
       for (auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
       ::execv(args[0], args.data());
       ::_exit(127);

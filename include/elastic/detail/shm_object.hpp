@@ -2,12 +2,20 @@
 // created with mode 0600 or opened if they exist, and refused when another user owns them.
 #pragma once
 
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <set>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <boost/interprocess/permissions.hpp>
 #include <boost/interprocess/shared_memory_object.hpp>
@@ -54,4 +62,69 @@ inline void check_shm_owner(int fd, const std::string& what, std::string_view re
   }
 }
 
+/// The names under /dev/shm that some process on this host has mapped right now, read from
+/// /proc/PID/maps (the kernel's account, which no process can forge). Processes whose maps we
+/// may not read (another user's, without root) cannot map our 0600 objects either.
+inline std::set<std::string> mapped_shm_names() {
+  std::set<std::string> out;
+  DIR* proc = ::opendir("/proc");
+  if (proc == nullptr) return out;
+  constexpr std::string_view shm = "/dev/shm/";
+  std::vector<char> buf(1 << 16);
+  while (const dirent* d = ::readdir(proc)) {
+    if (d->d_name[0] < '1' || d->d_name[0] > '9') continue;
+    char path[300];
+    std::snprintf(path, sizeof path, "/proc/%s/maps", d->d_name);
+    const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    std::string text;
+    for (ssize_t n; (n = ::read(fd, buf.data(), buf.size())) > 0;) text.append(buf.data(), static_cast<std::size_t>(n));
+    ::close(fd);
+    for (std::size_t at = text.find(shm); at != std::string::npos; at = text.find(shm, at + 1)) {
+      const std::size_t end = text.find('\n', at);
+      std::string_view name = std::string_view(text).substr(at + shm.size(), end == std::string::npos ? std::string::npos
+                                                                                                        : end - at - shm.size());
+      if (name.find(' ') != std::string_view::npos) continue;  // "NAME (deleted)": an older object, not the one linked now
+      out.emplace(name);
+    }
+  }
+  ::closedir(proc);
+  return out;
+}
+
+/// Removes the shared-memory objects of this user whose names start with `prefix` and that
+/// nothing uses any more: no process maps them, nobody holds their lock (a live watchdog or
+/// launcher flocks its object), and they are older than `min_age` (a creator may be about to
+/// map one). This is how objects of processes that were all SIGKILLed at once are reclaimed.
+/// Returns the names removed.
+inline std::vector<std::string> sweep_stale_shm(std::string_view prefix, int min_age_s = 2) {
+  std::vector<std::string> removed;
+  DIR* dir = ::opendir("/dev/shm");
+  if (dir == nullptr) return removed;
+  std::vector<std::string> candidates;
+  while (const dirent* d = ::readdir(dir)) {
+    const std::string_view name(d->d_name);
+    if (name.size() > prefix.size() && name.substr(0, prefix.size()) == prefix) candidates.emplace_back(name);
+  }
+  ::closedir(dir);
+  if (candidates.empty()) return removed;
+  const auto mapped = mapped_shm_names();
+  timespec now{};
+  ::clock_gettime(CLOCK_REALTIME, &now);
+  for (const auto& name : candidates) {
+    if (mapped.count(name) != 0) continue;
+    const std::string path = "/dev/shm/" + name;
+    const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) continue;
+    struct stat st {};
+    const bool ours = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == ::geteuid() &&
+                      now.tv_sec - st.st_ctim.tv_sec >= min_age_s;
+    // Unlink while holding the lock, so a watchdog or launcher cannot take it in between.
+    if (ours && ::flock(fd, LOCK_EX | LOCK_NB) == 0 && ::unlink(path.c_str()) == 0) removed.push_back(name);
+    ::close(fd);
+  }
+  return removed;
+}
+
 }  // namespace elastic::detail
+
