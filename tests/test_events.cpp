@@ -1,8 +1,13 @@
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <thread>
 #include <vector>
@@ -10,6 +15,8 @@
 #include <elastic/events.hpp>
 
 #include "support/catch.hpp"
+#include "support/errors.hpp"
+#include "support/other_user.hpp"
 #include "support/process.hpp"
 
 namespace {
@@ -19,6 +26,25 @@ std::vector<std::string> lines_of(const std::string& path) {
   std::ifstream in(path);
   for (std::string l; std::getline(in, l);) out.push_back(l);
   return out;
+}
+
+std::string contents_of(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+void write_file(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary) << text;
+}
+
+/// Expects to_file(path) to throw elastic::error with `code` and a message naming `path` and
+/// containing `text`.
+void expect_refused(const std::string& path, elastic::errc code, const std::string& text) {
+  const auto e = elastic::test::error_of([&] { (void)elastic::event_log::to_file(path); });
+  INFO(e.what());
+  CHECK(e.code() == code);
+  CHECK(std::string(e.what()).find(path) != std::string::npos);
+  CHECK(std::string(e.what()).find(text) != std::string::npos);
 }
 
 elastic::event_identity test_identity() {
@@ -68,6 +94,120 @@ TEST_CASE("a disabled log drops events without failing") {
 
 TEST_CASE("an events file that cannot be opened is a clear error") {
   CHECK_THROWS_AS(elastic::event_log::to_file("/nonexistent-dir/x/events.jsonl"), elastic::error);
+}
+
+TEST_CASE("an events path that is a symbolic link is refused and its target is left untouched") {
+  elastic::test::temp_dir dir;
+  const std::string target = dir.file("precious"), link = dir.file("events.jsonl");
+  write_file(target, "do not touch\n");
+  REQUIRE(::symlink(target.c_str(), link.c_str()) == 0);
+  expect_refused(link, elastic::errc::unsafe_path, "it is a symbolic link");
+  CHECK(contents_of(target) == "do not touch\n");
+  // A dangling link is refused too, and nothing is created where it points.
+  const std::string dangling = dir.file("dangling.jsonl"), nowhere = dir.file("created-through-a-link");
+  REQUIRE(::symlink(nowhere.c_str(), dangling.c_str()) == 0);
+  expect_refused(dangling, elastic::errc::unsafe_path, "it is a symbolic link");
+  CHECK_FALSE(std::filesystem::exists(nowhere));
+}
+
+TEST_CASE("an events file with a second hard link is refused and left untouched") {
+  elastic::test::temp_dir dir;
+  const std::string target = dir.file("precious"), link = dir.file("events.jsonl");
+  write_file(target, "do not touch\n");
+  REQUIRE(::link(target.c_str(), link.c_str()) == 0);
+  expect_refused(link, elastic::errc::unsafe_path, "it has 2 names (a hard link to another file)");
+  CHECK(contents_of(target) == "do not touch\n");
+}
+
+TEST_CASE("an events file of another user is refused and left untouched") {
+  const auto other = elastic::test::require_other_user();
+  elastic::test::temp_dir dir;
+  const std::string path = dir.file("events.jsonl");
+  write_file(path, "theirs\n");
+  REQUIRE(::chown(path.c_str(), other.uid, other.gid) == 0);
+  expect_refused(path, elastic::errc::unsafe_path, "belongs to uid " + std::to_string(other.uid));
+  CHECK(contents_of(path) == "theirs\n");
+}
+
+TEST_CASE("a symbolic link of another user on the way to the events file is refused") {
+  const auto other = elastic::test::require_other_user();
+  elastic::test::temp_dir dir;
+  const std::string real = dir.file("real"), planted = dir.file("planted");
+  std::filesystem::create_directory(real);
+  REQUIRE(::symlink(real.c_str(), planted.c_str()) == 0);
+  REQUIRE(::lchown(planted.c_str(), other.uid, other.gid) == 0);
+  expect_refused(planted + "/events.jsonl", elastic::errc::unsafe_path, "is a symbolic link of uid " + std::to_string(other.uid));
+  CHECK_FALSE(std::filesystem::exists(real + "/events.jsonl"));
+}
+
+TEST_CASE("a FIFO in the events file's place is refused at once instead of blocking") {
+  elastic::test::temp_dir dir;
+  const std::string fifo = dir.file("events.jsonl");
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  // In a child, so that an open that blocks (nobody reads the FIFO) cannot hang the test.
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    try {
+      (void)elastic::event_log::to_file(fifo);
+    } catch (const elastic::error& e) {
+      const bool ok = e.code() == elastic::errc::unsafe_path && std::string(e.what()).find(fifo) != std::string::npos &&
+                      std::string(e.what()).find("FIFO") != std::string::npos;
+      std::_Exit(ok ? 0 : 2);
+    }
+    std::_Exit(1);
+  }
+  int st = 0;
+  pid_t r = 0;
+  for (int i = 0; i < 10000 && (r = ::waitpid(pid, &st, WNOHANG)) == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  if (r == 0) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &st, 0);
+    FAIL("opening a FIFO as the events file blocked");
+  }
+  REQUIRE(WIFEXITED(st));
+  CHECK(WEXITSTATUS(st) == 0);
+}
+
+TEST_CASE("an events path that is a directory is refused with a hint, and ELASTIC_EVENTS is named") {
+  elastic::test::temp_dir dir;
+  expect_refused(dir.path(), elastic::errc::invalid_argument, "is a directory: name a file in it");
+  ::setenv("ELASTIC_EVENTS", dir.path().c_str(), 1);
+  const auto e = elastic::test::error_of([] { (void)elastic::event_log::from_env(); });
+  ::unsetenv("ELASTIC_EVENTS");
+  INFO(e.what());
+  CHECK(e.code() == elastic::errc::invalid_argument);
+  CHECK(std::string(e.what()).find("ELASTIC_EVENTS file " + dir.path() + " is a directory") != std::string::npos);
+}
+
+TEST_CASE("an events file of our own is appended to, not truncated") {
+  elastic::test::temp_dir dir;
+  const std::string path = dir.file("events.jsonl");
+  write_file(path, "{\"earlier\":1}\n");
+  elastic::event_log::to_file(path, test_identity()).emit("later");
+  const auto lines = lines_of(path);
+  REQUIRE(lines.size() == 2);
+  CHECK(lines[0] == "{\"earlier\":1}");
+  CHECK(lines[1].find("\"event\":\"later\"") != std::string::npos);
+}
+
+TEST_CASE("an events log writes to a descriptor it was handed and closes it with its last copy") {
+  elastic::test::temp_dir dir;
+  const std::string path = dir.file("events.jsonl");
+  const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
+  REQUIRE(fd >= 0);
+  {
+    const auto log = elastic::event_log::to_file(elastic::detail::unique_fd(fd), test_identity());
+    const auto copy = log;
+    log.emit("first");
+    copy.emit("second");
+  }
+  CHECK(::fcntl(fd, F_GETFD) == -1);  // closed
+  const auto lines = lines_of(path);
+  REQUIRE(lines.size() == 2);
+  CHECK(lines[1].find("\"event\":\"second\"") != std::string::npos);
+  CHECK(elastic::test::error_of([] { (void)elastic::event_log::to_file(elastic::detail::unique_fd()); }).code() ==
+        elastic::errc::invalid_argument);
 }
 
 TEST_CASE("lines from many processes and threads never interleave") {

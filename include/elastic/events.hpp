@@ -26,6 +26,8 @@
 #include <fmt/format.h>
 
 #include <elastic/detail/env.hpp>
+#include <elastic/detail/file.hpp>
+#include <elastic/detail/private_dir.hpp>
 #include <elastic/error.hpp>
 
 namespace elastic {
@@ -42,25 +44,77 @@ class sink {
 };
 
 /// Appends to a file opened with O_APPEND; many processes may share the file.
+///
+/// A process running as root must never append through a link someone else planted, so the
+/// path is opened with O_NOFOLLOW (a symbolic link at its end is refused), a symbolic link of
+/// another user on the way to it is refused (detail::check_path_links), and what it opens must
+/// be a regular file of this user with a single name (detail::unsafe_file_reason: no FIFO, device,
+/// directory or hard link to another file). Each refusal is errc::unsafe_path naming the path.
 class file_sink final : public sink {
  public:
-  /// Opens (creating with mode 0644) `path` for appending; throws elastic::error when it cannot.
-  explicit file_sink(const std::filesystem::path& path)
-      : fd_(::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644)) {
-    if (fd_ < 0) throw os_error("cannot open events file '" + path.string() + "' for appending");
+  /// Opens (creating with mode 0644) `path` for appending, under the rule above. Throws
+  /// elastic::error: unsafe_path for a refused path, os_error (with the errno) when the file
+  /// cannot be opened, invalid_argument for a directory; each names the path, introduced as
+  /// `what` ("events file", "ELASTIC_EVENTS file").
+  explicit file_sink(const std::filesystem::path& path, std::string_view what = "events file")
+      : fd_(open_checked(path, what)) {}
+
+  /// Appends to `fd`, which the sink now owns and closes: for a file its owner already opened
+  /// safely (say, through detail::private_dir::open_file with O_WRONLY | O_APPEND). Throws
+  /// errc::invalid_argument when `fd` is not open.
+  explicit file_sink(elastic::detail::unique_fd fd) : fd_(std::move(fd)) {
+    if (!fd_) throw error(errc::invalid_argument, "events file_sink given no open descriptor");
   }
+
   file_sink(const file_sink&) = delete;
   file_sink& operator=(const file_sink&) = delete;
-  ~file_sink() override { ::close(fd_); }
 
   void write(std::string_view line) noexcept override {
     // Regular files opened with O_APPEND take one write() atomically; retry only on EINTR.
-    while (::write(fd_, line.data(), line.size()) < 0 && errno == EINTR) {
+    while (::write(fd_.get(), line.data(), line.size()) < 0 && errno == EINTR) {
     }
   }
 
  private:
-  int fd_;
+  static elastic::detail::unique_fd open_checked(const std::filesystem::path& path, std::string_view what) {
+    const std::string shown = std::string(what) + " " + path.string();
+    if (path.empty()) throw error(errc::invalid_argument, std::string(what) + " is empty: name a file");
+    elastic::detail::check_path_links(path);  // a link of another user on the way: unsafe_path
+    const auto refuse = [&](std::string_view why, int err = 0) {
+      return error(errc::unsafe_path,
+                   "refusing to append to " + shown + ": " + std::string(why) +
+                       "; elastic never writes events through a link or into a file that is not a regular file "
+                       "of its own user: name another file",
+                   err != 0 ? std::error_code(err, std::generic_category()) : std::error_code());
+    };
+    int fd;
+    // O_NONBLOCK: opening a FIFO planted in the file's place must fail (ENXIO), not wait
+    // forever for a reader; it changes nothing for a regular file.
+    do {
+      fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
+    } while (fd < 0 && errno == EINTR);
+    if (fd < 0) {
+      const int err = errno;
+      if (err == ELOOP) throw refuse("it is a symbolic link");
+      if (err == ENXIO) throw refuse("it is a FIFO or socket", err);
+      if (err == EISDIR) {
+        throw error(errc::invalid_argument,
+                    shown + " is a directory: name a file in it, such as " + (path / "events.jsonl").string(),
+                    std::error_code(err, std::generic_category()));
+      }
+      throw os_error("cannot open " + shown + " for appending: check that its directory exists and that this "
+                     "user may write there",
+                     err);
+    }
+    elastic::detail::unique_fd out(fd);
+    struct stat st {};
+    if (::fstat(out.get(), &st) != 0) throw os_error("cannot stat " + shown);
+    if (auto why = elastic::detail::unsafe_file_reason(st); !why.empty()) throw refuse(why);
+    ::fcntl(out.get(), F_SETFL, O_APPEND);  // blocking again: a full disk must not drop half a line
+    return out;
+  }
+
+  elastic::detail::unique_fd fd_;
 };
 
 /// Writes to a descriptor it does not own, such as stderr.
@@ -199,15 +253,26 @@ class event_log {
                      event_identity identity = event_identity::from_env())
       : sink_(std::move(sink)), id_(std::move(identity)) {}
 
-  /// Appends to `path` (created if missing).
+  /// Appends to `path` (created if missing), refusing links and files that are not this
+  /// user's own (see events::file_sink). Throws elastic::error naming the path.
   static event_log to_file(const std::filesystem::path& path,
                            event_identity identity = event_identity::from_env()) {
     return event_log(std::make_shared<events::file_sink>(path), std::move(identity));
   }
 
-  /// Appends to the file named by ELASTIC_EVENTS; without it, writes to stderr.
+  /// Appends to the open descriptor `fd`, which the log now owns (closed with the last copy):
+  /// for an events file opened safely by its owner, say through detail::private_dir.
+  static event_log to_file(elastic::detail::unique_fd fd, event_identity identity = event_identity::from_env()) {
+    return event_log(std::make_shared<events::file_sink>(std::move(fd)), std::move(identity));
+  }
+
+  /// Appends to the file named by ELASTIC_EVENTS; without it, writes to stderr. Throws
+  /// elastic::error, naming ELASTIC_EVENTS and the path, when that file is refused or cannot be
+  /// opened.
   static event_log from_env() {
-    if (auto path = elastic::detail::env_string("ELASTIC_EVENTS")) return to_file(*path);
+    if (auto path = elastic::detail::env_string("ELASTIC_EVENTS")) {
+      return event_log(std::make_shared<events::file_sink>(*path, "ELASTIC_EVENTS file"));
+    }
     return event_log(std::make_shared<events::fd_sink>(STDERR_FILENO));
   }
 

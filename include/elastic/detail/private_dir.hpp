@@ -43,6 +43,45 @@ inline std::string unsafe_dir_reason(const struct stat& st) {
   return {};
 }
 
+/// Why a file with status `st` is unsafe to append to or read for this process, or "" when it is
+/// a regular file of this user with a single name (so not a planted hard link to another file).
+inline std::string unsafe_file_reason(const struct stat& st) {
+  if (!S_ISREG(st.st_mode)) return "it is not a regular file";
+  if (st.st_uid != ::geteuid()) {
+    return "it belongs to uid " + std::to_string(st.st_uid) + ", not to this process's uid " +
+           std::to_string(::geteuid());
+  }
+  if (st.st_nlink > 1) return "it has " + std::to_string(st.st_nlink) + " names (a hard link to another file)";
+  return {};
+}
+
+/// Throws errc::unsafe_path ("refusing to <doing> <shown>: why; remove it") unless the file open
+/// on `fd` passes unsafe_file_reason().
+inline void check_own_file(int fd, const std::filesystem::path& shown, std::string_view doing = "write") {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw os_error("cannot stat " + shown.string());
+  if (auto why = unsafe_file_reason(st); !why.empty()) {
+    throw error(errc::unsafe_path, "refusing to " + std::string(doing) + " " + shown.string() + ": " + why + "; remove it");
+  }
+}
+
+/// Symbolic links on the way to `path` are followed only when they are ours or root's: one
+/// planted by another user in a shared directory (/tmp) is refused with errc::unsafe_path.
+inline void check_path_links(const std::filesystem::path& path) {
+  std::filesystem::path prefix;
+  for (const auto& part : path) {
+    prefix /= part;
+    if (part == "/" || part.empty()) continue;
+    struct stat st {};
+    if (::lstat(prefix.c_str(), &st) != 0) return;  // the rest does not exist yet
+    if (S_ISLNK(st.st_mode) && st.st_uid != ::geteuid() && st.st_uid != 0) {
+      throw error(errc::unsafe_path, "refusing " + path.string() + ": " + prefix.string() +
+                                         " is a symbolic link of uid " + std::to_string(st.st_uid) +
+                                         ", another user, who could point it anywhere");
+    }
+  }
+}
+
 /// An open directory that passed the rule above; files are made in it by name, never by path.
 class private_dir {
  public:
@@ -53,7 +92,7 @@ class private_dir {
   /// `create` is false, errc::os_error for any other failure; each names the path.
   static private_dir open(const std::filesystem::path& path, bool create = true) {
     if (path.empty()) throw error(errc::invalid_argument, "no directory given");
-    check_links(path);
+    check_path_links(path);
     if (create) make_parents(path);
     int fd;
     do {
@@ -111,7 +150,7 @@ class private_dir {
       throw os_error("cannot open " + shown.string());
     }
     unique_fd out(fd);
-    if ((flags & O_EXCL) == 0) check_file(out.get(), shown);
+    if ((flags & O_EXCL) == 0) check_own_file(out.get(), shown);
     return out;
   }
 
@@ -144,21 +183,6 @@ class private_dir {
     }
   }
 
-  static void check_file(int fd, const std::filesystem::path& shown) {
-    struct stat st {};
-    if (::fstat(fd, &st) != 0) throw os_error("cannot stat " + shown.string());
-    std::string why;
-    if (!S_ISREG(st.st_mode)) {
-      why = "it is not a regular file";
-    } else if (st.st_uid != ::geteuid()) {
-      why = "it belongs to uid " + std::to_string(st.st_uid) + ", not to this process's uid " +
-            std::to_string(::geteuid());
-    } else if (st.st_nlink > 1) {
-      why = "it has " + std::to_string(st.st_nlink) + " names (a hard link to another file)";
-    }
-    if (!why.empty()) throw error(errc::unsafe_path, "refusing to write " + shown.string() + ": " + why + "; remove it");
-  }
-
   [[noreturn]] static void fail_open(const std::filesystem::path& p, int err) {
     if (err == ELOOP) {
       throw error(errc::unsafe_path, p.string() + " is a symbolic link: elastic never writes through one it did "
@@ -169,23 +193,6 @@ class private_dir {
       throw error(errc::os_error, p.string() + " is not a directory", std::error_code(err, std::generic_category()));
     }
     throw os_error("cannot open directory " + p.string(), err);
-  }
-
-  /// Symbolic links on the way to `path` are followed only when they are ours or root's: one
-  /// planted by another user in a shared directory (/tmp) is refused.
-  static void check_links(const std::filesystem::path& path) {
-    std::filesystem::path prefix;
-    for (const auto& part : path) {
-      prefix /= part;
-      if (part == "/" || part.empty()) continue;
-      struct stat st {};
-      if (::lstat(prefix.c_str(), &st) != 0) return;  // the rest does not exist yet
-      if (S_ISLNK(st.st_mode) && st.st_uid != ::geteuid() && st.st_uid != 0) {
-        throw error(errc::unsafe_path, "refusing " + path.string() + ": " + prefix.string() +
-                                           " is a symbolic link of uid " + std::to_string(st.st_uid) +
-                                           ", another user, who could point it anywhere");
-      }
-    }
   }
 
   static void make_parents(const std::filesystem::path& path) {
