@@ -1,0 +1,164 @@
+// The launcher's store calls, on a thread of their own. The supervision loop forwards signals,
+// restarts workers and keeps the logs; a store that does not answer (an etcd that is down, frozen
+// or unreachable: each call may retry for seconds) must never hold it. So the loop only queues
+// calls here and goes on; the thread makes them, with short per-call timeouts, and reports
+// failures back as messages the loop logs when it next looks.
+//
+// At the end the thread is asked to stop and is waited for a bounded while only: a call stuck in
+// the network is abandoned (the thread is detached; everything it uses is its own, shared with
+// nobody), and the process exits without waiting for it.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <elastic/config.hpp>
+#include <elastic/error.hpp>
+#include <elastic/rendezvous/open_store.hpp>
+#include <elastic/rendezvous/store.hpp>
+
+namespace elastic::agent {
+
+namespace detail {
+/// Set once a store thread was left running at exit: the program should end with _Exit, not
+/// run static destructors under a thread still inside a library call.
+inline std::atomic<bool> store_thread_abandoned{false};
+}  // namespace detail
+
+/// Per-call bounds for an etcd store: the loop never waits for them, but the end of the run does
+/// (boundedly), and a queue must not fall minutes behind.
+struct store_call_limits {
+  std::chrono::milliseconds connect_timeout{500};
+  std::chrono::milliseconds request_timeout{2000};
+  std::chrono::milliseconds unavailable_timeout{3000};
+};
+
+class async_store {
+ public:
+  using limits = store_call_limits;
+
+  async_store() = default;
+
+  /// Serves `url` on a new thread. `opened`, if given, is the store already open (the launcher
+  /// opens its own shm store itself, to lock it); otherwise the thread opens `url` first.
+  async_store(std::string url, std::unique_ptr<rendezvous::store> opened, limits lim = {})
+      : state_(std::make_shared<state>()) {
+    state_->url = std::move(url);
+    state_->store = std::move(opened);
+    state_->lim = lim;
+    thread_ = std::thread([s = state_] { s->run(); });
+  }
+
+  async_store(const async_store&) = delete;
+  async_store& operator=(const async_store&) = delete;
+  ~async_store() { stop(std::chrono::seconds(2)); }
+
+  /// Queues `store.erase(key)`; never blocks.
+  void erase(std::string key) {
+    if (!state_) return;
+    std::lock_guard lk(state_->mu);
+    if (state_->jobs.size() >= max_queued) {
+      state_->errors.push_back("store calls are " + std::to_string(max_queued) + " behind; dropped the erase of " + key);
+      return;
+    }
+    state_->jobs.push_back(std::move(key));
+    state_->cv.notify_one();
+  }
+
+  /// Messages of the calls that failed since the last look.
+  std::vector<std::string> take_errors() {
+    if (!state_) return {};
+    std::lock_guard lk(state_->mu);
+    return std::exchange(state_->errors, {});
+  }
+
+  /// Asks the thread to stop after the call under way, waits up to `limit` for it, and leaves
+  /// it behind (detached) if it is still stuck in a call then.
+  void stop(std::chrono::milliseconds limit) noexcept {
+    if (!state_ || !thread_.joinable()) return;
+    std::unique_lock lk(state_->mu);
+    state_->stopping = true;
+    state_->cv.notify_all();
+    const bool ended = state_->cv.wait_for(lk, limit, [&] { return state_->ended; });
+    lk.unlock();
+    if (ended) {
+      thread_.join();
+    } else {
+      detail::store_thread_abandoned.store(true);
+      thread_.detach();
+    }
+  }
+
+ private:
+  static constexpr std::size_t max_queued = 4096;
+
+  struct state {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<std::string> jobs;
+    std::vector<std::string> errors;
+    bool stopping = false;
+    bool ended = false;
+    std::string url;
+    std::unique_ptr<rendezvous::store> store;
+    limits lim;
+
+    void run() noexcept {
+      try {
+        if (!store) {
+#if ELASTIC_WITH_ETCD
+          rendezvous::etcd_options o;
+          o.connect_timeout = lim.connect_timeout;
+          o.request_timeout = lim.request_timeout;
+          o.unavailable_timeout = lim.unavailable_timeout;
+          store = rendezvous::open_store(url, o);
+#else
+          store = rendezvous::open_store(url);
+#endif
+        }
+      } catch (const std::exception& e) {
+        fail(std::string("cannot open the store: ") + e.what());
+      }
+      std::unique_lock lk(mu);
+      for (;;) {
+        cv.wait(lk, [&] { return stopping || !jobs.empty(); });
+        if (stopping) break;  // what is still queued is moot once the run ends
+        std::string key = std::move(jobs.front());
+        jobs.pop_front();
+        lk.unlock();
+        try {
+          if (store) store->erase(key);
+        } catch (const std::exception& e) {
+          fail(std::string("cannot erase ") + key + ": " + e.what());
+        }
+        lk.lock();
+      }
+      ended = true;
+      cv.notify_all();
+      lk.unlock();
+      // The store goes with the state, when the last of its owners lets go.
+    }
+
+    void fail(std::string message) noexcept {
+      try {
+        std::lock_guard lk(mu);
+        errors.push_back(std::move(message));
+      } catch (...) {
+      }
+    }
+  };
+
+  std::shared_ptr<state> state_;
+  std::thread thread_;
+};
+
+}  // namespace elastic::agent

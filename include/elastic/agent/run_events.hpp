@@ -1,0 +1,151 @@
+// What the launcher learns from its run's events file: the lines its workers, its watchdog and
+// itself appended since the run began (a retried run appends to the same file; what was there
+// before is another run's). Read as it grows, through the descriptor the launcher opened (never
+// by path again: a path can be swapped for a link, a descriptor cannot).
+#pragma once
+
+#include <sys/types.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <ctime>
+#include <map>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <elastic/detail/json.hpp>
+#include <elastic/error.hpp>
+
+namespace elastic::agent {
+
+namespace detail {
+
+/// Seconds since the epoch of an events line's "ts" (RFC 3339, UTC, microseconds).
+inline double parse_ts(std::string_view ts) {
+  std::tm tm{};
+  int us = 0;
+  if (std::sscanf(std::string(ts).c_str(), "%d-%d-%dT%d:%d:%d.%dZ", &tm.tm_year, &tm.tm_mon, &tm.tm_mday, &tm.tm_hour,
+                  &tm.tm_min, &tm.tm_sec, &us) < 6) {
+    return 0;
+  }
+  tm.tm_year -= 1900;
+  tm.tm_mon -= 1;
+  return static_cast<double>(::timegm(&tm)) + us / 1e6;
+}
+
+}  // namespace detail
+
+class run_events {
+ public:
+  run_events() = default;
+  /// Reads the file open on `fd` (not owned) from byte `offset` on.
+  run_events(int fd, std::uint64_t offset) : fd_(fd), offset_(offset) {}
+
+  /// Takes in the lines appended since the last call (whole lines only).
+  void update() {
+    if (fd_ < 0) return;
+    char buf[65536];
+    for (;;) {
+      const ssize_t n = ::pread(fd_, buf, sizeof buf, static_cast<off_t>(offset_ + partial_.size()));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return;
+      partial_.append(buf, static_cast<std::size_t>(n));
+      std::size_t start = 0;
+      for (std::size_t nl; (nl = partial_.find('\n', start)) != std::string::npos; start = nl + 1) {
+        take(std::string_view(partial_).substr(start, nl - start));
+      }
+      offset_ += start;
+      partial_.erase(0, start);
+      if (partial_.size() > (1u << 20)) {  // not a line of ours: skip it
+        offset_ += partial_.size();
+        partial_.clear();
+      }
+    }
+  }
+
+  /// checkpoint_commit events so far (progress: one more than before means a step committed).
+  [[nodiscard]] std::size_t checkpoints() const noexcept { return checkpoints_; }
+  /// The newest committed step, or -1.
+  [[nodiscard]] std::int64_t newest_checkpoint() const noexcept { return newest_checkpoint_; }
+  /// Whether the watchdog logged killing `pid`.
+  [[nodiscard]] bool killed_by_watchdog(pid_t pid) const { return watchdog_targets_.count(pid) != 0; }
+  /// Whether `pid` logged loop_preempted (it stopped for a preemption notice it got).
+  [[nodiscard]] bool preempted(pid_t pid) const { return preempted_.count(pid) != 0; }
+  /// Whether `pid`'s loop_preempted said its final checkpoint was committed.
+  [[nodiscard]] bool saved_final_checkpoint(pid_t pid) const {
+    const auto it = preempted_.find(pid);
+    return it != preempted_.end() && it->second;
+  }
+  /// Whether any process's loop_preempted said it committed the final checkpoint.
+  [[nodiscard]] bool final_checkpoint_confirmed() const noexcept { return final_confirmed_; }
+  [[nodiscard]] std::int64_t rounds() const noexcept { return rounds_; }
+  [[nodiscard]] std::size_t rebuilds() const noexcept { return rebuilt_rounds_.size(); }
+  /// When a group was training again after a rebuild (seconds since the epoch), sorted.
+  [[nodiscard]] std::vector<double> resumed() const {
+    auto r = resumed_;
+    std::sort(r.begin(), r.end());
+    return r;
+  }
+  /// When each hang the watchdog ended began (the expired scope's entry), seconds since the epoch.
+  [[nodiscard]] const std::vector<double>& hangs() const noexcept { return hangs_; }
+
+ private:
+  static bool is(std::string_view line, std::string_view event) {
+    std::string needle = "\"event\":\"";
+    needle.append(event).push_back('"');
+    return line.find(needle) != std::string_view::npos;
+  }
+
+  void take(std::string_view line) {
+    if (!is(line, "checkpoint_commit") && !is(line, "watchdog_kill") && !is(line, "loop_preempted") &&
+        !is(line, "rendezvous_round_closed") && !is(line, "group_rebuilt") && !is(line, "group_resynced")) {
+      return;
+    }
+    try {
+      const auto j = elastic::detail::json::parse(line);
+      const std::string& ev = j.at("event").as_string();
+      if (ev == "checkpoint_commit") {
+        ++checkpoints_;
+        newest_checkpoint_ = std::max<std::int64_t>(newest_checkpoint_, j.at("step").as_int64());
+      } else if (ev == "watchdog_kill") {
+        watchdog_targets_.insert(static_cast<pid_t>(j.at("target_pid").as_int64()));
+        // The hang began when the expired scope was entered: the group stalled from then.
+        hangs_.push_back(detail::parse_ts(j.at("ts").as_string()) - j.at("held_ms").as_double() / 1e3);
+      } else if (ev == "loop_preempted") {
+        const auto* saved = j.find("final_checkpoint");
+        const bool yes = saved != nullptr && saved->is_bool() && saved->as_bool();
+        preempted_[static_cast<pid_t>(j.at("pid").as_int64())] |= yes;
+        final_confirmed_ = final_confirmed_ || yes;
+      } else if (ev == "rendezvous_round_closed") {
+        rounds_ = std::max(rounds_, j.at("round").as_int64());
+      } else if (ev == "group_rebuilt") {
+        rebuilt_rounds_.insert(j.at("round").as_int64());
+      } else if (ev == "group_resynced") {
+        resumed_.push_back(detail::parse_ts(j.at("ts").as_string()));
+      }
+    } catch (const error&) {
+      // a line we cannot read is left out of the figures
+    }
+  }
+
+  int fd_ = -1;
+  std::uint64_t offset_ = 0;
+  std::string partial_;
+  std::size_t checkpoints_ = 0;
+  std::int64_t newest_checkpoint_ = -1;
+  std::set<pid_t> watchdog_targets_;
+  std::map<pid_t, bool> preempted_;
+  bool final_confirmed_ = false;
+  std::int64_t rounds_ = 0;
+  std::set<std::int64_t> rebuilt_rounds_;
+  std::vector<double> resumed_;
+  std::vector<double> hangs_;
+};
+
+}  // namespace elastic::agent
