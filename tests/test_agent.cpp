@@ -1,13 +1,24 @@
 // elastic-run with real worker processes (tests/support/agent_worker.cpp): restarts, used-up
 // restarts, preemptions, the SIGTERM grace, logs, orphans, the hosted watchdog, the worker
-// environment, bad command lines, and two launchers meeting through one etcd.
+// environment, bad command lines, and two launchers meeting through one etcd. Then the launcher
+// under hostile conditions: planted links and unusable log directories, a closed or undrained
+// console, a frozen or dead etcd, a second launcher of the same run, workers that exit 75 on
+// their own, every signal a platform may send, wrapped and escaped workers, and /dev/shm after
+// a SIGKILLed launcher.
+#include <dirent.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <iostream>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -17,6 +28,7 @@
 #include <elastic/rendezvous/shm_store.hpp>
 
 #include "support/catch.hpp"
+#include "support/other_user.hpp"
 #include "support/process.hpp"
 #if defined(ELASTIC_ETCD_SERVER) && defined(ELASTIC_GROUP_WORKER)
 #include "support/etcd_server.hpp"
@@ -42,23 +54,40 @@ std::size_t count(const std::string& text, const std::string& what) {
   return n;
 }
 
-/// elastic-run with its logs under `dir`, run id `run`, then `args` (options, "--", program).
+bool contains(const std::string& text, const std::string& what) { return text.find(what) != std::string::npos; }
+
+/// A run id no other test process uses at the same time (the default store is named after it,
+/// and a second launcher of a live run is refused).
+std::string unique_run(const std::string& base) { return base + "-" + std::to_string(::getpid()); }
+
+/// Runs elastic-run through `sh -c 'exec elastic-run ... 2>>FILE'`: the same process (exec), its
+/// stderr in FILE for the test to read.
+child_process spawn_tool(const std::vector<std::string>& args, const std::string& err_file, uid_t uid = -1,
+                         gid_t gid = -1) {
+  std::vector<std::string> argv{"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>>\"$ELASTIC_TEST_ERR\"", ELASTIC_RUN_TOOL};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return child_process::spawn_as(uid, gid, argv, {{"ELASTIC_TEST_ERR", err_file}});
+}
+
+/// elastic-run with its logs under `dir`, run id `run` (made unique), then `args` (options,
+/// "--", program). Its stderr goes to err(), and to the test's stderr when it has ended.
 struct launch {
   temp_dir dir;
   std::string run;
   child_process proc;
   std::vector<std::string> console;
 
-  launch(std::string run_id, std::vector<std::string> options, std::vector<std::string> program)
-      : run(std::move(run_id)) {
-    std::vector<std::string> argv{ELASTIC_RUN_TOOL, "--run-id", run, "--log-dir", dir.path()};
+  launch(const std::string& run_id, std::vector<std::string> options, std::vector<std::string> program)
+      : run(unique_run(run_id)) {
+    std::vector<std::string> argv{"--run-id", run, "--log-dir", dir.path()};
     argv.insert(argv.end(), options.begin(), options.end());
     argv.push_back("--");
     argv.insert(argv.end(), program.begin(), program.end());
-    proc = child_process::spawn(argv);
+    proc = spawn_tool(argv, dir.file("launcher.err"));
   }
   std::string log(int slot) const { return slurp(dir.path() + "/" + run + "/rank-" + std::to_string(slot) + ".log"); }
   std::string events() const { return slurp(dir.path() + "/" + run + "/events.jsonl"); }
+  std::string err() const { return slurp(dir.file("launcher.err")); }
   /// The exit code once elastic-run ended (reading its console meanwhile), or -1.
   int finish(std::chrono::milliseconds timeout = 60s) {
     const auto until = std::chrono::steady_clock::now() + timeout;
@@ -66,9 +95,11 @@ struct launch {
       while (auto l = proc.read_line(0ms)) console.push_back(*l);
       if (auto st = proc.wait_for(10ms)) {
         while (auto l = proc.read_line(0ms)) console.push_back(*l);
+        std::cerr << err();
         return WIFEXITED(*st) ? WEXITSTATUS(*st) : -1;
       }
     }
+    std::cerr << err();
     return -1;
   }
 };
@@ -84,7 +115,91 @@ bool wait_for_file(const std::string& path, std::chrono::milliseconds timeout) {
   return true;
 }
 
+/// Polls `done` every 5 ms until it holds or `timeout` passes; its last answer.
+bool eventually(const std::function<bool()>& done, std::chrono::milliseconds timeout) {
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() >= until) return done();
+    std::this_thread::sleep_for(5ms);
+  }
+  return true;
+}
+
 pid_t read_pid(const std::string& path) { return static_cast<pid_t>(std::stol(slurp(path))); }
+
+bool gone(pid_t pid) { return !elastic::detail::process_alive(pid, 0); }
+
+/// The names under /dev/shm that contain `part`.
+std::vector<std::string> shm_names(const std::string& part) {
+  std::vector<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
+    const std::string name = e.path().filename().string();
+    if (contains(name, part)) out.push_back(name);
+  }
+  return out;
+}
+
+/// elastic-run with stdout and stderr on pipes the test holds: to close them, or never read them.
+struct piped_launch {
+  temp_dir dir;
+  std::string run;
+  pid_t pid = -1;
+  int out = -1, err = -1;
+  std::optional<int> status;
+
+  piped_launch(const std::string& run_id, std::vector<std::string> options, std::vector<std::string> program)
+      : run(unique_run(run_id)) {
+    std::vector<std::string> argv{ELASTIC_RUN_TOOL, "--run-id", run, "--log-dir", dir.path()};
+    argv.insert(argv.end(), options.begin(), options.end());
+    argv.push_back("--");
+    argv.insert(argv.end(), program.begin(), program.end());
+    std::vector<char*> args;
+    for (auto& a : argv) args.push_back(a.data());
+    args.push_back(nullptr);
+    int o[2], e[2];
+    REQUIRE(::pipe2(o, O_CLOEXEC) == 0);
+    REQUIRE(::pipe2(e, O_CLOEXEC) == 0);
+    pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      ::dup2(o[1], STDOUT_FILENO);
+      ::dup2(e[1], STDERR_FILENO);
+      ::execv(args[0], args.data());
+      ::_exit(127);
+    }
+    ::close(o[1]);
+    ::close(e[1]);
+    out = o[0];
+    err = e[0];
+  }
+  piped_launch(const piped_launch&) = delete;
+  piped_launch& operator=(const piped_launch&) = delete;
+  ~piped_launch() {
+    close_pipes();
+    if (!status) {
+      ::kill(pid, SIGKILL);
+      int st = 0;
+      ::waitpid(pid, &st, 0);
+    }
+  }
+  void close_pipes() {
+    if (out >= 0) ::close(out);
+    if (err >= 0) ::close(err);
+    out = err = -1;
+  }
+  std::string log(int slot) const { return slurp(dir.path() + "/" + run + "/rank-" + std::to_string(slot) + ".log"); }
+  bool running() {
+    if (status) return false;
+    int st = 0;
+    if (::waitpid(pid, &st, WNOHANG) == pid) status = st;
+    return !status;
+  }
+  /// The exit code if it exited within `timeout`; -1 if it still runs or died of a signal.
+  int finish(std::chrono::milliseconds timeout) {
+    eventually([&] { return !running(); }, timeout);
+    return status && WIFEXITED(*status) ? WEXITSTATUS(*status) : -1;
+  }
+};
 
 }  // namespace
 
@@ -111,11 +226,12 @@ TEST_CASE("restarts used up: the others are stopped and elastic-run exits 1") {
   CHECK(l.events().find("restarts are used up") != std::string::npos);
 }
 
-TEST_CASE("a worker that exits 75 is restarted without counting a failure") {
-  launch l("preempt", {"--nproc-per-node", "2", "--max-restarts", "0"}, {worker, "preempt-once"});
+TEST_CASE("a worker that exits 75 after a preemption notice of its own is restarted at once without counting a failure") {
+  launch l("preempt", {"--nproc-per-node", "2", "--max-restarts", "0"}, {worker, "notice-once"});
   REQUIRE(l.finish() == 0);
   CHECK(count(l.log(0), "started: pid") == 2);
-  CHECK(l.log(0).find("exited with code 75 (preempted") != std::string::npos);
+  CHECK(l.log(0).find("exited with code 75 (preempted, state saved)") != std::string::npos);
+  CHECK(contains(l.events(), "\"delay_ms\":0"));
 }
 
 TEST_CASE("SIGTERM: workers exit 75 within the grace, a straggler is SIGKILLed, elastic-run exits 75") {
@@ -182,16 +298,20 @@ TEST_CASE("the worker environment follows the contract") {
            {worker, "env", out.file("env")});
   REQUIRE(l.finish() == 0);
   const std::string e1 = slurp(out.file("env.1"));
-  for (const char* want : {"ELASTIC_RUN_ID=envrun\n", "ELASTIC_RANK=1\n", "ELASTIC_LOCAL_RANK=1\n", "ELASTIC_WORLD_SIZE=2\n",
-                           "ELASTIC_LOCAL_WORLD_SIZE=2\n", "ELASTIC_RESTART_COUNT=0\n", 
-                           "ELASTIC_RDZV=shm://elastic-envrun\n", "ELASTIC_MIN_NODES=2\n", "ELASTIC_MAX_NODES=4\n",
-                           "ELASTIC_STEP_TIMEOUT=2.500\n", "ELASTIC_GRACE=7.000\n", "RANK=1\n", "WORLD_SIZE=2\n",
-                           "LOCAL_RANK=1\n", "ELASTIC_HOST_ADDR=127.0.0.1\n"}) {
+  for (const std::string& want : {"ELASTIC_RUN_ID=" + l.run + "\n", std::string("ELASTIC_RANK=1\n"), std::string("ELASTIC_LOCAL_RANK=1\n"),
+                                 std::string("ELASTIC_WORLD_SIZE=2\n"), std::string("ELASTIC_LOCAL_WORLD_SIZE=2\n"),
+                                 std::string("ELASTIC_RESTART_COUNT=0\n"), "ELASTIC_RDZV=shm://elastic-" + l.run + "\n",
+                                 std::string("ELASTIC_MIN_NODES=2\n"), std::string("ELASTIC_MAX_NODES=4\n"),
+                                 std::string("ELASTIC_STEP_TIMEOUT=2.500\n"), std::string("ELASTIC_GRACE=7.000\n"),
+                                 std::string("RANK=1\n"), std::string("WORLD_SIZE=2\n"), std::string("LOCAL_RANK=1\n"),
+                                 std::string("ELASTIC_HOST_ADDR=127.0.0.1\n"),
+                                 // elastic-run ignores SIGPIPE and blocks signals; its workers must not.
+                                 std::string("SIGPIPE=default\n"), std::string("SIGMASK=empty\n")}) {
     CHECK(e1.find(want) != std::string::npos);
   }
-  CHECK(e1.find("ELASTIC_EVENTS=" + l.dir.path() + "/envrun/events.jsonl\n") != std::string::npos);
+  CHECK(e1.find("ELASTIC_EVENTS=" + l.dir.path() + "/" + l.run + "/events.jsonl\n") != std::string::npos);
   CHECK(e1.find("ELASTIC_PARTICIPANT_ID=") != std::string::npos);
-  CHECK(e1.find("ELASTIC_WATCHDOG=elastic-envrun-") != std::string::npos);
+  CHECK(e1.find("ELASTIC_WATCHDOG=elastic-" + l.run + "-") != std::string::npos);
   CHECK(slurp(out.file("env.0")).find("ELASTIC_RANK=0\n") != std::string::npos);
 }
 
@@ -212,6 +332,9 @@ TEST_CASE("bad command lines are refused with exit 2 and the reason") {
                                                                 {"--bogus", "--", worker},
                                                                 {"--rdzv", "http://x", "--", worker},
                                                                 {"--host-addr", "a b", "--", worker},
+                                                                {"--preempt-signal", "KILL", "--", worker},
+                                                                {"--preempt-signal", "SIGBOGUS", "--", worker},
+                                                                {"--quiet=yes", "--", worker},
                                                                 {"--nproc-per-node", "2"}}) {
     std::vector<std::string> argv{ELASTIC_RUN_TOOL};
     argv.insert(argv.end(), args.begin(), args.end());
@@ -252,3 +375,383 @@ TEST_CASE("two launchers meet through one etcd and train as one group") {
   CHECK(finals[0] == finals[1]);
 }
 #endif
+
+// ---- Exit 75 with no notice: backoff and the crash-loop bound (exit 3) ----
+
+TEST_CASE("a worker that keeps exiting 75 with no notice and no progress is backed off and ends the run with exit 3") {
+  launch l("tempfail", {"--nproc-per-node", "2", "--max-restarts", "3", "--grace", "5"}, {worker, "tempfail"});
+  REQUIRE(l.finish(60s) == 3);
+  CHECK(count(l.log(0), "started: pid") == 4);  // the first life and 3 restarts, then the bound
+  CHECK(count(l.log(0), "exited with code 75 (preempted, with no preemption notice)") == 4);
+  // Exponential backoff, in the events (the delays are what the launcher chose, not timings).
+  const std::string ev = l.events();
+  CHECK(contains(ev, "\"event\":\"worker_restart\",") );
+  CHECK(contains(ev, "\"delay_ms\":100"));
+  CHECK(contains(ev, "\"delay_ms\":200"));
+  CHECK(contains(ev, "\"delay_ms\":400"));
+  CHECK(contains(ev, "\"event\":\"launcher_crash_loop\""));
+  CHECK(contains(l.log(1), "terminating: exit 75"));  // the others were stopped in order
+  CHECK(contains(l.err(), "crash loop"));
+  CHECK(contains(l.err(), "exit code        3 (crash loop: no progress; do not requeue)"));
+}
+
+TEST_CASE("exits 75 with a checkpoint committed in between are progress: the run goes on") {
+  launch l("progress", {"--nproc-per-node", "1", "--max-restarts", "1"}, {worker, "tempfail-progress", "4"});
+  REQUIRE(l.finish(60s) == 0);
+  CHECK(count(l.log(0), "started: pid") == 5);
+  // Progress starts a new row and resets the backoff: every restart is the first of its row.
+  CHECK(count(l.events(), "\"delay_ms\":100,\"exits_in_a_row\":1}") == 4);
+}
+
+// ---- Notices: every signal that would end the launcher, platforms that signal everyone ----
+
+TEST_CASE("SIGUSR1, SIGQUIT and every other signal that would end elastic-run are a preemption notice") {
+  for (int sig : {SIGUSR1, SIGQUIT, SIGUSR2, SIGHUP, SIGALRM, SIGXCPU, SIGPWR, SIGVTALRM, SIGRTMIN + 3}) {
+    INFO("signal " << sig);
+    temp_dir pids;
+    launch l("notice", {"--nproc-per-node", "1", "--grace", "10"}, {worker, "term", "0", pids.file("pid"), "none"});
+    REQUIRE(wait_for_file(pids.file("pid.0"), 20s));
+    l.proc.kill(sig);
+    REQUIRE(l.finish(20s) == 75);
+    CHECK(contains(l.log(0), "terminating after 1 notices"));  // forwarded as SIGTERM
+    CHECK(contains(l.err(), "a preemption notice"));
+    CHECK(contains(l.err(), "exit code        75"));
+    CHECK(shm_names(l.run).empty());
+  }
+}
+
+TEST_CASE("a signal that ends nothing is a preemption notice too when named with --preempt-signal") {
+  temp_dir pids;
+  launch l("winch", {"--nproc-per-node", "1", "--preempt-signal", "WINCH,usr2"}, {worker, "term", "0", pids.file("pid"), "none"});
+  REQUIRE(wait_for_file(pids.file("pid.0"), 20s));
+  l.proc.kill(SIGWINCH);
+  REQUIRE(l.finish(20s) == 75);
+  CHECK(contains(l.log(0), "terminating after 1 notices"));
+  CHECK(contains(l.err(), "SIGWINCH: a preemption notice"));
+}
+
+TEST_CASE("signals within 2 s of a notice are the same notice: the workers keep their grace") {
+  temp_dir pids;
+  // The workers take 1.5 s to "checkpoint"; the platform signals the launcher three times and
+  // the workers themselves, as Slurm and systemd do.
+  launch l("window", {"--nproc-per-node", "2", "--grace", "20"}, {worker, "term", "1500", pids.file("pid"), "none"});
+  for (int s = 0; s < 2; ++s) REQUIRE(wait_for_file(pids.file("pid." + std::to_string(s)), 20s));
+  l.proc.kill(SIGTERM);
+  std::this_thread::sleep_for(200ms);
+  l.proc.kill(SIGINT);
+  ::kill(read_pid(pids.file("pid.0")), SIGTERM);
+  std::this_thread::sleep_for(200ms);
+  l.proc.kill(SIGTERM);
+  REQUIRE(l.finish(30s) == 75);
+  for (int s = 0; s < 2; ++s) {
+    CHECK(contains(l.log(s), "exited with code 75"));
+    CHECK_FALSE(contains(l.log(s), "SIGKILL"));
+  }
+  CHECK(contains(l.err(), "the same notice"));
+  CHECK_FALSE(contains(l.err(), "killed at grace"));
+}
+
+TEST_CASE("a signal more than 2 s after the notice kills the workers at once") {
+  temp_dir pids;
+  launch l("again", {"--nproc-per-node", "2", "--grace", "60"}, {worker, "wait", pids.file("pid")});
+  for (int s = 0; s < 2; ++s) REQUIRE(wait_for_file(pids.file("pid." + std::to_string(s)), 20s));
+  l.proc.kill(SIGTERM);
+  std::this_thread::sleep_for(2500ms);
+  l.proc.kill(SIGTERM);
+  REQUIRE(l.finish(30s) == 75);  // long before the 60 s grace
+  CHECK(contains(l.log(1), "did not exit within the grace: SIGKILL"));  // slot 1 ignores SIGTERM
+  CHECK(contains(l.err(), "again: killing the workers now"));
+}
+
+TEST_CASE("'state saved' is said only when a worker committed the final checkpoint") {
+  temp_dir pids;
+  SECTION("committed") {
+    launch l("saved", {"--nproc-per-node", "2"}, {worker, "term", "0", pids.file("pid"), "saved"});
+    for (int s = 0; s < 2; ++s) REQUIRE(wait_for_file(pids.file("pid." + std::to_string(s)), 20s));
+    l.proc.kill(SIGTERM);
+    REQUIRE(l.finish(20s) == 75);
+    CHECK(contains(l.err(), "exit code        75 (preempted: state saved, run the same command again)"));
+    CHECK(contains(l.log(0), "exited with code 75 (preempted, state saved)"));
+    CHECK(contains(l.log(1), "exited with code 75 (preempted)"));  // it did not commit the step
+  }
+  SECTION("not committed") {
+    launch l("unsaved", {"--nproc-per-node", "2"}, {worker, "term", "0", pids.file("pid"), "unsaved"});
+    for (int s = 0; s < 2; ++s) REQUIRE(wait_for_file(pids.file("pid." + std::to_string(s)), 20s));
+    l.proc.kill(SIGTERM);
+    REQUIRE(l.finish(20s) == 75);
+    CHECK_FALSE(contains(l.err(), "state saved"));
+    CHECK(contains(l.err(), "the final checkpoint was not confirmed; the newest committed step is 3"));
+    CHECK_FALSE(contains(l.log(0), "state saved"));
+  }
+  SECTION("nothing committed at all") {
+    launch l("nothing", {"--nproc-per-node", "1"}, {worker, "term", "0", pids.file("pid"), "none"});
+    REQUIRE(wait_for_file(pids.file("pid.0"), 20s));
+    l.proc.kill(SIGTERM);
+    REQUIRE(l.finish(20s) == 75);
+    CHECK_FALSE(contains(l.err(), "state saved"));
+    CHECK(contains(l.err(), "no checkpoint was committed in this run"));
+  }
+}
+
+// ---- Run ids, empty values, unusable and hostile log directories ----
+
+TEST_CASE("a run id is a plain name and an empty value is a command-line error: exit 2, nothing written") {
+  temp_dir d;
+  const std::string logs = d.file("logs");
+  for (const auto& args : std::vector<std::vector<std::string>>{{"--run-id", ".."},
+                                                                {"--run-id", "."},
+                                                                {"--run-id", "a/b"},
+                                                                {"--run-id", "../escape"},
+                                                                {"--run-id=", "--log-dir", logs},
+                                                                {"--run-id", ""},
+                                                                {"--log-dir="},
+                                                                {"--events="},
+                                                                {"--rdzv="},
+                                                                {"--grace="},
+                                                                {"--preempt-signal="},
+                                                                {"--preempt-signal", "USR1,"}}) {
+    std::vector<std::string> argv{"--log-dir", logs};
+    argv.insert(argv.end(), args.begin(), args.end());
+    argv.insert(argv.end(), {"--", worker, "env", d.file("env")});
+    INFO(args.front() << " " << (args.size() > 1 ? args[1] : ""));
+    auto p = spawn_tool(argv, d.file("err"));
+    CHECK(p.exit_code(10s) == 2);
+  }
+  // From the environment too.
+  auto p = child_process::spawn({"/bin/sh", "-c", "ELASTIC_RUN_ID=.. exec \"$0\" \"$@\" 2>/dev/null", ELASTIC_RUN_TOOL, "--log-dir",
+                            logs, "--", worker, "env", d.file("env")});
+  CHECK(p.exit_code(10s) == 2);
+  CHECK_FALSE(std::filesystem::exists(d.file("rank-0.log")));  // nothing outside --log-dir
+  CHECK_FALSE(std::filesystem::exists(d.file("env.0")));       // and nothing started
+  CHECK(contains(slurp(d.file("err")), "is not a run id"));
+  CHECK(contains(slurp(d.file("err")), "needs a value, got an empty one"));
+}
+
+TEST_CASE("a --log-dir that is a regular file is refused with exit 2 and the reason") {
+  temp_dir d;
+  std::ofstream(d.file("file")) << "not a directory\n";
+  auto p = spawn_tool({"--log-dir", d.file("file"), "--run-id", unique_run("file"), "--", worker, "env", d.file("env")},
+                      d.file("err"));
+  CHECK(p.exit_code(10s) == 2);
+  const std::string err = slurp(d.file("err"));
+  CHECK(contains(err, "--log-dir " + d.file("file")));
+  CHECK(contains(err, "not a directory"));
+  CHECK_FALSE(contains(err, "terminate"));
+}
+
+TEST_CASE("a --log-dir the user cannot write to is refused with exit 2 and the reason") {
+  const auto other = elastic::test::require_other_user();
+  temp_dir d, errs;
+  ::chmod(d.path().c_str(), 0755);
+  ::chmod(errs.path().c_str(), 0777);
+  REQUIRE(::mkdir(d.file("ro").c_str(), 0755) == 0);  // root's: the other user cannot write here
+  auto p = spawn_tool({"--log-dir", d.file("ro"), "--run-id", unique_run("ro"), "--", "/bin/true"}, errs.file("err"),
+                      other.uid, other.gid);
+  CHECK(p.exit_code(10s) == 2);
+  const std::string err = slurp(errs.file("err"));
+  INFO(err);
+  CHECK(contains(err, "--log-dir " + d.file("ro")));
+  CHECK(contains(err, "Permission denied"));
+}
+
+TEST_CASE("planted symbolic links in the run's log directory are refused, never written through") {
+  const auto other = elastic::test::require_other_user();
+  temp_dir d;
+  ::chmod(d.path().c_str(), 0755);
+  const std::string run = unique_run("planted");
+  const std::string dir = d.file(run);
+  const std::string victim = d.file("victim");
+  std::ofstream(victim) << "precious\n";
+  std::string planted, expected_reason;
+  SECTION("in a run directory another user made") {
+    REQUIRE(::mkdir(dir.c_str(), 0755) == 0);
+    REQUIRE(::chown(dir.c_str(), other.uid, other.gid) == 0);
+    planted = dir + "/rank-0.log";
+    expected_reason = "belongs to uid " + std::to_string(other.uid);
+  }
+  SECTION("in a shared (sticky) run directory, by another user") {
+    REQUIRE(::mkdir(dir.c_str(), 01777) == 0);
+    ::chmod(dir.c_str(), 01777);
+    planted = dir + "/events.jsonl";
+    // O_NOFOLLOW refuses it, unless the kernel's protected_symlinks already did (EACCES).
+    expected_reason = "";
+  }
+  REQUIRE(::symlink(victim.c_str(), planted.c_str()) == 0);
+  REQUIRE(::lchown(planted.c_str(), other.uid, other.gid) == 0);
+  auto p = spawn_tool({"--log-dir", d.path(), "--run-id", run, "--", worker, "env", d.file("env")}, d.file("err"));
+  CHECK(p.exit_code(10s) == 2);
+  CHECK(slurp(victim) == "precious\n");
+  CHECK_FALSE(std::filesystem::exists(d.file("env.0")));  // nothing started
+  const std::string err = slurp(d.file("err"));
+  INFO(err);
+  CHECK(contains(err, expected_reason.empty() ? planted : dir));
+  CHECK(contains(err, expected_reason));
+}
+
+// ---- The console: closed, or never read ----
+
+TEST_CASE("a closed console does not kill elastic-run: the logs go on and SIGTERM still ends the run with 75") {
+  piped_launch l("closed", {"--nproc-per-node", "2"}, {worker, "chatter", "100"});
+  pollfd p{l.out, POLLIN, 0};
+  REQUIRE(::poll(&p, 1, 20'000) == 1);  // the workers talk
+  l.close_pipes();                      // `| head` has read enough
+  std::this_thread::sleep_for(500ms);
+  REQUIRE(l.running());  // not killed by SIGPIPE
+  const std::size_t before = l.log(0).size();
+  REQUIRE(eventually([&] { return l.log(0).size() > before; }, 10s));  // the log still grows
+  ::kill(l.pid, SIGTERM);
+  REQUIRE(l.finish(30s) == 75);
+  for (int s = 0; s < 2; ++s) CHECK(contains(l.log(s), "exited with code 75"));
+  CHECK(shm_names(l.run).empty());
+}
+
+TEST_CASE("an undrained console does not delay a notice: the workers get SIGTERM within 5 s") {
+  piped_launch l("undrained", {"--nproc-per-node", "2", "--grace", "10"}, {worker, "chatter", "4000"});
+  // Nothing reads stdout or stderr: the pipes fill within a fraction of a second.
+  REQUIRE(eventually([&] { return l.log(0).size() > (4u << 20); }, 30s));
+  ::kill(l.pid, SIGTERM);
+  CHECK(eventually([&] { return contains(l.log(0), "terminating: exit 75") && contains(l.log(1), "terminating: exit 75"); },
+                   5s));
+  CHECK(l.finish(20s) == 75);  // its last words do not wait for a reader that never comes
+}
+
+// ---- The store: a frozen or dead etcd never holds the supervision loop ----
+
+#if defined(ELASTIC_ETCD_SERVER) && defined(ELASTIC_GROUP_WORKER)
+TEST_CASE("an etcd that stops answering does not delay a notice: the workers get SIGTERM within 5 s") {
+  elastic::test::etcd_server etcd;
+  temp_dir pids;
+  launch l("frozen", {"--nproc-per-node", "2", "--rdzv", etcd.url(), "--grace", "5"},
+           {worker, "term", "0", pids.file("pid"), "none"});
+  for (int s = 0; s < 2; ++s) REQUIRE(wait_for_file(pids.file("pid." + std::to_string(s)), 20s));
+  const pid_t etcd_pid = etcd.pid();
+  SECTION("frozen (SIGSTOP)") { REQUIRE(::kill(etcd_pid, SIGSTOP) == 0); }
+  SECTION("dead (SIGKILL)") { etcd.kill(); }
+  // A worker dies: the launcher retires its alive key in the store that does not answer.
+  const pid_t first = read_pid(pids.file("pid.0"));
+  ::kill(first, SIGKILL);
+  REQUIRE(eventually([&] { return count(l.log(0), "started: pid") == 2; }, 10s));  // restarted meanwhile
+  std::this_thread::sleep_for(300ms);
+  l.proc.kill(SIGTERM);
+  CHECK(eventually([&] { return contains(l.log(1), "terminating after"); }, 5s));
+  CHECK(l.finish(20s) == 75);
+  if (etcd.pid() > 0) ::kill(etcd.pid(), SIGCONT);
+}
+#endif
+
+// ---- One launcher per run (its own store), and what it owns in /dev/shm ----
+
+TEST_CASE("a second launcher of a live run is refused, names the first one's pid, and leaves its store alone") {
+  temp_dir pids;
+  launch a("twice", {"--nproc-per-node", "1", "--max-restarts", "2"}, {worker, "term", "0", pids.file("pid"), "none"});
+  REQUIRE(wait_for_file(pids.file("pid.0"), 20s));
+  const std::string store = "elastic-store.elastic-" + a.run;
+  REQUIRE(std::filesystem::exists("/dev/shm/" + store));
+  {
+    temp_dir d;
+    auto b = spawn_tool({"--run-id", a.run, "--log-dir", d.path(), "--", worker, "env", d.file("env")}, d.file("err"));
+    const pid_t b_pid = b.pid();
+    CHECK(b.exit_code(20s) == 1);
+    const std::string err = slurp(d.file("err"));
+    INFO(err);
+    CHECK(contains(err, "already running"));
+    CHECK(contains(err, "elastic-run pid " + std::to_string(a.proc.pid())));
+    CHECK_FALSE(std::filesystem::exists(d.file("env.0")));  // it started nothing
+    CHECK(shm_names("elastic-timer.elastic-" + a.run + "-" + std::to_string(b_pid)).empty());
+  }
+  CHECK(std::filesystem::exists("/dev/shm/" + store));  // the first run's store is untouched
+  // The first run goes on: a worker death is handled as always.
+  const pid_t first = read_pid(pids.file("pid.0"));
+  ::kill(first, SIGKILL);
+  REQUIRE(eventually([&] { return read_pid(pids.file("pid.0")) != first; }, 10s));  // restarted
+  std::this_thread::sleep_for(200ms);
+  a.proc.kill(SIGTERM);
+  REQUIRE(a.finish(20s) == 75);
+  CHECK_FALSE(std::filesystem::exists("/dev/shm/" + store));  // removed by its owner at the end
+}
+
+TEST_CASE("launchers of one run may share a store given with --rdzv on one host") {
+  const std::string store = elastic::test::unique_name("agentshared");
+  const std::vector<std::string> options{"--nproc-per-node", "1", "--rdzv", "shm://" + store};
+  launch a("shared", options, {worker, "crash-once"});
+  launch b("shared", options, {worker, "crash-once"});
+  CHECK(a.finish() == 0);
+  CHECK(b.finish() == 0);
+  elastic::rendezvous::shm_store::remove(store);
+}
+
+TEST_CASE("a SIGKILLed launcher leaves no worker and nothing in /dev/shm, wrapped and escaped workers included") {
+  temp_dir pids;
+  launch l("sigkill", {"--nproc-per-node", "2"}, {worker, "wrap", "escape", pids.file("pid"), "wait"});
+  std::vector<pid_t> workers;
+  for (const char* kind : {"pid.", "pid.escaped."}) {
+    for (int s = 0; s < 2; ++s) {
+      REQUIRE(wait_for_file(pids.file(kind + std::to_string(s)), 20s));
+      workers.push_back(read_pid(pids.file(kind + std::to_string(s))));
+    }
+  }
+  REQUIRE(shm_names(l.run).size() == 2);  // its store and its watchdog segment
+  l.proc.kill(SIGKILL);
+  l.finish(10s);
+  CHECK(eventually([&] { return std::all_of(workers.begin(), workers.end(), gone); }, 5s));
+  CHECK(eventually([&] { return shm_names(l.run).empty(); }, 5s));
+  for (pid_t p : workers) ::kill(p, SIGKILL);  // whatever the outcome, nothing lingers
+}
+
+TEST_CASE("a worker's leftovers die with it: a restarted worker never meets its previous life's children") {
+  temp_dir pids;
+  launch l("leftovers", {"--nproc-per-node", "1", "--max-restarts", "1"}, {worker, "orphan", pids.file("pid")});
+  REQUIRE(l.finish() == 0);
+  REQUIRE(wait_for_file(pids.file("pid.child.0"), 1s));
+  const pid_t child = read_pid(pids.file("pid.child.0"));
+  CHECK(eventually([&] { return gone(child); }, 5s));
+  ::kill(child, SIGKILL);
+}
+
+TEST_CASE("what escaped a worker with setsid is killed when the run ends") {
+  temp_dir pids;
+  launch l("escaped", {"--nproc-per-node", "2"}, {worker, "escape", pids.file("pid"), "exit"});
+  REQUIRE(l.finish() == 0);
+  for (int s = 0; s < 2; ++s) {
+    REQUIRE(wait_for_file(pids.file("pid.escaped." + std::to_string(s)), 1s));
+    const pid_t escaped = read_pid(pids.file("pid.escaped." + std::to_string(s)));
+    CHECK(eventually([&] { return gone(escaped); }, 5s));
+    ::kill(escaped, SIGKILL);
+  }
+}
+
+TEST_CASE("a launcher that fails at start removes what it made in /dev/shm") {
+  temp_dir d;
+  const std::string run = unique_run("failstart");
+  SECTION("its watchdog segment cannot be made") {
+    // A stranger's object where the launcher's watchdog segment goes (the name holds the
+    // launcher's pid, which the shell keeps across exec): the watchdog refuses it.
+    auto p = child_process::spawn({"/bin/sh", "-c",
+                                   "printf junk > /dev/shm/elastic-timer.elastic-$1-$$; exec \"$0\" --run-id \"$1\" "
+                                   "--log-dir \"$2\" -- \"$3\" env x 2>\"$2/err\"",
+                                   ELASTIC_RUN_TOOL, run, d.path(), worker});
+    CHECK(p.exit_code(20s) == 1);
+    INFO(slurp(d.file("err")));
+  }
+  SECTION("its program cannot be started") {
+    auto p = spawn_tool({"--run-id", run, "--log-dir", d.path(), "--", "/nonexistent/trainer"}, d.file("err"));
+    CHECK(p.exit_code(20s) == 1);
+  }
+  CHECK(eventually([&] { return shm_names(run).empty(); }, 5s));
+  for (const auto& n : shm_names(run)) ::unlink(("/dev/shm/" + n).c_str());
+}
+
+TEST_CASE("objects of dead launchers that nobody removed are swept by the next launcher") {
+  const std::string stale = "elastic-timer.elastic-" + unique_run("stale") + "-4194305";
+  {
+    const int fd = ::open(("/dev/shm/" + stale).c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600);
+    REQUIRE(fd >= 0);
+    REQUIRE(::write(fd, "stale", 5) == 5);
+    ::close(fd);
+  }
+  std::this_thread::sleep_for(2200ms);  // older than a creator that is about to map it could be
+  launch l("sweeper", {"--nproc-per-node", "1"}, {worker, "crash-once"});
+  REQUIRE(l.finish() == 0);
+  CHECK_FALSE(std::filesystem::exists("/dev/shm/" + stale));
+  ::unlink(("/dev/shm/" + stale).c_str());
+}

@@ -2,37 +2,74 @@
 // in include/elastic/agent/; this is its command line.
 //
 //   elastic-run [--nproc-per-node N] [--nnodes MIN[:MAX]] [--rdzv URL] [--run-id ID]
-//               [--max-restarts K] [--step-timeout S] [--grace S] [--log-dir DIR] -- PROGRAM ARGS...
+//               [--max-restarts K] [--step-timeout S] [--grace S] [--preempt-signal SIG]
+//               [--log-dir DIR] -- PROGRAM ARGS...
+//
+// Exit codes (include/elastic/agent/exit_codes.hpp): 0 done, 1 failed, 2 bad command line or
+// path, 3 crash loop, 75 preempted. Nothing ends it with std::terminate: every error is caught.
 #include <cstdio>
+#include <cstdlib>
+#include <exception>
 #include <string_view>
 #include <vector>
 
+#include <elastic/agent/exit_codes.hpp>
 #include <elastic/agent/launcher.hpp>
 #include <elastic/agent/options.hpp>
 #include <elastic/config.hpp>
 
-int main(int argc, char** argv) {
+namespace {
+
+/// Errors that mean "fix the command": a bad value, a name we refuse, a path we may not use.
+bool usage_error(const elastic::error& e) {
+  return e.code() == elastic::errc::invalid_argument || e.code() == elastic::errc::bad_name ||
+         e.code() == elastic::errc::unsafe_path;
+}
+
+int run(int argc, char** argv) {
   std::vector<std::string_view> args(argv + 1, argv + argc);
   elastic::agent::launch_options opts;
   try {
     opts = elastic::agent::parse_command_line(args);
   } catch (const elastic::error& e) {
     std::fprintf(stderr, "elastic-run: %s\n\n%s", e.what(), elastic::agent::usage_text.data());
-    return 2;
+    return elastic::agent::exit_usage;
   }
   if (opts.command.front() == "--help" || opts.command.front() == "-h") {
     std::fputs(elastic::agent::usage_text.data(), stdout);
-    return 0;
+    return elastic::agent::exit_done;
   }
   if (opts.command.front() == "--version") {
     std::printf("elastic-run %s\n", ELASTIC_VERSION_STRING);
-    return 0;
+    return elastic::agent::exit_done;
   }
   try {
     elastic::agent::launcher launcher(std::move(opts));
     return launcher.run();
   } catch (const elastic::error& e) {
     std::fprintf(stderr, "elastic-run: %s\n", e.what());
-    return 1;
+    return usage_error(e) ? elastic::agent::exit_usage : elastic::agent::exit_failed;
   }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int code = elastic::agent::exit_failed;
+  try {
+    code = run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "elastic-run: %s\n", e.what());
+    code = elastic::agent::exit_failed;
+  } catch (...) {
+    std::fprintf(stderr, "elastic-run: an unexpected error\n");
+    code = elastic::agent::exit_failed;
+  }
+  if (elastic::agent::detail::store_thread_abandoned.load()) {
+    // A store call is still stuck in the network on its thread: do not run static destructors
+    // under it.
+    std::fflush(nullptr);
+    std::_Exit(code);
+  }
+  return code;
 }

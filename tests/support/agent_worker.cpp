@@ -12,9 +12,34 @@
 //   retire          first life: sets its alive key /elastic/RUN/alive/PARTICIPANT (no lease) in the
 //                   store of ELASTIC_RDZV and SIGKILLs itself; second life: prints
 //                   "key-present=<0|1>" and exits 0
+//   notice-once     slot 0, first life: logs loop_preempted (a notice it got itself, final
+//                   checkpoint saved) and exits 75; then everyone exits 0
+//   tempfail        slot 0 exits 75 at once, every life, with no notice; the others wait for
+//                   SIGTERM (exit 75)
+//   tempfail-progress N
+//                   slot 0, lives 0..N-1: logs checkpoint_commit (step = life) and exits 75;
+//                   life N exits 0. The others exit 0 at once
+//   term MS FILE [none|saved|unsaved]
+//                   writes its pid to FILE.<slot>; slot 0 logs checkpoint_commit step 3 (unless
+//                   none); waits for SIGTERM, MS ms more (checkpointing), counts the SIGTERMs
+//                   meanwhile; saved: slot 0 logs checkpoint_commit step 4 and loop_preempted
+//                   with final_checkpoint true, the others false; unsaved: all false; prints
+//                   "terminating after K notices: exit 75" and exits 75
+//   chatter BYTES   lines of BYTES characters on stdout, one a millisecond, until SIGTERM: then
+//                   "terminating: exit 75" and exit 75
+//   wrap MODE ARGS  runs itself with MODE ARGS as a child (same process group) and exits with
+//                   its status, as a shell script that does not exec would
+//   escape FILE wait|exit
+//                   starts a child that leaves with setsid(), writes its pid to
+//                   FILE.escaped.<slot> and sleeps forever; then behaves as `wait FILE` or exits 0
+//   orphan FILE     first life: starts a child (in the worker's process group) that writes its pid to
+//                   FILE.child.<slot> and sleeps forever, then exits 1; later lives exit 0
+// `env` also reports the signal state the worker got: SIGPIPE=<default|ignored>, SIGMASK=<empty|...>.
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <csignal>
 #include <chrono>
 #include <cstdio>
@@ -24,6 +49,7 @@
 #include <string>
 #include <thread>
 
+#include <elastic/events.hpp>
 #include <elastic/rendezvous/shm_store.hpp>
 #include <elastic/rendezvous/store_url.hpp>
 #include <elastic/timer/expires.hpp>
@@ -31,7 +57,17 @@
 namespace {
 
 volatile sig_atomic_t terminated = 0;
-void on_term(int) { terminated = 1; }
+void on_term(int) { terminated = terminated + 1; }
+
+void write_pid(const std::string& file) {
+  const std::string tmp = file + ".tmp";
+  std::ofstream(tmp) << ::getpid() << "\n";
+  std::rename(tmp.c_str(), file.c_str());  // readers never see it half-written
+}
+
+void sleep_forever() {
+  for (;;) ::pause();
+}
 
 long env_long(const char* name) {
   const char* v = std::getenv(name);
@@ -55,6 +91,14 @@ int main(int argc, char** argv) {
       const char* v = std::getenv(k);
       out << k << "=" << (v ? v : "<unset>") << "\n";
     }
+    struct sigaction pipe_action {};
+    ::sigaction(SIGPIPE, nullptr, &pipe_action);
+    out << "SIGPIPE=" << (pipe_action.sa_handler == SIG_IGN ? "ignored" : "default") << "\n";
+    sigset_t mask;
+    ::sigprocmask(SIG_SETMASK, nullptr, &mask);
+    bool empty = true;
+    for (int sig = 1; sig < NSIG; ++sig) empty = empty && sigismember(&mask, sig) != 1;
+    out << "SIGMASK=" << (empty ? "empty" : "blocked") << "\n";
     return 0;
   }
   if (mode == "crash-once") {
@@ -71,7 +115,7 @@ int main(int argc, char** argv) {
     if (mode == "crash-always" && slot == 0) return 3;
     if (mode == "wait") {
       if (slot == 1) std::signal(SIGTERM, SIG_IGN);
-      std::ofstream(std::string(argv[2]) + "." + std::to_string(slot)) << ::getpid() << "\n";
+      write_pid(std::string(argv[2]) + "." + std::to_string(slot));
     }
     std::puts("waiting");
     while (!terminated) ::pause();
@@ -108,6 +152,92 @@ int main(int argc, char** argv) {
     }
     std::printf("key-present=%d\n", store.get(key).has_value() ? 1 : 0);
     return 0;
+  }
+  if (mode == "notice-once") {
+    if (slot == 0 && first_life) {
+      elastic::event_log::from_env().emit("loop_preempted", {{"reason", "preempted"}, {"step", 5}, {"final_checkpoint", true}});
+      return 75;
+    }
+    return 0;
+  }
+  if (mode == "tempfail") {
+    std::signal(SIGTERM, on_term);
+    if (slot == 0) return 75;
+    while (!terminated) ::pause();
+    std::puts("terminating: exit 75");
+    return 75;
+  }
+  if (mode == "tempfail-progress" && argc > 2) {
+    const long life = env_long("ELASTIC_RESTART_COUNT");
+    if (slot != 0 || life >= std::atol(argv[2])) return 0;
+    elastic::event_log::from_env().emit("checkpoint_commit", {{"step", life}});
+    return 75;
+  }
+  if (mode == "term" && argc > 3) {
+    std::signal(SIGTERM, on_term);
+    const std::string saving = argc > 4 ? argv[4] : "none";
+    auto events = elastic::event_log::from_env();
+    if (slot == 0 && saving != "none") events.emit("checkpoint_commit", {{"step", 3}});
+    write_pid(std::string(argv[3]) + "." + std::to_string(slot));
+    std::puts("waiting");
+    while (!terminated) ::pause();
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::atol(argv[2])));
+    if (saving == "saved" && slot == 0) {
+      events.emit("checkpoint_commit", {{"step", 4}});
+      events.emit("loop_preempted", {{"reason", "preempted"}, {"step", 4}, {"final_checkpoint", true}});
+    } else if (saving != "none") {
+      events.emit("loop_preempted", {{"reason", "preempted"}, {"step", 4}, {"final_checkpoint", false}});
+    }
+    std::printf("terminating after %d notices: exit 75\n", static_cast<int>(terminated));
+    return 75;
+  }
+  if (mode == "chatter" && argc > 2) {
+    std::signal(SIGTERM, on_term);
+    const std::string line(static_cast<std::size_t>(std::atol(argv[2])), 'x');
+    for (long i = 0; !terminated; ++i) {
+      std::printf("%ld %s\n", i, line.c_str());
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    std::puts("terminating: exit 75");
+    return 75;
+  }
+  if (mode == "wrap" && argc > 2) {
+    const pid_t child = ::fork();
+    if (child == 0) {
+      argv[1] = argv[0];
+      ::execv(argv[0], argv + 1);
+      ::_exit(127);
+    }
+    int st = 0;
+    while (::waitpid(child, &st, 0) < 0 && errno == EINTR) {
+    }
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  }
+  if (mode == "escape" && argc > 3) {
+    const std::string file = std::string(argv[2]) + ".escaped." + std::to_string(slot);
+    const pid_t child = ::fork();
+    if (child == 0) {
+      ::setsid();
+      write_pid(file);
+      sleep_forever();
+    }
+    while (::access(file.c_str(), F_OK) != 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    if (std::string(argv[3]) != "wait") return 0;
+    std::signal(SIGTERM, on_term);
+    write_pid(std::string(argv[2]) + "." + std::to_string(slot));
+    while (!terminated) ::pause();
+    return 75;
+  }
+  if (mode == "orphan" && argc > 2) {
+    if (!first_life) return 0;
+    const std::string file = std::string(argv[2]) + ".child." + std::to_string(slot);
+    const pid_t child = ::fork();
+    if (child == 0) {
+      write_pid(file);
+      sleep_forever();
+    }
+    while (::access(file.c_str(), F_OK) != 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    return 1;
   }
   return 2;
 }

@@ -1,52 +1,66 @@
 // The agent behind elastic-run: starts the workers of one host, hosts their watchdog, restarts the
-// ones that fail while the others go on, turns SIGTERM into an orderly preemption, keeps every
-// worker's output, and says at the end what happened and what it cost.
+// ones that fail while the others go on, turns a preemption notice into an orderly stop, keeps
+// every worker's output, and says at the end what happened and what it cost.
 //
 //   elastic::agent::launcher l(elastic::agent::parse_command_line(args));
-//   return l.run();    // 0 done, 75 preempted (retry me), 1 failed
+//   return l.run();    // see exit_codes.hpp: 0 done, 75 preempted, 1 failed, 3 crash loop
 //
-// Signals: SIGCHLD, SIGTERM, SIGINT and SIGHUP are blocked in the thread that constructs the
-// launcher (before the watchdog thread starts, so it inherits the mask) and read from a
-// signalfd: no handler runs, and the loop sleeps in poll() until a worker writes, exits, or a
-// signal comes.
+// The launcher is the last thing that may fail, so nothing outside may stall or kill it:
+//   - Signals: every signal that could end it is blocked in the thread that constructs it (before
+//     any thread starts, so all inherit the mask) and read from a signalfd; each is a preemption
+//     notice, forwarded to the workers as SIGTERM. Signals within 2 s of a notice are the same
+//     notice (platforms signal every process); one after that kills the workers at once.
+//   - The loop sleeps in poll() until a worker writes, exits, a signal comes, the console takes
+//     more, a restart is due or the grace ends. The console never blocks it (console.hpp), the
+//     store never does (async_store.hpp), SIGPIPE is ignored (workers get it back by default).
+//   - Nothing outlives it: it is a child subreaper, kills each worker's whole process group, and
+//     kills what escaped at the end; a guardian process (guardian.hpp) does the same and removes
+//     its /dev/shm objects if the launcher itself is SIGKILLed.
+//   - Paths under --log-dir are opened through private_dir: no planted link is followed.
 #pragma once
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/signalfd.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <poll.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
-#include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <map>
 #include <memory>
 #include <optional>
 #include <random>
-#include <set>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <elastic/agent/async_store.hpp>
+#include <elastic/agent/console.hpp>
+#include <elastic/agent/exit_codes.hpp>
+#include <elastic/agent/guardian.hpp>
 #include <elastic/agent/log_pump.hpp>
 #include <elastic/agent/options.hpp>
+#include <elastic/agent/process_tree.hpp>
+#include <elastic/agent/run_events.hpp>
+#include <elastic/agent/run_lock.hpp>
 #include <elastic/agent/worker_process.hpp>
-#include <elastic/checkpoint/preemption.hpp>
 #include <elastic/detail/file.hpp>
-#include <elastic/detail/json.hpp>
+#include <elastic/detail/private_dir.hpp>
 #include <elastic/detail/process.hpp>
+#include <elastic/detail/shm_object.hpp>
 #include <elastic/error.hpp>
 #include <elastic/events.hpp>
 #include <elastic/rendezvous/host_address.hpp>
-#include <elastic/rendezvous/open_store.hpp>
+#include <elastic/rendezvous/store_url.hpp>
 #include <elastic/timer/watchdog.hpp>
 
 extern char** environ;
@@ -56,32 +70,35 @@ namespace elastic::agent {
 /// What a run came to, for the summary and for tests.
 struct run_report {
   int exit_code = 0;
-  std::string outcome;               ///< "finished", "preempted", "failed: ..."
+  std::string outcome;               ///< "finished", "preempted", "failed: ...", "crash loop: ..."
   double seconds = 0;
   std::size_t workers = 0;
   std::size_t failures = 0;          ///< worker deaths counted against --max-restarts
   std::size_t restarts = 0;          ///< workers started again (failures and preemptions)
   std::size_t preempted_restarts = 0;
+  std::size_t backoff_restarts = 0;  ///< exits 75 with no notice, restarted after a backoff
   std::size_t watchdog_kills = 0;
   std::size_t stragglers_killed = 0;  ///< SIGKILLed after the grace
   std::int64_t rounds = 0;           ///< rendezvous rounds the workers formed
   std::size_t rebuilds = 0;          ///< group rebuilds after the first round
   std::size_t checkpoints = 0;       ///< checkpoint commits
   std::int64_t newest_checkpoint = -1;
+  bool final_checkpoint_saved = false;  ///< a loop_preempted said "final_checkpoint":true
+  std::size_t console_lines_dropped = 0;
   double seconds_lost = 0;           ///< from each failure to the group training again
 };
 
 namespace detail {
 
+/// Within this window after a notice, further signals are the same notice.
+inline constexpr std::chrono::milliseconds same_notice_window{2000};
+/// Restarts of a worker that exits 75 on its own wait this long, doubling up to the cap.
+inline constexpr std::chrono::milliseconds first_backoff{100};
+inline constexpr std::chrono::milliseconds max_backoff{30000};
+
 inline std::string random_run_id() {
   std::random_device rd;
   return fmt::format("run-{:08x}", rd());
-}
-
-inline bool valid_run_id(std::string_view id) {
-  return !id.empty() && id.size() <= 64 && std::all_of(id.begin(), id.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
-  });
 }
 
 inline std::string host_name() {
@@ -93,29 +110,36 @@ inline std::string host_name() {
   return h.substr(0, 64);
 }
 
-/// Seconds since the epoch of an events line's "ts" (RFC 3339, UTC, microseconds).
-inline double parse_ts(std::string_view ts) {
-  std::tm tm{};
-  int us = 0;
-  if (std::sscanf(std::string(ts).c_str(), "%d-%d-%dT%d:%d:%d.%dZ", &tm.tm_year, &tm.tm_mon, &tm.tm_mday, &tm.tm_hour,
-                  &tm.tm_min, &tm.tm_sec, &us) < 6) {
-    return 0;
-  }
-  tm.tm_year -= 1900;
-  tm.tm_mon -= 1;
-  return static_cast<double>(::timegm(&tm)) + us / 1e6;
-}
-
 inline double wall_now() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-/// Signals the launcher reads from its signalfd instead of handling.
-inline sigset_t launcher_signals() {
+/// The signals the launcher reads from its signalfd instead of dying of them: SIGCHLD, every
+/// signal whose default is to end the process (each is a preemption notice), and `extra`.
+/// Left alone: SIGKILL and SIGSTOP (cannot be), SIGPIPE (ignored: a closed console), the job
+/// control signals and SIGWINCH/SIGURG (they end nothing), unless named in `extra`. A real fault
+/// (SIGSEGV in the launcher) is delivered by the kernel even while blocked.
+inline sigset_t launcher_signals(const std::vector<int>& extra) {
   sigset_t s;
-  sigemptyset(&s);
-  for (int sig : {SIGCHLD, SIGTERM, SIGINT, SIGHUP}) sigaddset(&s, sig);
+  sigfillset(&s);  // glibc leaves out the signals its threads use internally
+  for (int sig : {SIGKILL, SIGSTOP, SIGPIPE, SIGCONT, SIGTSTP, SIGTTIN, SIGTTOU, SIGWINCH, SIGURG}) sigdelset(&s, sig);
+  for (int sig : extra) sigaddset(&s, sig);
   return s;
+}
+
+/// An error's message (with its OS reason) without the "elastic: " prefix and the " [code]"
+/// suffix, to be quoted in another.
+inline std::string plain(const error& e) {
+  std::string_view m = e.what();
+  if (m.rfind("elastic: ", 0) == 0) m.remove_prefix(9);
+  if (const auto b = m.rfind(" ["); b != std::string_view::npos && m.back() == ']') m = m.substr(0, b);
+  return std::string(m);
+}
+
+/// A path given on the command line that cannot be used: exit 2 (unsafe_path keeps its code).
+inline error bad_path(std::string_view flag, const std::filesystem::path& p, const error& e) {
+  return error(e.code() == errc::unsafe_path ? errc::unsafe_path : errc::invalid_argument,
+               fmt::format("{} {}: {}", flag, p.string(), plain(e)));
 }
 
 }  // namespace detail
@@ -123,78 +147,92 @@ inline sigset_t launcher_signals() {
 class launcher {
  public:
   explicit launcher(launch_options o) : opts_(std::move(o)), started_(std::chrono::steady_clock::now()) {
-    if (opts_.run_id.empty()) opts_.run_id = elastic::detail::env_string("ELASTIC_RUN_ID").value_or("");
-    if (opts_.run_id.empty()) opts_.run_id = detail::random_run_id();
-    if (!detail::valid_run_id(opts_.run_id)) {
-      throw error(errc::invalid_argument,
-                  fmt::format("run id '{}' is not 1 to 64 characters of A-Z a-z 0-9 . _ -", opts_.run_id));
+    if (opts_.run_id.empty()) {
+      opts_.run_id = elastic::detail::env_string("ELASTIC_RUN_ID").value_or("");
+      if (!opts_.run_id.empty()) detail::check_run_id(opts_.run_id, "ELASTIC_RUN_ID");
     }
+    if (opts_.run_id.empty()) opts_.run_id = detail::random_run_id();
+    detail::check_run_id(opts_.run_id, "run id");
     const bool own_default_store = opts_.rdzv.empty();
     if (own_default_store) opts_.rdzv = "shm://elastic-" + opts_.run_id;
     const auto url = rendezvous::parse_store_url(opts_.rdzv);  // a bad URL fails before anything starts
-    if (opts_.host_addr.empty()) opts_.host_addr = elastic::detail::env_string("ELASTIC_HOST_ADDR").value_or("");
-    if (opts_.host_addr.empty()) opts_.host_addr = rendezvous::host_address_for(url);
-    dir_ = opts_.log_dir / opts_.run_id;
-    std::filesystem::create_directories(dir_);
-    if (opts_.events.empty()) opts_.events = dir_ / "events.jsonl";
-    {
-      // A retried run appends to the same file: only what comes after this point is ours.
-      std::error_code ec;
-      const auto size = std::filesystem::file_size(opts_.events, ec);
-      events_offset_ = ec ? 0 : static_cast<std::streamoff>(size);
-    }
-    ::setenv("ELASTIC_RUN_ID", opts_.run_id.c_str(), 1);  // our events carry it
-    events_ = event_log::to_file(opts_.events);
+    host_ = detail::host_name();
 
-    const sigset_t sigs = detail::launcher_signals();
-    ::pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
-    sigfd_ = elastic::detail::unique_fd(::signalfd(-1, &sigs, SFD_CLOEXEC | SFD_NONBLOCK));
+    // First, before any thread exists: the signal mask (inherited by every thread) and the
+    // guardian (single-threaded, holding no lock of ours).
+    ::signal(SIGPIPE, SIG_IGN);
+    signals_ = detail::launcher_signals(opts_.preempt_signals);
+    ::pthread_sigmask(SIG_BLOCK, &signals_, nullptr);
+    guardian_ = guardian::start(fmt::format("ELASTIC_PARTICIPANT_ID={}.{}:", host_, ::getpid()));
+    // Orphans of the workers (a wrapper's trainers, what escaped with setsid) become ours.
+    ::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+    sigfd_ = elastic::detail::unique_fd(::signalfd(-1, &signals_, SFD_CLOEXEC | SFD_NONBLOCK));
     if (!sigfd_) throw os_error("cannot make a signalfd");
 
-    store_ = rendezvous::open_store(opts_.rdzv);
-    // The default store is this run's alone: removed at the end. One given with --rdzv may be
-    // shared with other launchers and is left alone.
-    if (own_default_store && url.scheme == rendezvous::store_url::kind::shm) own_shm_store_ = url.name;
-    // Per launcher: two launchers of a run may share a host (and /dev/shm), as in tests.
+    // Objects of launchers that died with nobody left to remove them.
+    elastic::detail::sweep_stale_shm("elastic-store.elastic-");
+    elastic::detail::sweep_stale_shm("elastic-timer.elastic-");
+
+    open_logs();
+    ::setenv("ELASTIC_RUN_ID", opts_.run_id.c_str(), 1);  // our events carry it
+    events_ = event_log(std::make_shared<events::fd_sink>(events_fd_.get()));
+    seen_ = run_events(events_fd_.get(), events_offset_);
+    out_.emplace(opts_.quiet ? -1 : STDOUT_FILENO);
+    err_.emplace(STDERR_FILENO);
+
+    if (opts_.host_addr.empty()) opts_.host_addr = elastic::detail::env_string("ELASTIC_HOST_ADDR").value_or("");
+    if (opts_.host_addr.empty()) opts_.host_addr = rendezvous::host_address_for(url);
+
+    if (own_default_store) {
+      // This launcher's alone, for its life: a second launcher of this run is refused.
+      store_object_.own("elastic-store." + url.name, &guardian_);
+      auto shm = open_owned_store(url.name, store_object_, opts_.run_id);
+      store_.emplace(opts_.rdzv, std::move(shm));
+    } else {
+      // Shared with other launchers (and left alone at the end); opened by the store's thread.
+      store_.emplace(opts_.rdzv, nullptr);
+    }
+
+    // Per launcher: two launchers of a run may share a host (and /dev/shm) with --rdzv.
     watchdog_name_ = fmt::format("elastic-{}-{}", opts_.run_id, ::getpid());
+    watchdog_object_.own(timer::detail::shm_object_name(watchdog_name_), &guardian_);
     timer::watchdog_options wo;
     wo.name = watchdog_name_;
     wo.events = events_;
     watchdog_ = std::make_unique<timer::watchdog>(std::move(wo));
-    host_ = detail::host_name();
   }
 
   launcher(const launcher&) = delete;
   launcher& operator=(const launcher&) = delete;
 
-  ~launcher() {
-    slots_.clear();  // kills and reaps whatever still runs
-    watchdog_.reset();
-    store_.reset();
-    if (!own_shm_store_.empty()) rendezvous::shm_store::remove(own_shm_store_);
-  }
+  ~launcher() { end_everything(); }
 
   [[nodiscard]] const launch_options& options() const noexcept { return opts_; }
-  [[nodiscard]] const std::filesystem::path& log_dir() const noexcept { return dir_; }
+  [[nodiscard]] const std::filesystem::path& log_dir() const noexcept { return run_dir_.path(); }
   [[nodiscard]] const run_report& report() const noexcept { return report_; }
 
-  /// Runs the workers until they are done, preempted, or out of restarts; prints the summary
-  /// to stderr and returns the exit code.
+  /// Runs the workers until they are done, preempted, out of restarts or in a crash loop;
+  /// prints the summary to stderr and returns the exit code (exit_codes.hpp).
   int run() {
     events_.emit("launcher_start", {{"workers", opts_.nproc_per_node},
                                     {"min_ranks", opts_.min_ranks},
                                     {"max_ranks", opts_.max_nodes * opts_.nproc_per_node},
                                     {"rdzv", opts_.rdzv},
                                     {"watchdog", watchdog_name_},
+                                    {"guardian_pid", guardian_.pid()},
                                     {"max_restarts", opts_.max_restarts},
                                     {"command", join_command()}});
     slots_.resize(opts_.nproc_per_node);
     for (std::size_t i = 0; i < slots_.size(); ++i) {
       slots_[i].index = i;
-      slots_[i].log = std::make_unique<log_pump>(dir_ / fmt::format("rank-{}.log", i), i, opts_.quiet ? -1 : STDOUT_FILENO);
-      if (!start(slots_[i])) break;
+      slots_[i].log = std::make_unique<log_pump>(std::move(log_fds_[i]), i, opts_.quiet ? nullptr : &*out_);
+    }
+    log_fds_.clear();
+    for (auto& s : slots_) {
+      if (!start(s)) break;
     }
     loop();
+    end_processes();
     finish_report();
     print_summary();
     events_.emit("launcher_end", {{"exit_code", report_.exit_code},
@@ -202,7 +240,12 @@ class launcher {
                                   {"seconds", report_.seconds},
                                   {"restarts", report_.restarts},
                                   {"failures", report_.failures},
-                                  {"watchdog_kills", report_.watchdog_kills}});
+                                  {"watchdog_kills", report_.watchdog_kills},
+                                  {"final_checkpoint", report_.final_checkpoint_saved},
+                                  {"console_lines_dropped", report_.console_lines_dropped}});
+    // A reader that is merely slow gets a moment; a stopped or absent one does not hold us.
+    out_->drain(std::chrono::seconds(1));
+    err_->drain(std::chrono::seconds(1));
     return report_.exit_code;
   }
 
@@ -215,19 +258,60 @@ class launcher {
     std::unique_ptr<log_pump> log;
     std::size_t starts = 0;
     bool done = false;
-    int last_code = -1;          ///< exit code, or -signal
+    int last_code = -1;             ///< exit code, or -signal
+    pid_t draining_group = 0;       ///< a group whose leader exited during the grace, still running
+    std::optional<clock::time_point> restart_at;  ///< a restart waiting out its backoff
+    std::chrono::milliseconds backoff = detail::first_backoff;
+    std::chrono::milliseconds delay{0};  ///< the backoff the pending restart waits
+    std::size_t tempfail_streak = 0;  ///< exits 75 with no notice in a row, with no progress between
+    std::size_t checkpoints_at_start = 0;
   };
 
-  enum class ending { none, preempted, failed };
+  enum class ending { none, preempted, failed, crash_loop };
 
-  std::string participant(const slot& s) const {
-    return fmt::format("{}.{}:{}", host_, ::getpid(), s.index);
-  }
+  std::string participant(const slot& s) const { return fmt::format("{}.{}:{}", host_, ::getpid(), s.index); }
 
-  std::string join_command() const {
-    std::string out;
-    for (const auto& a : opts_.command) out += (out.empty() ? "" : " ") + a;
-    return out;
+  std::string join_command() const { return fmt::format("{}", fmt::join(opts_.command, " ")); }
+
+  /// Creates (or opens) DIR/RUN_ID, the rank logs and the events file: all through private_dir,
+  /// so a directory or file another user planted is refused, never written through.
+  void open_logs() {
+    try {
+      run_dir_ = elastic::detail::private_dir::open(opts_.log_dir).subdir(opts_.run_id);
+    } catch (const error& e) {
+      throw detail::bad_path("--log-dir", opts_.log_dir, e);
+    }
+    for (std::size_t i = 0; i < opts_.nproc_per_node; ++i) {
+      try {
+        log_fds_.push_back(run_dir_.open_file(fmt::format("rank-{}.log", i), O_WRONLY | O_APPEND | O_CREAT));
+      } catch (const error& e) {
+        throw detail::bad_path("--log-dir", opts_.log_dir, e);
+      }
+    }
+    constexpr int events_flags = O_RDWR | O_APPEND | O_CREAT;  // we read it back too
+    if (opts_.events.empty()) {
+      opts_.events = run_dir_ / "events.jsonl";
+      try {
+        events_fd_ = run_dir_.open_file("events.jsonl", events_flags);
+      } catch (const error& e) {
+        throw detail::bad_path("--log-dir", opts_.log_dir, e);
+      }
+    } else {
+      const auto name = opts_.events.filename();
+      if (name.empty() || name == "." || name == "..") {
+        throw error(errc::invalid_argument, fmt::format("--events {}: name a file, not a directory", opts_.events.string()));
+      }
+      try {
+        const auto parent = opts_.events.parent_path();
+        events_fd_ = elastic::detail::private_dir::open(parent.empty() ? std::filesystem::path(".") : parent)
+                         .open_file(name.string(), events_flags);
+      } catch (const error& e) {
+        throw detail::bad_path("--events", opts_.events, e);
+      }
+    }
+    // A retried run appends to the same file: only what comes after this point is ours.
+    struct stat st {};
+    events_offset_ = ::fstat(events_fd_.get(), &st) == 0 ? static_cast<std::uint64_t>(st.st_size) : 0;
   }
 
   std::vector<std::string> environment(const slot& s) const {
@@ -256,6 +340,7 @@ class launcher {
     set("ELASTIC_EVENTS", opts_.events.string());
     set("ELASTIC_MIN_NODES", std::to_string(opts_.min_ranks));
     set("ELASTIC_MAX_NODES", std::to_string(opts_.max_nodes * opts_.nproc_per_node));
+    // Also the guardian's mark of this launcher's descendants (guardian.hpp): keep the format.
     set("ELASTIC_PARTICIPANT_ID", participant(s));
     set("ELASTIC_HOST_ADDR", opts_.host_addr);
     if (opts_.step_timeout.count() > 0) set("ELASTIC_STEP_TIMEOUT", fmt::format("{:.3f}", opts_.step_timeout.count() / 1e3));
@@ -267,51 +352,121 @@ class launcher {
     return env;
   }
 
+  /// The launcher's own message, on its stderr (never blocking).
+  void say(const std::string& text) { err_->write("elastic-run: " + text + "\n"); }
+
   /// Starts (or restarts) a slot's worker; false when it cannot be started at all.
   bool start(slot& s) {
+    s.restart_at.reset();
+    seen_.update();
+    s.checkpoints_at_start = seen_.checkpoints();
     try {
       s.proc = worker_process::spawn(opts_.command, environment(s));
     } catch (const error& e) {
-      s.log->note(fmt::format("worker {} could not start: {}", s.index, e.what()));
+      s.log->note(fmt::format("worker {} could not start: {}", s.index, detail::plain(e)));
       events_.emit("worker_start_failed", {{"slot", s.index}, {"message", e.what()}});
-      report_.outcome = fmt::format("failed: {}", e.what());
+      report_.outcome = fmt::format("failed: {}", detail::plain(e));
       begin_shutdown(ending::failed);
       s.done = true;
       return false;
     }
+    guardian_.watch(s.proc.pid());
     for (int fd : {s.proc.stdout_fd(), s.proc.stderr_fd()}) ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
     if (s.starts > 0) ++report_.restarts;
     // The command once per log (it is in launcher_start too); the console stays readable.
     s.log->note(s.starts == 0 ? fmt::format("worker {} started: pid {}, restart 0: {}", s.index, s.proc.pid(), join_command())
                               : fmt::format("worker {} started: pid {}, restart {}", s.index, s.proc.pid(), s.starts));
-    events_.emit(s.starts == 0 ? "worker_start" : "worker_restart",
-                 {{"slot", s.index}, {"worker_pid", s.proc.pid()}, {"restart_count", s.starts}});
+    if (s.starts == 0) {
+      events_.emit("worker_start", {{"slot", s.index}, {"worker_pid", s.proc.pid()}, {"restart_count", s.starts}});
+    } else {
+      events_.emit("worker_restart", {{"slot", s.index},
+                                      {"worker_pid", s.proc.pid()},
+                                      {"restart_count", s.starts},
+                                      {"delay_ms", static_cast<std::int64_t>(s.delay.count())}});
+    }
+    s.delay = std::chrono::milliseconds(0);
     ++s.starts;
     return true;
   }
 
+  [[nodiscard]] static bool group_alive(pid_t pgid) noexcept { return pgid > 0 && ::kill(-pgid, 0) == 0; }
+
+  /// Whether the slot still has something running (its worker, or its group draining).
+  [[nodiscard]] bool busy(slot& s) {
+    if (s.proc.running()) return true;
+    if (s.draining_group > 0 && !group_alive(s.draining_group)) {
+      guardian_.forget(s.draining_group);
+      s.draining_group = 0;
+    }
+    if (s.draining_group > 0) {
+      // After the SIGKILLs at the grace, a group that still shows (zombies nobody reaps) does
+      // not keep the run open for long.
+      if (killed_after_grace_ && clock::now() - killed_at_ > std::chrono::seconds(2)) {
+        guardian_.forget(s.draining_group);
+        s.draining_group = 0;
+        return false;
+      }
+      return true;
+    }
+    if (s.proc.stdout_fd() >= 0 || s.proc.stderr_fd() >= 0) {
+      // The group is gone; what still holds its pipes escaped it: read what is there and stop.
+      take_last_output(s);
+    }
+    return false;
+  }
+
   void loop() {
     for (;;) {
-      const bool any_running = std::any_of(slots_.begin(), slots_.end(), [](const slot& s) { return s.proc.running(); });
-      if (!any_running) return;
+      bool any = false;
+      bool draining = false;
+      std::optional<clock::time_point> next_restart;
+      for (auto& s : slots_) {
+        if (busy(s)) {
+          any = true;
+          draining = draining || !s.proc.running();
+        }
+        if (s.restart_at) {
+          any = true;
+          if (!next_restart || *s.restart_at < *next_restart) next_restart = s.restart_at;
+        }
+      }
+      if (!any) return;
       std::vector<pollfd> fds{{sigfd_.get(), POLLIN, 0}};
       std::vector<std::pair<slot*, int>> owners{{nullptr, 0}};
       for (auto& s : slots_) {
         if (s.proc.stdout_fd() >= 0) fds.push_back({s.proc.stdout_fd(), POLLIN, 0}), owners.emplace_back(&s, 0);
         if (s.proc.stderr_fd() >= 0) fds.push_back({s.proc.stderr_fd(), POLLIN, 0}), owners.emplace_back(&s, 1);
       }
-      int timeout = -1;
-      if (ending_ != ending::none && !killed_after_grace_) {
-        timeout = static_cast<int>(std::max<std::int64_t>(
-            0, std::chrono::duration_cast<std::chrono::milliseconds>(grace_deadline_ - clock::now()).count() + 1));
+      for (console* c : {&*out_, &*err_}) {
+        if (c->waiting_fd() >= 0) fds.push_back({c->waiting_fd(), POLLOUT, 0}), owners.emplace_back(nullptr, 2);
       }
+      auto until = [](clock::time_point t) {
+        return static_cast<int>(std::clamp<std::int64_t>(
+            std::chrono::duration_cast<std::chrono::milliseconds>(t - clock::now()).count() + 1, 0, 60'000));
+      };
+      int timeout = -1;
+      auto at_most = [&](int ms) { timeout = timeout < 0 ? ms : std::min(timeout, ms); };
+      if (ending_ != ending::none && !killed_after_grace_) at_most(until(grace_deadline_));
+      if (next_restart) at_most(until(*next_restart));
+      if (draining) at_most(100);  // a draining group's last member may not be our child
       const int n = ::poll(fds.data(), fds.size(), timeout);
       if (n < 0 && errno != EINTR) throw os_error("elastic-run: poll failed");
-      for (std::size_t i = 1; i < fds.size(); ++i) {
-        if (fds[i].revents != 0) pump(*owners[i].first, owners[i].second);
+      if (n > 0) {
+        for (std::size_t i = 1; i < fds.size(); ++i) {
+          if (fds[i].revents != 0 && owners[i].first != nullptr) pump(*owners[i].first, owners[i].second);
+        }
+        if (fds[0].revents & POLLIN) read_signals();
       }
-      if (fds[0].revents & POLLIN) read_signals();
+      out_->flush();
+      err_->flush();
+      guardian_.flush();
+      if (ending_ == ending::none) {
+        for (auto& s : slots_) {
+          if (s.restart_at && clock::now() >= *s.restart_at) start(s);
+        }
+      }
       if (ending_ != ending::none && !killed_after_grace_ && clock::now() >= grace_deadline_) kill_stragglers();
+      for (auto& m : store_->take_errors()) events_.emit("launcher_store_error", {{"message", m}});
     }
   }
 
@@ -320,7 +475,7 @@ class launcher {
     const int fd = stream == 0 ? s.proc.stdout_fd() : s.proc.stderr_fd();
     if (fd < 0) return false;
     char buf[65536];
-    for (;;) {
+    for (int rounds = 0; rounds < 16; ++rounds) {  // a worker that never stops writing yields to the others
       const ssize_t n = ::read(fd, buf, sizeof buf);
       if (n > 0) {
         s.log->feed(stream, std::string_view(buf, static_cast<std::size_t>(n)));
@@ -332,6 +487,21 @@ class launcher {
       stream == 0 ? s.proc.close_stdout() : s.proc.close_stderr();
       return false;
     }
+    return true;
+  }
+
+  /// Takes what is still in a slot's pipes and lets them go (a process that escaped the group
+  /// may hold them open forever).
+  void take_last_output(slot& s) {
+    for (int stream : {0, 1}) {
+      while (pump(s, stream) && (stream == 0 ? s.proc.stdout_fd() : s.proc.stderr_fd()) >= 0) {
+        pollfd p{stream == 0 ? s.proc.stdout_fd() : s.proc.stderr_fd(), POLLIN, 0};
+        if (::poll(&p, 1, 0) <= 0) break;
+      }
+      s.log->flush(stream);
+    }
+    s.proc.close_stdout();
+    s.proc.close_stderr();
   }
 
   void read_signals() {
@@ -342,15 +512,25 @@ class launcher {
         reap();
         continue;
       }
+      const std::string name = detail::signal_display_name(sig);
       if (ending_ == ending::none) {
-        events_.emit("launcher_signal", {{"signal", elastic::detail::signal_name(sig)},
+        events_.emit("launcher_signal", {{"signal", name}, {"sender_pid", static_cast<std::int64_t>(si.ssi_pid)},
                                          {"grace_ms", opts_.grace.count()}});
-        std::fprintf(stderr, "elastic-run: %s: asking %zu workers to checkpoint and exit within %.1f s\n",
-                     elastic::detail::signal_name(sig).data(), running_count(), opts_.grace.count() / 1e3);
+        say(fmt::format("{}: a preemption notice: asking {} workers to checkpoint and exit within {:.1f} s", name,
+                        running_count(), opts_.grace.count() / 1e3));
         report_.outcome = "preempted";
         begin_shutdown(ending::preempted);
+      } else if (clock::now() - shutdown_at_ < detail::same_notice_window) {
+        // Slurm, systemd and time limits signal every process, sometimes with several signals:
+        // one notice, not an order to kill.
+        events_.emit("launcher_signal", {{"signal", name}, {"sender_pid", static_cast<std::int64_t>(si.ssi_pid)},
+                                         {"same_notice", true}});
+        say(fmt::format("{} {:.1f} s after the notice: the same notice, the workers keep their grace", name,
+                        std::chrono::duration<double>(clock::now() - shutdown_at_).count()));
       } else if (!killed_after_grace_) {
-        std::fprintf(stderr, "elastic-run: %s again: killing the workers now\n", elastic::detail::signal_name(sig).data());
+        events_.emit("launcher_signal", {{"signal", name}, {"sender_pid", static_cast<std::int64_t>(si.ssi_pid)},
+                                         {"kill_now", true}});
+        say(fmt::format("{} again: killing the workers now", name));
         kill_stragglers();
       }
     }
@@ -360,53 +540,70 @@ class launcher {
     return static_cast<std::size_t>(std::count_if(slots_.begin(), slots_.end(), [](const slot& s) { return s.proc.running(); }));
   }
 
-  void reap() {
-    for (;;) {
-      int st = 0;
-      const pid_t pid = ::waitpid(-1, &st, WNOHANG);
-      if (pid <= 0) return;
-      for (auto& s : slots_) {
-        if (s.proc.pid() != pid) continue;
-        // Take what is still in the pipes, then let them go: a grandchild may hold them open.
-        pump(s, 0);
-        pump(s, 1);
-        s.log->flush(0);
-        s.log->flush(1);
-        s.proc.close_stdout();
-        s.proc.close_stderr();
-        s.proc.reaped();
-        exited(s, pid, st);
-        break;
-      }
-    }
+  slot* slot_of(pid_t pid) {
+    for (auto& s : slots_)
+      if (s.proc.pid() == pid) return &s;
+    return nullptr;
   }
 
-  /// Whether the watchdog's events name `pid` as a process it killed.
-  bool killed_by_watchdog(pid_t pid) const {
-    std::ifstream in(opts_.events);
-    in.seekg(events_offset_);
-    const std::string needle = fmt::format("\"target_pid\":{},", pid);
-    for (std::string line; std::getline(in, line);) {
-      if (line.find("\"event\":\"watchdog_kill\"") != std::string::npos && line.find(needle) != std::string::npos) return true;
+  /// Reaps every child that ended: workers, orphans that became ours, the guardian.
+  void reap() {
+    for (;;) {
+      siginfo_t si{};
+      if (::waitid(P_ALL, 0, &si, WEXITED | WNOHANG | WNOWAIT) != 0 || si.si_pid == 0) return;
+      const pid_t pid = si.si_pid;
+      slot* s = slot_of(pid);
+      const bool graceful = ending_ != ending::none && !killed_after_grace_;
+      // While the leader is a zombie its pid cannot be reused, so its group id still means it:
+      // what it left behind in the group is killed now (a restarted worker must never meet its
+      // previous life's children), unless the group has its grace to finish in.
+      if (s != nullptr && !graceful) ::kill(-pid, SIGKILL);
+      int st = 0;
+      while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+      }
+      if (pid == guardian_.pid()) {
+        guardian_.reaped();
+        events_.emit("guardian_lost", {{"guardian_pid", pid}});
+        say(fmt::format("the guardian (pid {}) died: if this launcher is killed now, its workers may survive it",
+                        pid));
+        continue;
+      }
+      if (s == nullptr) continue;  // an orphan of a worker, reparented to us: reaped
+      s->proc.reaped();
+      if (graceful && group_alive(pid)) {
+        s->draining_group = pid;  // the rest of its group still checkpoints; pipes stay open
+      } else {
+        guardian_.forget(pid);
+        take_last_output(*s);
+      }
+      exited(*s, pid, st);
     }
-    return false;
   }
 
   void exited(slot& s, pid_t pid, int st) {
+    seen_.update();
     const bool signaled = WIFSIGNALED(st);
     const int code = signaled ? -WTERMSIG(st) : WEXITSTATUS(st);
-    const bool by_watchdog = signaled && killed_by_watchdog(pid);
+    const bool by_watchdog = signaled && seen_.killed_by_watchdog(pid);
+    const bool noticed = code == exit_preempted && seen_.preempted(pid);
     s.last_code = code;
-    const std::string how = signaled ? fmt::format("killed by {}{}", elastic::detail::signal_name(-code),
-                                                   by_watchdog ? " (the watchdog: a timer scope expired)" : "")
-                                     : fmt::format("exited with code {}{}", code, code == elastic::exit_preempted
-                                                                                      ? " (preempted, state saved)"
-                                                                                      : "");
+    std::string how;
+    if (signaled) {
+      how = fmt::format("killed by {}{}", detail::signal_display_name(-code),
+                        by_watchdog ? " (the watchdog: a timer scope expired)" : "");
+    } else if (code == exit_preempted) {
+      how = fmt::format("exited with code {} (preempted{})", code,
+                        seen_.saved_final_checkpoint(pid) ? ", state saved"
+                        : noticed || ending_ == ending::preempted ? ""
+                                                                  : ", with no preemption notice");
+    } else {
+      how = fmt::format("exited with code {}", code);
+    }
     s.log->note(fmt::format("worker {} (pid {}) {}", s.index, pid, how));
     events_.emit("worker_exit", {{"slot", s.index},
                                  {"worker_pid", pid},
                                  {"code", signaled ? event_value(nullptr) : event_value(code)},
-                                 {"signal", signaled ? event_value(elastic::detail::signal_name(-code)) : event_value(nullptr)},
+                                 {"signal", signaled ? event_value(detail::signal_display_name(-code)) : event_value(nullptr)},
                                  {"watchdog", by_watchdog}});
     if (by_watchdog) ++report_.watchdog_kills;
     retire_alive_key(s);
@@ -415,114 +612,198 @@ class launcher {
       s.done = true;
       return;
     }
-    if (code == elastic::exit_preempted) {
+    if (code == exit_preempted && noticed) {
+      // It got a notice of its own (the platform signalled it, not us) and saved: not a failure.
       ++report_.preempted_restarts;
       start(s);
+      return;
+    }
+    if (code == exit_preempted) {
+      tempfail(s, how);
       return;
     }
     ++report_.failures;
     if (!by_watchdog) failures_at_.push_back(detail::wall_now());  // a hang's cost starts with the hang
     if (report_.failures > opts_.max_restarts) {
       report_.outcome = fmt::format("failed: worker {} {}, and all {} restarts are used up", s.index, how, opts_.max_restarts);
-      std::fprintf(stderr, "elastic-run: worker %zu %s; %zu restarts used up: stopping the others\n", s.index, how.c_str(),
-                   opts_.max_restarts);
+      say(fmt::format("worker {} {}; {} restarts used up: stopping the others", s.index, how, opts_.max_restarts));
       s.done = true;
       begin_shutdown(ending::failed);
       return;
     }
-    std::fprintf(stderr, "elastic-run: worker %zu %s: restarting it (%zu of %zu restarts)\n", s.index, how.c_str(),
-                 report_.failures, opts_.max_restarts);
+    say(fmt::format("worker {} {}: restarting it ({} of {} restarts)", s.index, how, report_.failures, opts_.max_restarts));
     start(s);
   }
 
-  /// The group sees the death at once instead of after the heartbeat timeout.
-  void retire_alive_key(const slot& s) {
-    try {
-      store_->erase(fmt::format("/elastic/{}/alive/{}", opts_.run_id, participant(s)));
-    } catch (const error& e) {
-      events_.emit("launcher_store_error", {{"slot", s.index}, {"message", e.what()}});
+  /// A worker exited 75 with no preemption notice: "retry me", but nothing says why. Restarted
+  /// after a backoff; more than --max-restarts of these in a row, with no checkpoint committed
+  /// since the slot last started, is a crash loop that ends the run.
+  void tempfail(slot& s, const std::string& how) {
+    if (seen_.checkpoints() > s.checkpoints_at_start) {  // progress: a new row begins
+      s.tempfail_streak = 0;
+      s.backoff = detail::first_backoff;
     }
+    ++s.tempfail_streak;
+    if (s.tempfail_streak > opts_.max_restarts) {
+      report_.outcome = fmt::format("crash loop: worker {} exited 75 {} times in a row with no preemption notice and "
+                                    "no checkpoint committed in between",
+                                    s.index, s.tempfail_streak);
+      say(fmt::format("worker {} {}: {} times in a row with no progress (more than --max-restarts {}): a crash loop, "
+                      "stopping the others; exit {} (do not requeue)",
+                      s.index, how, s.tempfail_streak, opts_.max_restarts, exit_crash_loop));
+      events_.emit("launcher_crash_loop", {{"slot", s.index}, {"exits_in_a_row", s.tempfail_streak}});
+      s.done = true;
+      begin_shutdown(ending::crash_loop);
+      return;
+    }
+    s.delay = s.backoff;
+    s.restart_at = clock::now() + s.backoff;
+    s.backoff = std::min(s.backoff * 2, detail::max_backoff);
+    ++report_.backoff_restarts;
+    say(fmt::format("worker {} {}: restarting it in {:.1f} s ({} of {} such exits in a row without a checkpoint)",
+                    s.index, how, s.delay.count() / 1e3, s.tempfail_streak, opts_.max_restarts));
+    events_.emit("worker_backoff", {{"slot", s.index},
+                                    {"delay_ms", static_cast<std::int64_t>(s.delay.count())},
+                                    {"exits_in_a_row", s.tempfail_streak}});
   }
+
+  /// The group sees the death at once instead of after the heartbeat timeout. Queued: the store
+  /// may not answer, and the loop must not wait for it.
+  void retire_alive_key(const slot& s) { store_->erase(fmt::format("/elastic/{}/alive/{}", opts_.run_id, participant(s))); }
 
   void begin_shutdown(ending why) {
     if (ending_ != ending::none) return;
     ending_ = why;
-    grace_deadline_ = clock::now() + opts_.grace;
-    for (auto& s : slots_) s.proc.signal(SIGTERM);
+    shutdown_at_ = clock::now();
+    grace_deadline_ = shutdown_at_ + opts_.grace;
+    for (auto& s : slots_) {
+      if (s.restart_at) {  // a restart waiting out its backoff will not happen
+        s.restart_at.reset();
+        s.done = true;
+      }
+      s.proc.signal(SIGTERM);
+    }
   }
 
   void kill_stragglers() {
     killed_after_grace_ = true;
+    killed_at_ = clock::now();
     for (auto& s : slots_) {
-      if (!s.proc.running()) continue;
-      ++report_.stragglers_killed;
-      s.log->note(fmt::format("worker {} (pid {}) did not exit within the grace: SIGKILL", s.index, s.proc.pid()));
-      events_.emit("worker_grace_exceeded", {{"slot", s.index}, {"worker_pid", s.proc.pid()}});
-      s.proc.signal(SIGKILL);
+      if (s.proc.running()) {
+        ++report_.stragglers_killed;
+        s.log->note(fmt::format("worker {} (pid {}) did not exit within the grace: SIGKILL", s.index, s.proc.pid()));
+        events_.emit("worker_grace_exceeded", {{"slot", s.index}, {"worker_pid", s.proc.pid()}});
+        s.proc.signal(SIGKILL);
+      } else if (s.draining_group > 0 && group_alive(s.draining_group)) {
+        ++report_.stragglers_killed;
+        s.log->note(fmt::format("worker {}'s process group {} still ran after the grace: SIGKILL", s.index,
+                                s.draining_group));
+        events_.emit("worker_grace_exceeded", {{"slot", s.index}, {"worker_group", s.draining_group}});
+        ::kill(-s.draining_group, SIGKILL);
+      }
     }
+  }
+
+  /// After the workers: kills and reaps whatever of theirs is left (orphans reparented to us,
+  /// processes that escaped with setsid and carry our mark), for at most a few seconds.
+  void end_processes() noexcept {
+    const pid_t self = ::getpid();
+    const std::string mark = fmt::format("ELASTIC_PARTICIPANT_ID={}.{}:", host_, self);
+    const auto until = clock::now() + std::chrono::seconds(3);
+    for (;;) {
+      // Reap what ended (orphans of ours), then look for what still runs.
+      for (;;) {
+        siginfo_t si{};
+        if (::waitid(P_ALL, 0, &si, WEXITED | WNOHANG | WNOWAIT) != 0 || si.si_pid == 0) break;
+        int st = 0;
+        while (::waitpid(si.si_pid, &st, 0) < 0 && errno == EINTR) {
+        }
+        if (si.si_pid == guardian_.pid()) guardian_.reaped();
+      }
+      bool left = false;
+      detail::for_each_process([&](const detail::proc_info& p) {
+        if (p.pid == self || p.pid == guardian_.pid() || p.state == 'Z' || p.state == 'X') return;
+        if (p.ppid == self || detail::environ_has_prefix(p.pid, mark.c_str(), mark.size())) {
+          left = true;
+          ::kill(p.pid, SIGKILL);
+        }
+      });
+      if (!left || clock::now() >= until) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+
+  /// Ends what this launcher started, in order, whatever state it is in; never throws.
+  void end_everything() noexcept {
+    for (auto& s : slots_) {
+      if (s.draining_group > 0) ::kill(-s.draining_group, SIGKILL);
+    }
+    slots_.clear();  // kills and reaps whatever still runs
+    end_processes();
+    watchdog_.reset();
+    watchdog_object_.remove();
+    if (store_) store_->stop(std::chrono::seconds(2));
+    store_object_.remove();
+    guardian_.finish(std::chrono::seconds(3));
   }
 
   /// Exit code and the figures the workers' own events give.
   void finish_report() {
+    seen_.update();
     report_.workers = slots_.size();
     report_.seconds = std::chrono::duration<double>(clock::now() - started_).count();
     if (ending_ == ending::failed) {
-      report_.exit_code = 1;
+      report_.exit_code = exit_failed;
+    } else if (ending_ == ending::crash_loop) {
+      report_.exit_code = exit_crash_loop;
     } else if (ending_ == ending::preempted) {
-      report_.exit_code = elastic::exit_preempted;
+      report_.exit_code = exit_preempted;
     } else {
       const bool all_ok = std::all_of(slots_.begin(), slots_.end(), [](const slot& s) { return s.last_code == 0; });
-      report_.exit_code = all_ok ? 0 : 1;
+      report_.exit_code = all_ok ? exit_done : exit_failed;
       report_.outcome = all_ok ? "finished" : "failed: a worker ended badly";
     }
-    std::set<std::int64_t> rebuilt_rounds;
-    std::vector<double> resumed;  // when a group was training again after a rebuild
-    std::ifstream in(opts_.events);
-    in.seekg(events_offset_);
-    for (std::string line; std::getline(in, line);) {
-      if (line.find("\"event\":\"rendezvous_round_closed\"") == std::string::npos &&
-          line.find("\"event\":\"group_") == std::string::npos && line.find("\"event\":\"checkpoint_commit\"") == std::string::npos &&
-          line.find("\"event\":\"watchdog_kill\"") == std::string::npos) {
-        continue;
-      }
-      try {
-        const auto j = elastic::detail::json::parse(line);
-        const std::string& ev = j.at("event").as_string();
-        if (ev == "rendezvous_round_closed") {
-          report_.rounds = std::max(report_.rounds, j.at("round").as_int64());
-        } else if (ev == "group_rebuilt") {
-          rebuilt_rounds.insert(j.at("round").as_int64());
-        } else if (ev == "group_resynced") {
-          resumed.push_back(detail::parse_ts(j.at("ts").as_string()));
-        } else if (ev == "checkpoint_commit") {
-          ++report_.checkpoints;
-          report_.newest_checkpoint = std::max<std::int64_t>(report_.newest_checkpoint, j.at("step").as_int64());
-        } else if (ev == "watchdog_kill") {
-          // The hang began when the expired scope was entered: the group stalled from then.
-          failures_at_.push_back(detail::parse_ts(j.at("ts").as_string()) - j.at("held_ms").as_double() / 1e3);
-        }
-      } catch (const error&) {
-        // a line we cannot read is left out of the figures
-      }
-    }
-    report_.rebuilds = rebuilt_rounds.size();
-    std::sort(resumed.begin(), resumed.end());
-    for (double t : failures_at_) {
+    report_.rounds = seen_.rounds();
+    report_.rebuilds = seen_.rebuilds();
+    report_.checkpoints = seen_.checkpoints();
+    report_.newest_checkpoint = seen_.newest_checkpoint();
+    report_.final_checkpoint_saved = seen_.final_checkpoint_confirmed();
+    report_.console_lines_dropped = out_->dropped_lines() + err_->dropped_lines();
+    const auto resumed = seen_.resumed();
+    std::vector<double> failures = failures_at_;
+    failures.insert(failures.end(), seen_.hangs().begin(), seen_.hangs().end());
+    for (double t : failures) {
       const auto it = std::upper_bound(resumed.begin(), resumed.end(), t);
       if (it != resumed.end()) report_.seconds_lost += *it - t;
     }
   }
 
-  void print_summary() const {
+  void print_summary() {
     const auto& r = report_;
+    std::string code_note;
+    if (r.exit_code == exit_preempted) {
+      // "State saved" only when a worker said its final checkpoint committed.
+      if (r.final_checkpoint_saved) {
+        code_note = " (preempted: state saved, run the same command again)";
+      } else if (r.newest_checkpoint >= 0) {
+        code_note = fmt::format(" (preempted: the final checkpoint was not confirmed; the newest committed step is {}: "
+                                "run the same command again to resume from it)",
+                                r.newest_checkpoint);
+      } else {
+        code_note = " (preempted: the final checkpoint was not confirmed and no checkpoint was committed in this run: "
+                    "run the same command again to resume from the newest one on disk, if any)";
+      }
+    } else if (r.exit_code == exit_crash_loop) {
+      code_note = " (crash loop: no progress; do not requeue)";
+    }
     std::string text = fmt::format("elastic-run: run '{}' {}\n", opts_.run_id, r.outcome);
-    text += fmt::format("  exit code        {}{}\n", r.exit_code,
-                        r.exit_code == elastic::exit_preempted ? " (preempted: state saved, run the same command again)"
-                                                                  : "");
+    text += fmt::format("  exit code        {}{}\n", r.exit_code, code_note);
     text += fmt::format("  run time         {:.1f} s, {} workers\n", r.seconds, r.workers);
     text += fmt::format("  failures         {} (--max-restarts {}); workers restarted: {}, of which {} after a "
-                        "preemption\n",
-                        r.failures, opts_.max_restarts, r.restarts, r.preempted_restarts);
+                        "preemption{}\n",
+                        r.failures, opts_.max_restarts, r.restarts, r.preempted_restarts,
+                        r.backoff_restarts > 0 ? fmt::format(" and {} after an exit 75 with no notice", r.backoff_restarts)
+                                               : std::string());
     text += fmt::format("  watchdog kills   {}\n", r.watchdog_kills);
     text += fmt::format("  rendezvous       round {} reached, the group rebuilt {} times\n", r.rounds, r.rebuilds);
     text += r.newest_checkpoint >= 0
@@ -532,25 +813,41 @@ class launcher {
                         "training again)\n",
                         r.seconds_lost);
     if (r.stragglers_killed > 0) text += fmt::format("  killed at grace  {} workers\n", r.stragglers_killed);
-    text += fmt::format("  logs             {}/rank-*.log, events {}\n", dir_.string(), opts_.events.string());
-    elastic::detail::write_all_best_effort(STDERR_FILENO, text);
+    if (r.console_lines_dropped > 0) {
+      text += fmt::format("  console          {} lines not shown (the console did not keep up or went away); the logs "
+                          "have them\n",
+                          r.console_lines_dropped);
+    }
+    text += fmt::format("  logs             {}/rank-*.log, events {}\n", run_dir_.path().string(), opts_.events.string());
+    err_->write(text);
   }
 
+  // Declared in the order they are made; destroyed in reverse (workers first, guardian last).
   launch_options opts_;
   clock::time_point started_;
-  std::filesystem::path dir_;
-  std::streamoff events_offset_ = 0;
-  event_log events_;
-  elastic::detail::unique_fd sigfd_;
-  std::unique_ptr<rendezvous::store> store_;
-  std::string own_shm_store_;
-  std::string watchdog_name_;
-  std::unique_ptr<timer::watchdog> watchdog_;
   std::string host_;
+  sigset_t signals_{};
+  guardian guardian_;
+  elastic::detail::unique_fd sigfd_;
+  elastic::detail::private_dir run_dir_;
+  std::vector<elastic::detail::unique_fd> log_fds_;
+  elastic::detail::unique_fd events_fd_;
+  std::uint64_t events_offset_ = 0;
+  event_log events_;
+  run_events seen_;
+  std::optional<console> out_;
+  std::optional<console> err_;
+  owned_shm store_object_;
+  std::optional<async_store> store_;
+  std::string watchdog_name_;
+  owned_shm watchdog_object_;
+  std::unique_ptr<timer::watchdog> watchdog_;
   std::vector<slot> slots_;
   ending ending_ = ending::none;
+  clock::time_point shutdown_at_{};
   clock::time_point grace_deadline_{};
   bool killed_after_grace_ = false;
+  clock::time_point killed_at_{};
   std::vector<double> failures_at_;
   run_report report_;
 };

@@ -1,17 +1,16 @@
-// A worker slot's output: each line to the console with a "[rank N] " prefix and to the slot's
-// log file, which is appended to across restarts and outlives every worker that wrote it.
+// A worker slot's output: each line to the slot's log file, which is appended to across restarts
+// and outlives every worker that wrote it, and to the console with a "[rank N] " prefix. The log
+// gets every line; the console only what it keeps up with (see console.hpp).
 #pragma once
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <cerrno>
-#include <filesystem>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include <fmt/format.h>
 
+#include <elastic/agent/console.hpp>
 #include <elastic/detail/file.hpp>
 #include <elastic/error.hpp>
 
@@ -19,13 +18,10 @@ namespace elastic::agent {
 
 class log_pump {
  public:
-  /// Appends to `path` (created 0644); `console` is the fd lines are echoed to, -1 for none.
-  log_pump(const std::filesystem::path& path, std::size_t slot, int console)
-      : file_(::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644)),
-        prefix_(fmt::format("[rank {}] ", slot)),
-        console_(console) {
-    if (!file_) throw os_error("cannot open the worker log " + path.string());
-  }
+  /// Appends to `file` (an open log, owned from now on); `console` gets the lines with the
+  /// slot's prefix, nullptr for none.
+  log_pump(elastic::detail::unique_fd file, std::size_t slot, console* out)
+      : file_(std::move(file)), prefix_(fmt::format("[rank {}] ", slot)), console_(out) {}
 
   /// A line of the launcher's own about this slot (start, exit), in the log and on the console.
   void note(std::string_view text) {
@@ -56,18 +52,16 @@ class log_pump {
  private:
   void write_line(std::string_view line) {
     std::string out;
-    out.reserve(line.size() + 1);
-    out.append(line).push_back('\n');
-    elastic::detail::write_all_best_effort(file_.get(), out);
-    if (console_ >= 0) {
-      // One write() per line: lines of different workers never interleave on the console.
-      elastic::detail::write_all_best_effort(console_, prefix_ + out);
-    }
+    out.reserve(prefix_.size() + line.size() + 1);
+    out.append(prefix_).append(line).push_back('\n');
+    elastic::detail::write_all_best_effort(file_.get(), std::string_view(out).substr(prefix_.size()));
+    // One piece per line: lines of different workers never interleave on the console.
+    if (console_ != nullptr) console_->write(out);
   }
 
   elastic::detail::unique_fd file_;
   std::string prefix_;
-  int console_;
+  console* console_;
   std::string pending_[2];
 };
 

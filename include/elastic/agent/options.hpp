@@ -2,6 +2,7 @@
 // preemptions are handled.
 #pragma once
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,14 +12,17 @@
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include <elastic/agent/exit_codes.hpp>
 #include <elastic/error.hpp>
 #include <elastic/rendezvous/store_url.hpp>
 
@@ -38,6 +42,7 @@ struct launch_options {
   std::filesystem::path log_dir = "elastic-logs";
   std::filesystem::path events;     ///< empty: <log_dir>/<run id>/events.jsonl
   bool quiet = false;               ///< no worker output on the console (the logs keep it)
+  std::vector<int> preempt_signals;  ///< more signals that mean "preemption notice"
   std::vector<std::string> command;  ///< the program and its arguments
 };
 
@@ -45,32 +50,44 @@ inline constexpr std::string_view usage_text =
     "usage: elastic-run [options] -- PROGRAM [ARGS...]\n"
     "\n"
     "Starts PROGRAM once per worker slot on this host, hosts the watchdog, restarts workers that\n"
-    "fail (the others keep running and the group rebuilds around them), forwards SIGTERM/SIGINT\n"
-    "as a preemption notice and keeps every worker's log.\n"
+    "fail (the others keep running and the group rebuilds around them), forwards a preemption\n"
+    "notice (SIGTERM, SIGINT, SIGUSR1, ...) to the workers as SIGTERM and keeps every worker's log.\n"
     "\n"
     "  --nproc-per-node N    workers on this host (default: one per GPU, else one per CPU core)\n"
     "  --nnodes MIN[:MAX]    hosts in the job, as torchrun counts them (default 1)\n"
     "  --min-ranks N         fewest workers the group trains with (default MIN * nproc-per-node)\n"
     "  --rdzv URL            store: shm://NAME (one host) or etcd://HOST:PORT[,HOST:PORT]\n"
-    "                        (default shm://elastic-RUN_ID)\n"
+    "                        (default shm://elastic-RUN_ID, this launcher's own: a second\n"
+    "                        elastic-run of the same run on this host is refused)\n"
     "  --host-addr ADDR      the address workers on other hosts reach this host's workers at,\n"
     "                        exported as ELASTIC_HOST_ADDR (default: $ELASTIC_HOST_ADDR, else\n"
     "                        loopback for shm://, else this host's address on the route to etcd)\n"
-    "  --run-id ID           the job's name in the store, the logs and the events (default\n"
+    "  --run-id ID           the job's name in the store, the logs and the events: 1 to 64 of\n"
+    "                        A-Z a-z 0-9 . _ -, not starting with . or - (default\n"
     "                        $ELASTIC_RUN_ID, else random)\n"
     "  --max-restarts K      failed workers restarted before giving up (default 3); a worker\n"
-    "                        that exits 75 (preempted) is restarted without counting\n"
+    "                        that exits 75 after a preemption notice is restarted without\n"
+    "                        counting; one that exits 75 on its own is restarted after a\n"
+    "                        backoff (0.1 s doubling to 30 s), and more than K such exits of a\n"
+    "                        slot in a row with no checkpoint committed end the run (exit 3)\n"
     "  --step-timeout S      a step longer than S seconds is killed by the watchdog (exported as\n"
     "                        ELASTIC_STEP_TIMEOUT; default: the trainer's own)\n"
-    "  --grace S             after SIGTERM, seconds the workers get to checkpoint and exit 75\n"
+    "  --grace S             after a notice, seconds the workers get to checkpoint and exit 75\n"
     "                        before SIGKILL (default 25)\n"
-    "  --log-dir DIR         worker logs go to DIR/RUN_ID/rank-N.log (default ./elastic-logs)\n"
+    "  --preempt-signal SIG  also treat SIG (a name such as USR2 or WINCH, or a number) as a\n"
+    "                        preemption notice; repeat or separate with commas. Every signal\n"
+    "                        that would end the launcher already is one; signals within 2 s of\n"
+    "                        a notice are the same notice, a later one kills the workers now\n"
+    "  --log-dir DIR         worker logs go to DIR/RUN_ID/rank-N.log (default ./elastic-logs);\n"
+    "                        DIR/RUN_ID must be this user's (or root's) and writable by no other\n"
     "  --events FILE         JSON-lines events (default DIR/RUN_ID/events.jsonl)\n"
     "  --quiet               worker output to the logs only, not the console\n"
     "  --help, --version\n"
     "\n"
-    "Exit: 0 every worker finished; 75 preempted (state saved: run the same command again);\n"
-    "1 restarts exhausted or a worker could not start; 2 a bad command line.\n";
+    "Exit: 0 every worker finished; 75 preempted (run the same command again: it resumes from the\n"
+    "newest committed checkpoint); 1 failed (restarts used up, a worker could not start, this run\n"
+    "already has a launcher on this host); 2 a bad command line or path; 3 a crash loop (workers\n"
+    "kept exiting 75 with no notice and no progress: do not requeue).\n";
 
 namespace detail {
 
@@ -92,6 +109,71 @@ inline std::chrono::milliseconds parse_seconds(std::string_view flag, std::strin
     throw error(errc::invalid_argument, fmt::format("{} wants a number of seconds (e.g. 30 or 2.5), got '{}'", flag, v));
   }
   return std::chrono::milliseconds(std::llround(x * 1000));
+}
+
+/// Throws errc::invalid_argument unless `id` is a plain name: 1 to 64 characters of
+/// A-Z a-z 0-9 . _ -, not starting with '.' or '-' (so never ".", ".." or a path).
+inline void check_run_id(std::string_view id, std::string_view where) {
+  const bool chars_ok = std::all_of(id.begin(), id.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
+  });
+  if (id.empty() || id.size() > 64 || !chars_ok || id.front() == '.' || id.front() == '-') {
+    std::string shown;
+    for (char c : id) shown += (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f) ? '?' : c;
+    throw error(errc::invalid_argument,
+                fmt::format("{} '{}' is not a run id: use 1 to 64 characters of A-Z a-z 0-9 . _ -, not starting "
+                            "with '.' or '-' (it names a directory under --log-dir and the run's store)",
+                            where, shown));
+  }
+}
+
+/// Signal names without "SIG", for --preempt-signal and for messages.
+inline constexpr std::pair<std::string_view, int> signal_names[] = {
+    {"HUP", SIGHUP},       {"INT", SIGINT},     {"QUIT", SIGQUIT},   {"ILL", SIGILL},   {"TRAP", SIGTRAP},
+    {"ABRT", SIGABRT},     {"BUS", SIGBUS},     {"FPE", SIGFPE},     {"KILL", SIGKILL}, {"USR1", SIGUSR1},
+    {"SEGV", SIGSEGV},     {"USR2", SIGUSR2},   {"PIPE", SIGPIPE},   {"ALRM", SIGALRM}, {"TERM", SIGTERM},
+    {"STKFLT", SIGSTKFLT}, {"CHLD", SIGCHLD},   {"CONT", SIGCONT},   {"STOP", SIGSTOP}, {"TSTP", SIGTSTP},
+    {"TTIN", SIGTTIN},     {"TTOU", SIGTTOU},   {"URG", SIGURG},     {"XCPU", SIGXCPU}, {"XFSZ", SIGXFSZ},
+    {"VTALRM", SIGVTALRM}, {"PROF", SIGPROF},   {"WINCH", SIGWINCH}, {"IO", SIGIO},     {"POLL", SIGPOLL},
+    {"PWR", SIGPWR},       {"SYS", SIGSYS}};
+
+/// "SIGUSR1", "SIGRTMIN+2", or "signal 99".
+inline std::string signal_display_name(int sig) {
+  for (const auto& [n, s] : signal_names)
+    if (s == sig && n != "POLL") return "SIG" + std::string(n);
+  if (sig >= SIGRTMIN && sig <= SIGRTMAX) return fmt::format("SIGRTMIN+{}", sig - SIGRTMIN);
+  return fmt::format("signal {}", sig);
+}
+
+/// A signal by name ("USR1", "SIGUSR1", "usr1") or number, for --preempt-signal. Refuses the
+/// ones a launcher cannot or must not take as a notice.
+inline int parse_signal(std::string_view flag, std::string_view v) {
+  std::string upper;
+  for (char c : v) upper += (c >= 'a' && c <= 'z') ? static_cast<char>(c - 'a' + 'A') : c;
+  std::string_view name = upper;
+  if (name.rfind("SIG", 0) == 0) name.remove_prefix(3);
+  int sig = 0;
+  if (name.rfind("RTMIN+", 0) == 0 && name.size() > 6) {
+    int n = -1;
+    const auto [p, ec] = std::from_chars(name.data() + 6, name.data() + name.size(), n);
+    sig = ec == std::errc() && p == name.data() + name.size() && n >= 0 && SIGRTMIN + n <= SIGRTMAX ? SIGRTMIN + n : 0;
+  } else if (!name.empty() && name.front() >= '0' && name.front() <= '9') {
+    const auto [p, ec] = std::from_chars(name.data(), name.data() + name.size(), sig);
+    if (ec != std::errc() || p != name.data() + name.size()) sig = 0;
+  } else {
+    for (const auto& [n, s] : signal_names)
+      if (n == name) sig = s;
+  }
+  if (sig <= 0 || sig >= NSIG || (sig > 31 && sig < SIGRTMIN)) {
+    throw error(errc::invalid_argument,
+                fmt::format("{} wants a signal name (USR1, SIGUSR2, WINCH, ...) or number, got '{}'", flag, v));
+  }
+  if (sig == SIGKILL || sig == SIGSTOP || sig == SIGCHLD || sig == SIGPIPE) {
+    throw error(errc::invalid_argument,
+                fmt::format("{} {}: the launcher cannot take this signal as a notice ({})", flag, v,
+                            sig == SIGCHLD || sig == SIGPIPE ? "it needs it for its own work" : "it cannot be caught"));
+  }
+  return sig;
 }
 
 /// CUDA devices this host has (/dev/nvidia0, /dev/nvidia1, ...).
@@ -119,9 +201,13 @@ inline launch_options parse_command_line(std::span<const std::string_view> args)
     if (i + 1 >= args.size()) throw error(errc::invalid_argument, fmt::format("{} needs a value", flag));
     return args[++i];
   };
+  auto nonempty = [](std::string_view flag, std::string_view v) -> std::string_view {
+    if (v.empty()) throw error(errc::invalid_argument, fmt::format("{} needs a value, got an empty one", flag));
+    return v;
+  };
   for (; i < args.size(); ++i) {
     std::string_view a = args[i];
-    std::string inline_value;
+    std::optional<std::string> inline_value;
     if (a == "--") {
       ++i;
       break;
@@ -133,7 +219,7 @@ inline launch_options parse_command_line(std::span<const std::string_view> args)
       }
     }
     auto val = [&](std::string_view flag) -> std::string_view {
-      return inline_value.empty() ? value(flag) : std::string_view(inline_value);
+      return nonempty(flag, inline_value ? std::string_view(*inline_value) : value(flag));
     };
     if (a == "--help" || a == "-h" || a == "--version") {
       o.command = {std::string(a)};
@@ -164,6 +250,7 @@ inline launch_options parse_command_line(std::span<const std::string_view> args)
       }
     } else if (flag == "--run-id") {
       o.run_id = std::string(val(flag));
+      detail::check_run_id(o.run_id, "--run-id");
     } else if (flag == "--max-restarts") {
       o.max_restarts = detail::parse_count(flag, val(flag), 0, 1'000'000);
     } else if (flag == "--step-timeout") {
@@ -174,7 +261,15 @@ inline launch_options parse_command_line(std::span<const std::string_view> args)
       o.log_dir = std::string(val(flag));
     } else if (flag == "--events") {
       o.events = std::string(val(flag));
+    } else if (flag == "--preempt-signal") {
+      const std::string_view v = val(flag);
+      for (std::size_t start = 0; start <= v.size();) {
+        const auto comma = std::min(v.find(',', start), v.size());
+        o.preempt_signals.push_back(detail::parse_signal(flag, nonempty(flag, v.substr(start, comma - start))));
+        start = comma + 1;
+      }
     } else if (flag == "--quiet") {
+      if (inline_value) throw error(errc::invalid_argument, "--quiet takes no value");
       o.quiet = true;
     } else if (a.rfind("-", 0) == 0) {
       throw error(errc::invalid_argument, fmt::format("unknown option '{}' (see --help)", a));
