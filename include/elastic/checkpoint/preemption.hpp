@@ -1,7 +1,13 @@
 // Preemption notices. A cloud (GCE, Kubernetes) sends SIGTERM, waits a grace period (~30 s),
 // then SIGKILLs. The handler only sets a flag (async-signal-safe); the training loop acts on it
-// at the end of the step. A second notice means "now": the process exits 75 at once, which is
-// safe because a step becomes visible only by an atomic rename, so the previous one is intact.
+// at the end of the step.
+//
+// One notice may arrive by several routes: Slurm, systemd and job time limits signal every
+// process of the job, and elastic-run forwards the one it got, so a worker sees two SIGTERMs
+// within milliseconds. Signals within `same_notice_window` (2 s) of the first are that same
+// notice and are ignored. A signal after the window means "now": the process exits 75 at once,
+// which is safe because a step becomes visible only by an atomic rename, so the previous one is
+// intact.
 #pragma once
 
 #include <signal.h>
@@ -25,15 +31,21 @@ namespace detail {
 inline std::atomic<int> preemption_signal{0};
 inline std::atomic<std::int64_t> preemption_ns{0};
 
+/// Signals this soon after the first notice are the same notice, delivered by another route.
+inline constexpr std::int64_t same_notice_window_ns = 2'000'000'000;
+
 inline void on_preemption_signal(int sig) noexcept {
   int expected = 0;
   if (preemption_signal.compare_exchange_strong(expected, sig)) {
     preemption_ns.store(monotonic_ns(), std::memory_order_relaxed);
-  } else {
-    static constexpr char msg[] = "elastic: second preemption signal: exiting now; the last committed checkpoint stands\n";
-    [[maybe_unused]] auto n = ::write(STDERR_FILENO, msg, sizeof msg - 1);
-    ::_exit(exit_preempted);
+    return;
   }
+  // 0: the first notice is being recorded right now (on another thread): the same notice.
+  const std::int64_t first = preemption_ns.load(std::memory_order_relaxed);
+  if (first == 0 || monotonic_ns() - first < same_notice_window_ns) return;
+  static constexpr char msg[] = "elastic: second preemption notice: exiting now; the last committed checkpoint stands\n";
+  [[maybe_unused]] auto n = ::write(STDERR_FILENO, msg, sizeof msg - 1);
+  ::_exit(exit_preempted);
 }
 }  // namespace detail
 
@@ -60,7 +72,8 @@ class preemption_handler {
   [[nodiscard]] static int requested() noexcept { return detail::preemption_signal.load(std::memory_order_relaxed); }
   /// When the first notice came (CLOCK_MONOTONIC ns), or 0.
   [[nodiscard]] static std::int64_t requested_at_ns() noexcept { return detail::preemption_ns.load(std::memory_order_relaxed); }
-  /// Asks for a preemption as if a signal had come (for tests and for a launcher in-process).
+  /// Asks for a preemption as if a signal had come (for tests and for a launcher in-process);
+  /// like a signal, a second request more than 2 s after the first exits 75 at once.
   static void request(int sig = SIGTERM) noexcept { detail::on_preemption_signal(sig); }
   /// Forgets a notice (a new loop in the same process starts clean).
   static void clear() noexcept {

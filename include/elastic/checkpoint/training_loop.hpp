@@ -22,6 +22,17 @@
 //
 // Step numbers count completed steps: the checkpoint `step-000000000100` holds the state after
 // 100 steps, and a run resumed from it starts with step index 100.
+//
+// How a loop ends, and what its exit code says (it follows the newest outcome only: a snapshot
+// that failed earlier and was superseded by a later commit changes nothing):
+//   finished / stopped   the final step is durable: 0. Its final checkpoint failed: the loop
+//                        throws elastic::error (the last state is not saved).
+//   preempted            75, the newest committed step standing; loop_preempted says whether
+//                        this process made the final step durable (final_checkpoint). A failed
+//                        final checkpoint, or a notice while the group was re-forming (no new
+//                        checkpoint then), still ends with 75: retrying is right.
+// Ranks that checkpoint together without a group (world_size > 1, each writing its part) agree
+// on the final step through the checkpoint directory first (checkpoint/detail/final_step.hpp).
 #pragma once
 
 #include <algorithm>
@@ -30,6 +41,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
+#include <exception>
 #include <filesystem>
 #include <iterator>
 #include <map>
@@ -37,8 +49,12 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
+
+#include <fmt/format.h>
 
 #include <elastic/checkpoint/checkpointer.hpp>
+#include <elastic/checkpoint/detail/final_step.hpp>
 #include <elastic/checkpoint/group_hook.hpp>
 #include <elastic/checkpoint/preemption.hpp>
 #include <elastic/checkpoint/state.hpp>
@@ -46,6 +62,7 @@
 #include <elastic/detail/env.hpp>
 #include <elastic/error.hpp>
 #include <elastic/events.hpp>
+#include <elastic/timer/client.hpp>
 #include <elastic/timer/expires.hpp>
 
 namespace elastic {
@@ -70,20 +87,22 @@ struct loop_options {
   std::chrono::seconds every_seconds{0};     ///< and/or every S seconds (0: not by time)
   std::size_t keep_last = 3;                 ///< committed checkpoints kept
   /// Each step runs in a timer scope of this; 0: ELASTIC_STEP_TIMEOUT (seconds, set by
-  /// elastic-run --step-timeout), else none.
+  /// elastic-run --step-timeout: 0 for none, or 0.001 to 1e6), else none. With a step timeout
+  /// and ELASTIC_WATCHDOG set, the constructor attaches to that watchdog and throws if it cannot
+  /// (a timeout that nobody enforces is a silent hang); ELASTIC_WATCHDOG unset: unwatched.
   std::chrono::milliseconds step_timeout{0};
   /// > 0: pick the checkpoint interval so that the time the loop is blocked by checkpoints
   /// stays under this fraction of training time (CheckFreq); every_steps is the first guess.
   double max_overhead = 0;
   /// Final checkpoint budget after a notice; nothing: ELASTIC_GRACE (seconds, set by elastic-run
-  /// --grace), else 25 s.
+  /// --grace: 0 to 86400), else 25 s.
   std::optional<std::chrono::milliseconds> grace{};
   bool checkpoint_at_end = true;             ///< a durable checkpoint of the last step
   bool handle_signals = true;                ///< SIGTERM/SIGINT mean preemption
   checkpoint::stream_handle stream = nullptr;  ///< the compute stream snapshots follow (CUDA)
   std::size_t staging_budget = 0;            ///< see checkpointer_options
-  int rank = -1;                             ///< -1: ELASTIC_RANK
-  int world_size = -1;                       ///< -1: ELASTIC_WORLD_SIZE
+  int rank = -1;                             ///< -1: ELASTIC_RANK (0 to world size - 1), else 0
+  int world_size = -1;                       ///< -1: ELASTIC_WORLD_SIZE (1 to 65536), else 1
   std::string run_id{};                      ///< empty: ELASTIC_RUN_ID
   std::chrono::milliseconds commit_timeout{std::chrono::minutes(2)};
   std::optional<event_log> events{};         ///< nothing: event_log::from_env()
@@ -131,9 +150,10 @@ class training_loop {
     training_loop* loop_;
   };
 
-  /// Restores the newest valid checkpoint of `opts.dir` into `st` (if any).
+  /// Restores the newest valid checkpoint of `opts.dir` into `st` (if any). Throws
+  /// errc::invalid_argument naming the option or variable that is malformed or out of range.
   training_loop(loop_options opts, checkpoint::state& st)
-      : opts_(std::move(opts)),
+      : opts_(resolve(std::move(opts))),
         events_(opts_.events ? *opts_.events : event_log::from_env()),
         state_(st),
         ckpt_(st, {.dir = opts_.dir,
@@ -145,18 +165,19 @@ class training_loop {
                    .commit_timeout = opts_.commit_timeout,
                    .events = events_}),
         ctx_(this) {
-    if (opts_.max_overhead < 0 || opts_.max_overhead >= 1) {
-      throw error(errc::invalid_argument, "training_loop: max_overhead is a fraction in [0, 1)");
-    }
-    if (opts_.step_timeout.count() == 0) {
-      opts_.step_timeout = elastic::detail::env_seconds("ELASTIC_STEP_TIMEOUT").value_or(std::chrono::milliseconds(0));
-    }
-    if (!opts_.grace) opts_.grace = elastic::detail::env_seconds("ELASTIC_GRACE").value_or(std::chrono::seconds(25));
+    check_watchdog();
     interval_ = opts_.every_steps;
     if (opts_.max_overhead > 0 && interval_ == 0) interval_ = 10;
     if (opts_.handle_signals) signals_.emplace();
     const auto m = ckpt_.restore();
     start_ = next_ = last_snapshot_step_ = m ? m->step : 0;
+    if (!opts_.group && ckpt_.world_size() > 1) {
+      // An incarnation's agreement is over within twice its longest wait (the grace after a
+      // notice, the commit timeout otherwise): older files from another host are stale.
+      agreement_.emplace(opts_.dir, ckpt_.rank(), ckpt_.world_size(), start_,
+                         2 * std::max<std::chrono::milliseconds>(*opts_.grace, opts_.commit_timeout) +
+                             std::chrono::minutes(1));
+    }
     events_.emit("loop_start", {{"step", next_},
                                 {"resumed", m.has_value()},
                                 {"steps", opts_.steps},
@@ -174,8 +195,7 @@ class training_loop {
       reason_ = loop_reason::finished;
       return iterator(nullptr);
     }
-    begin_step();
-    return iterator(this);
+    return begin_step() ? iterator(this) : iterator(nullptr);
   }
   std::default_sentinel_t end() const noexcept { return {}; }
 
@@ -197,16 +217,27 @@ class training_loop {
   /// The checkpoint interval in steps now in force (the adaptive policy's choice, if enabled).
   [[nodiscard]] std::uint64_t interval_steps() const noexcept { return interval_; }
   [[nodiscard]] checkpoint::checkpointer& checkpointer() noexcept { return ckpt_; }
+  /// Whether this process made the final step durable as its writer (standalone rank 0 after its
+  /// commit, or the group's writer): what loop_preempted / loop_end report as final_checkpoint.
+  [[nodiscard]] bool final_checkpoint_written() const noexcept { return final_written_; }
 
  private:
   /// Whether this process writes checkpoints: always alone, rank 0 of the round in a group.
   bool writer() const noexcept { return !opts_.group || opts_.group->writes_checkpoints(); }
 
-  void begin_step() {
+  /// Starts a step; false when the loop ended instead (a notice while the group re-formed).
+  bool begin_step() {
     if (opts_.group) {
       // A safe point: no collective in flight, the state is whole. The group may hand us
       // another step (rank 0's) together with its state.
-      const std::uint64_t agreed = opts_.group->safe_point(next_, state_);
+      std::uint64_t agreed = next_;
+      try {
+        agreed = opts_.group->safe_point(next_, state_);
+      } catch (const error& e) {
+        if (e.code() != errc::interrupted) throw;
+        interrupted_while_regrouping(e);
+        return false;
+      }
       if (agreed != next_) {
         events_.emit("loop_resynced", {{"from_step", next_}, {"to_step", agreed}});
         next_ = agreed;
@@ -215,6 +246,7 @@ class training_loop {
     }
     step_started_ = std::chrono::steady_clock::now();
     if (opts_.step_timeout.count() > 0) scope_.emplace(elastic::expires(opts_.step_timeout, "step"));
+    return true;
   }
 
   /// Ends the current step; false when the loop is over.
@@ -231,7 +263,7 @@ class training_loop {
         return false;
       }
       ++redone_;
-      begin_step();
+      if (!begin_step()) return false;
       if (opts_.steps && next_ >= opts_.steps) {  // rank 0 had finished this step after all
         scope_.reset();
         final_checkpoint(loop_reason::finished);
@@ -256,13 +288,22 @@ class training_loop {
       step_ema_ = step_ema_ == 0 ? step_s : 0.9 * step_ema_ + 0.1 * step_s;
     }
 
-    if (preemption_handler::requested() && signals_) {
-      final_checkpoint(loop_reason::preempted);
-      return false;
-    }
-    if (stop_requested_ || (opts_.steps && next_ >= opts_.steps)) {
-      final_checkpoint(stop_requested_ ? loop_reason::stopped : loop_reason::finished);
-      return false;
+    if (agreed_final_) {
+      // Training on to the final step the ranks agreed on.
+      if (next_ >= *agreed_final_) {
+        finish_agreed();
+        return false;
+      }
+    } else if (const auto why = notice(now)) {
+      if (!agreement_ || (*why != loop_reason::preempted && !opts_.checkpoint_at_end)) {
+        final_checkpoint(*why);
+        return false;
+      }
+      if (!agree_on_final_step(*why)) return false;
+      if (next_ >= *agreed_final_) {
+        finish_agreed();
+        return false;
+      }
     }
     if (pending_policy_update_) {
       // The newest checkpoint is durable: its whole cost is known.
@@ -284,10 +325,26 @@ class training_loop {
         ++deferred_;  // due still: tried again at the end of the next step
       }
     }
-    begin_step();
-    return true;
+    return begin_step();
   }
 
+  /// Why the loop must end after this step, if it must: a preemption notice (ours, or another
+  /// rank's proposal), stop(), or the last step.
+  std::optional<loop_reason> notice(std::chrono::steady_clock::time_point now) {
+    if (preemption_handler::requested() && signals_) return loop_reason::preempted;
+    if (stop_requested_) return loop_reason::stopped;
+    if (opts_.steps && next_ >= opts_.steps) return loop_reason::finished;
+    // Another rank's proposal is a notice too (it may have been signalled alone, or first).
+    // Looked for at most every 20 ms: usually one fstatat, nothing measurable.
+    if (agreement_ && now - last_peek_ >= std::chrono::milliseconds(20)) {
+      last_peek_ = now;
+      if (agreement_->peer_proposed()) {
+        peer_notice_ = true;
+        return loop_reason::preempted;  // what the peers stopped for is in their proposals
+      }
+    }
+    return std::nullopt;
+  }
   // Under a fixed interval the loop waits for a staging slot (the interval is a promise of how
   // little work a failure loses); under the adaptive policy it never waits on the disk: with no
   // slot free it takes nothing now, and the snapshot comes at the first step after one frees up.
@@ -323,35 +380,211 @@ class training_loop {
     }
   }
 
+  /// The final checkpoint of a loop that ends alone (no agreement needed): the writer
+  /// snapshots the step it stopped at and waits until it is durable.
   void final_checkpoint(loop_reason why) {
     reason_ = why;
     if (!writer() || (why != loop_reason::preempted && !opts_.checkpoint_at_end)) {
-      ckpt_.wait_durable();
+      settle(why);
       emit_end();
+      rethrow_unless_preempted();
       return;
     }
-    std::optional<grace_timer> grace;
-    if (why == loop_reason::preempted) {
-      const std::int64_t since = preemption_handler::requested_at_ns();
-      const auto left = std::chrono::nanoseconds(
-          std::max<std::int64_t>(0, std::chrono::nanoseconds(*opts_.grace).count() - (detail::monotonic_ns() - since)));
-      grace.emplace(left, events_, next_);
-    }
-    if (last_snapshot_step_ != next_) ckpt_.snapshot(next_, {}, opts_.stream);
-    ckpt_.wait_durable();  // a failure here propagates: the user must know the last state is not saved
+    if (why == loop_reason::preempted) start_grace(preemption_handler::requested_at_ns());
+    write_final(next_);
+    grace_.reset();
     emit_end();
+    rethrow_unless_preempted();
   }
 
-  void emit_end() {
+  /// Ranks without a group that checkpoint together: propose the step this rank stopped at and
+  /// wait for every rank's proposal (final_step.hpp). False when the loop ended instead (no
+  /// agreement in time: the previous step stands).
+  bool agree_on_final_step(loop_reason why) {
+    // A rank that only saw another's proposal starts no grace of its own: the decision says
+    // whether this is a preemption (the proposers' graces bound them).
+    if (why == loop_reason::preempted && !peer_notice_) start_grace(preemption_handler::requested_at_ns());
+    const auto deadline = agreement_deadline();
+    agreement_->propose(next_, peer_notice_ ? "joined" : to_string(why));
+    // A notice that comes while we wait (for a finished or stopped run) starts the grace.
+    const auto decision = agreement_->wait_for_proposals(deadline, opts_.steps, [&] {
+      if (!grace_ && preemption_handler::requested() && signals_) start_grace(preemption_handler::requested_at_ns());
+    });
+    if (!decision) {
+      events_.emit("final_step_unagreed", {{"step", next_},
+                                           {"proposals", agreement_->proposals_seen()},
+                                           {"world_size", ckpt_.world_size()},
+                                           {"dir", agreement_->path().string()}});
+      if (why == loop_reason::preempted || grace_) {
+        // Some rank is dead or hung: its part of any new step would never come.
+        reason_ = loop_reason::preempted;
+        final_error_ = "the ranks did not agree on a final step within the grace: " +
+                       std::to_string(agreement_->proposals_seen()) + " of " + std::to_string(ckpt_.world_size()) +
+                       " proposals";
+        settle(reason_);
+        grace_.reset();
+        emit_end();
+        return false;
+      }
+      final_checkpoint(why);  // as a loop alone would: rank 0's commit then says who is missing
+      return false;
+    }
+    agreed_final_ = decision->step;
+    agreed_reason_ = decision->reason == "finished"    ? loop_reason::finished
+                     : decision->reason == "preempted" ? loop_reason::preempted
+                                                       : loop_reason::stopped;
+    if (agreed_reason_ == loop_reason::preempted && !grace_) start_grace(0);
+    events_.emit("final_step_agreed", {{"step", next_},
+                                       {"final_step", *agreed_final_},
+                                       {"reason", to_string(agreed_reason_)},
+                                       {"world_size", ckpt_.world_size()}});
+    return true;
+  }
+
+  /// At the agreed final step: snapshot it, wait until durable, then acknowledge.
+  void finish_agreed() {
+    reason_ = agreed_reason_;
+    write_final(next_);
+    if (!agreement_->acknowledge(agreement_deadline())) {
+      events_.emit("final_step_unacknowledged", {{"step", next_}, {"dir", agreement_->path().string()}});
+    }
+    grace_.reset();
+    emit_end();
+    rethrow_unless_preempted();
+  }
+
+  std::chrono::steady_clock::time_point agreement_deadline() const {
+    if (grace_deadline_) return *grace_deadline_;
+    // No notice: rank 0 would wait this long for a missing part anyway.
+    return std::chrono::steady_clock::now() + opts_.commit_timeout;
+  }
+
+  /// Snapshots `step` (unless the newest snapshot is of it) and waits until it is durable. A
+  /// failure is kept for emit_end() and rethrow_unless_preempted(), never thrown from here.
+  void write_final(std::uint64_t step) {
+    try {
+      if (last_snapshot_step_ != step) {
+        ckpt_.snapshot(step, {}, opts_.stream);
+        last_snapshot_step_ = step;
+      }
+      ckpt_.wait_durable();  // throws when the newest snapshot failed (an older failure does not count)
+      const auto s = ckpt_.stats();
+      final_written_ = ckpt_.rank() == 0 && s.last_durable_step == step;
+    } catch (const error& e) {
+      final_error_ = e.what();
+      final_failure_ = std::current_exception();
+    }
+  }
+
+  /// Waits for what is in flight (no new snapshot); a failure is kept as in write_final().
+  void settle(loop_reason why) {
+    try {
+      ckpt_.wait_durable();
+    } catch (const error& e) {
+      final_error_ = e.what();
+      if (why != loop_reason::preempted) final_failure_ = std::current_exception();
+    }
+  }
+
+  /// A finished or stopped loop whose final checkpoint failed must not look like success: the
+  /// user must know the last state is not saved. A preempted one exits 75 all the same: its
+  /// previous committed step stands and retrying is right.
+  void rethrow_unless_preempted() {
+    if (final_failure_ && reason_ != loop_reason::preempted) std::rethrow_exception(std::exchange(final_failure_, nullptr));
+    final_failure_ = nullptr;
+  }
+
+  /// A preemption notice while the group was re-forming: exit 75 with the newest committed step
+  /// standing; no new checkpoint (this rank's state may not be the group's).
+  void interrupted_while_regrouping(const error& e) {
+    scope_.reset();
+    reason_ = loop_reason::preempted;
+    final_error_ = e.what();
+    start_grace(preemption_handler::requested_at_ns());
+    settle(reason_);  // what was in flight before the failure may still commit
+    grace_.reset();
+    emit_end("regroup");
+  }
+
+  /// Starts the grace timer: `since` is when the notice came (CLOCK_MONOTONIC ns; 0: now).
+  void start_grace(std::int64_t since) {
+    if (grace_) return;
+    const std::int64_t now = detail::monotonic_ns();
+    if (since <= 0 || since > now) since = now;
+    const auto left = std::chrono::nanoseconds(
+        std::max<std::int64_t>(0, std::chrono::nanoseconds(*opts_.grace).count() - (now - since)));
+    grace_deadline_ = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(left);
+    grace_.emplace(left, events_, next_);
+  }
+
+  /// loop_end or loop_preempted. final_checkpoint: this process made the final step durable as
+  /// its writer; final_checkpoint_error: why the final checkpoint failed or was not taken
+  /// (null: it did not fail); interrupted: what a notice cut short ("regroup"), else null.
+  void emit_end(std::string_view interrupted = {}) {
     const auto s = ckpt_.stats();
     events_.emit(reason_ == loop_reason::preempted ? "loop_preempted" : "loop_end",
                  {{"reason", to_string(reason_)},
                   {"step", next_},
                   {"signal", preemption_handler::requested()},
+                  {"final_checkpoint", final_written_},
+                  {"final_checkpoint_error", final_error_.empty() ? event_value() : event_value(final_error_)},
+                  {"interrupted", interrupted.empty() ? event_value() : event_value(interrupted)},
                   {"snapshots", s.snapshots},
                   {"stall_s", s.stall_seconds},
                   {"deferred", deferred_},
                   {"durable_step", s.last_durable_step ? static_cast<long long>(*s.last_durable_step) : -1LL}});
+  }
+
+  /// Options with what the environment fills in, every value checked.
+  static loop_options resolve(loop_options o) {
+    namespace env = elastic::detail;
+    using std::chrono::milliseconds;
+    if (o.max_overhead < 0 || o.max_overhead >= 1) {
+      throw error(errc::invalid_argument, "training_loop: max_overhead is a fraction in [0, 1)");
+    }
+    if (o.step_timeout.count() < 0) {
+      throw error(errc::invalid_argument, "training_loop: step_timeout is negative; use 0 for no timeout");
+    }
+    if (o.step_timeout.count() == 0) {
+      o.step_timeout = env::env_seconds_in("ELASTIC_STEP_TIMEOUT", milliseconds(1), milliseconds(1'000'000'000),
+                                           "no timeout")
+                           .value_or(milliseconds(0));
+    }
+    if (o.grace && o.grace->count() < 0) throw error(errc::invalid_argument, "training_loop: grace is negative");
+    if (!o.grace) {
+      o.grace = env::env_seconds_in("ELASTIC_GRACE", milliseconds(1), std::chrono::hours(24), "no final checkpoint")
+                    .value_or(std::chrono::seconds(25));
+    }
+    if (o.group) return o;  // rank and world size are the group's
+    const bool rank_from_env = o.rank < 0, world_from_env = o.world_size < 0;
+    if (world_from_env) o.world_size = static_cast<int>(env::env_int("ELASTIC_WORLD_SIZE", 1, 65536).value_or(1));
+    if (rank_from_env) o.rank = static_cast<int>(env::env_int("ELASTIC_RANK", 0, 65535).value_or(0));
+    if (o.world_size < 1 || o.rank >= o.world_size) {
+      auto shown = [](bool from_env, const char* var, const char* opt, int v) {
+        return from_env ? fmt::format("{}={}", var, v) : fmt::format("loop_options::{} {}", opt, v);
+      };
+      throw error(errc::invalid_argument,
+                  fmt::format("training_loop: {} is not below {}: a rank is 0 to the world size - 1; fix either",
+                              shown(rank_from_env, "ELASTIC_RANK", "rank", o.rank),
+                              shown(world_from_env, "ELASTIC_WORLD_SIZE", "world_size", o.world_size)));
+    }
+    return o;
+  }
+
+  /// A step timeout nobody enforces is a silent hang: with ELASTIC_WATCHDOG set, the watchdog
+  /// must be there. (Unset: scopes are no-ops, and one timer_unwatched event says so.)
+  void check_watchdog() const {
+    if (opts_.step_timeout.count() <= 0) return;
+    const auto name = elastic::detail::env_string("ELASTIC_WATCHDOG");
+    if (!name || timer::client::current() != nullptr) return;
+    try {
+      timer::client::attach(*name);
+    } catch (const error& e) {
+      throw error(e.code(), fmt::format("ELASTIC_WATCHDOG='{}' cannot be attached ({}), so the step timeout of {} ms "
+                                        "would not be enforced: start the watchdog (elastic-run hosts one), fix "
+                                        "ELASTIC_WATCHDOG, or unset it to run unwatched",
+                                        elastic::detail::printable(*name), e.what(), opts_.step_timeout.count()));
+    }
   }
 
   /// Exits 75 if the final checkpoint is not durable within the grace: the orchestrator's
@@ -387,6 +620,20 @@ class training_loop {
   checkpoint::checkpointer ckpt_;
   step_context ctx_;
   std::optional<timer::scope> scope_;
+  // Ranks without a group that checkpoint together: the final-step agreement, and once made,
+  // the step and reason every rank ends with.
+  std::optional<checkpoint::detail::final_step_agreement> agreement_;
+  std::optional<std::uint64_t> agreed_final_;
+  loop_reason agreed_reason_ = loop_reason::preempted;
+  std::chrono::steady_clock::time_point last_peek_{};
+  bool peer_notice_ = false;  // the notice was another rank's proposal, not our own
+  // After a preemption notice: exits 75 when the grace runs out (see grace_timer).
+  std::optional<std::chrono::steady_clock::time_point> grace_deadline_;
+  std::optional<grace_timer> grace_;
+  // The outcome of the final checkpoint (see emit_end); the failure is kept only to rethrow it.
+  bool final_written_ = false;
+  std::string final_error_;
+  std::exception_ptr final_failure_;
   loop_reason reason_ = loop_reason::running;
   std::uint64_t start_ = 0, next_ = 0, interval_ = 0, last_snapshot_step_ = 0, redone_ = 0;
   std::uint64_t deferred_ = 0;  // steps at which a due snapshot was put off (adaptive policy)
