@@ -157,3 +157,59 @@ TEST_CASE("a worker whose watchdog segment is missing runs unwatched and says so
   REQUIRE(ev.size() == 1);
   CHECK(ev[0].find("no watchdog segment") != std::string::npos);
 }
+
+TEST_CASE("a slot forged in the name of a process that never attached gets that process no signal") {
+  hosted h({.poll = 5ms});
+  // An innocent process: it has exec'd (so it does not even share the test's mappings any
+  // more) before anything names it; `exec` keeps its pid and start time.
+  auto innocent = child_process::spawn({"/bin/sh", "-c", "echo ready; exec sleep 60"});
+  REQUIRE(innocent.read_line() == "ready");
+  const pid_t pid = innocent.pid();
+  const std::uint64_t start = elastic::detail::process_start_time(pid);
+  REQUIRE(start > 0);
+
+  // A client writes an expired scope in the innocent's name (real pid, real start time), three
+  // times over: each time the watchdog must refuse, free the slot, and log it only once.
+  auto forger = h.worker("forge", {std::to_string(pid), std::to_string(start), "3"});
+  CHECK(forger.read_line(60s) == "freed 3");
+  const auto refused = elastic::test::wait_for_events(h.events, "watchdog_refused", 1, 10s);
+  REQUIRE(refused.size() == 1);
+  CHECK(refused[0].find("\"target_pid\":" + std::to_string(pid) + ",") != std::string::npos);
+  CHECK(refused[0].find("pid " + std::to_string(pid) + " does not map segment " + h.name + ": it never attached") !=
+        std::string::npos);
+  CHECK(refused[0].find("\"scope\":\"forged-scope\"") != std::string::npos);
+  CHECK_FALSE(innocent.wait_for(0ms).has_value());  // alive: nothing was sent to it
+  CHECK(elastic::test::events_named(h.events, "watchdog_kill").empty());
+  CHECK(slots_owned_by(h.wd.table(), pid) == 0);
+  CHECK(h.wd.stats().refused == 3);
+  CHECK(h.wd.stats().signals == 0);
+
+  // The forger, a real client, is still the watchdog's to kill, and so is any hung client.
+  auto hung = h.worker("hang", {"100"});
+  REQUIRE(hung.read_line() == "entered");
+  CHECK(hung.killed_by(SIGKILL, 10s));
+  const auto kills = elastic::test::wait_for_events(h.events, "watchdog_kill", 1, 5s);
+  REQUIRE(kills.size() == 1);
+  CHECK(kills[0].find("\"target_pid\":" + std::to_string(hung.pid()) + ",") != std::string::npos);
+  CHECK_FALSE(innocent.wait_for(0ms).has_value());
+}
+
+TEST_CASE("a process that no longer maps the segment gets no SIGKILL escalation") {
+  // The test drives the scans itself, with times of its choosing: no race with the exec below.
+  hosted h({.escalate_after = 1s, .start_thread = false});
+  auto w = h.worker("abrt-then-exec", {"100"});
+  REQUIRE(w.read_line() == "entered");
+  const std::int64_t later = elastic::detail::monotonic_ns() + 2'000'000'000;  // past its 100 ms
+  REQUIRE(h.wd.scan_once(later).signals_sent == 1);                             // SIGABRT to a client
+  REQUIRE(w.read_line() == "got SIGABRT");
+  REQUIRE(w.read_line() == "execed");  // same process, a new image that maps nothing of ours
+  h.wd.scan_once(later + 10'000'000'000);  // well past escalate_after
+  const auto refused = elastic::test::events_named(h.events, "watchdog_refused");
+  REQUIRE(refused.size() == 1);
+  CHECK(refused[0].find("\"target_pid\":" + std::to_string(w.pid()) + ",") != std::string::npos);
+  CHECK(refused[0].find("\"stage\":\"escalate\"") != std::string::npos);
+  CHECK(refused[0].find("it no longer maps it") != std::string::npos);
+  CHECK_FALSE(w.wait_for(0ms).has_value());  // alive: no SIGKILL
+  CHECK(elastic::test::events_named(h.events, "watchdog_escalate").empty());
+  CHECK(h.wd.stats().escalations == 0);
+}

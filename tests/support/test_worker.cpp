@@ -13,6 +13,14 @@
 //   test_worker threads-exit SEGMENT THREADS        threads take slots and exit; print "done"
 //   test_worker stack-overflow SEGMENT              nest 40 scopes; print how many are watched
 //   test_worker env-churn                           attach from ELASTIC_WATCHDOG; say if watched
+//   test_worker forge SEGMENT PID START COUNT       write an expired scope into a free slot in the
+//                                                   name of process (PID, START), as a buggy or
+//                                                   hostile client could; wait for the watchdog to
+//                                                   free it; COUNT times; print "freed COUNT"
+//   test_worker abrt-then-exec SEGMENT MS           like ignore-abrt, but on SIGABRT print "got
+//                                                   SIGABRT" and exec a shell that prints "execed"
+//                                                   and sleeps: the same process, no longer mapping
+//                                                   the segment
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -29,7 +37,9 @@
 #include <thread>
 #include <vector>
 
+#include <elastic/detail/clock.hpp>
 #include <elastic/timer/client.hpp>
+#include <elastic/timer/detail/futex.hpp>
 #include <elastic/timer/expires.hpp>
 
 using namespace std::chrono_literals;
@@ -78,8 +88,73 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: test_worker MODE SEGMENT ...\n");
     return 2;
   }
-  elastic::timer::client::attach(argv[2]);
+  auto& client = elastic::timer::client::attach(argv[2]);
   auto arg = [&](int i) { return i < argc ? std::atoi(argv[i]) : 0; };
+
+  if (mode == "forge") {
+    namespace td = elastic::timer::detail;
+    if (argc < 6) return 2;
+    const std::uint64_t pid = std::strtoull(argv[3], nullptr, 10);
+    const std::uint64_t start = std::strtoull(argv[4], nullptr, 10);
+    const int count = arg(5);
+    const auto t = client.table();
+    auto& h = t.header();
+    for (int n = 0; n < count; ++n) {
+      td::slot* s = nullptr;
+      std::uint32_t index = 0;
+      for (std::uint32_t i = 0; i < t.slot_count() && s == nullptr; ++i) {
+        std::uint64_t expected = 0;
+        if (t.at(i).head.owner.compare_exchange_strong(expected, pid)) {
+          s = &t.at(i);
+          index = i;
+        }
+      }
+      if (s == nullptr) {
+        say("table full");
+        hang();
+      }
+      const std::int64_t now = elastic::detail::monotonic_ns();
+      auto& e = s->scopes[0];
+      e.deadline_ns.store(now - 1'000'000);
+      e.entered_ns.store(now - 2'000'000);
+      e.signal.store(SIGKILL);
+      td::store_name(e, "forged-scope");
+      e.generation.store(s->head.generation.load() + 1);
+      s->head.tid.store(static_cast<std::int32_t>(pid));
+      s->head.depth.store(1);
+      s->head.start_time.store(start);
+      std::uint32_t hw = h.slots_high_water.load();
+      while (hw < index + 1 && !h.slots_high_water.compare_exchange_weak(hw, index + 1)) {
+      }
+      td::futex_ring(h.doorbell);
+      // The watchdog frees the slot (whatever it decided); wait for that, bounded.
+      const auto until = std::chrono::steady_clock::now() + 30s;
+      while (s->head.owner.load() == pid && s->head.start_time.load() == start) {
+        if (std::chrono::steady_clock::now() >= until) {
+          say("not freed");
+          hang();
+        }
+        std::this_thread::sleep_for(1ms);
+      }
+    }
+    say("freed " + std::to_string(count));
+    hang();
+  }
+  if (mode == "abrt-then-exec") {
+    std::signal(SIGABRT, [](int) {
+      static const char m[] = "got SIGABRT\n";
+      (void)!::write(1, m, sizeof m - 1);
+      // Only async-signal-safe calls here: execv replaces the image, so the process (same pid,
+      // same start time) no longer maps the segment.
+      char sh[] = "/bin/sh", c[] = "-c", script[] = "echo execed; exec sleep 60";
+      char* args[] = {sh, c, script, nullptr};
+      ::execv(sh, args);
+      ::_exit(127);
+    });
+    auto g = elastic::expires(std::chrono::milliseconds(arg(3)), "abort-then-exec", SIGABRT);
+    say(g.watched() ? "entered" : "unwatched");
+    hang();
+  }
 
   if (mode == "hang") {
     auto g = elastic::expires(std::chrono::milliseconds(arg(3)), "hung-step", arg(4));

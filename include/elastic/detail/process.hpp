@@ -1,9 +1,12 @@
-// Identity and signalling of processes by pid, safe against pid reuse.
+// Identity and signalling of processes by pid, safe against pid reuse, and the kernel's account
+// of which file a process maps (how a watchdog knows its clients without trusting what they wrote).
 #pragma once
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -67,31 +70,171 @@ inline bool process_alive(pid_t pid, std::uint64_t start_time) noexcept {
   return start_time == 0 || s.start_time == start_time;
 }
 
-/// Outcome of signal_process().
-enum class signal_result { sent, gone, failed };
+/// Which file a mapping shows: the device and inode that fstat() reports for it. Two names of
+/// one object (or an unlinked object still mapped) have the same identity; a new object made
+/// under an old name does not.
+struct file_identity {
+  dev_t dev = 0;
+  ino_t ino = 0;
+
+  /// The identity of the file open on `fd`; {0, 0} when fstat fails.
+  static file_identity of(int fd) noexcept {
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) return {};
+    return {st.st_dev, st.st_ino};
+  }
+};
+
+/// What /proc/PID/maps says about one file.
+enum class maps_result {
+  maps,          ///< the process has the file mapped
+  does_not_map,  ///< it has not (a zombie maps nothing)
+  unreadable,    ///< its maps could not be read: the errno says why (ENOENT: no such process)
+};
+
+/// Whether process `pid` maps the file `file` right now, by the kernel's own account in
+/// /proc/PID/maps: a process can write anything into shared memory, but it cannot make another
+/// process map a file. Matches the device and inode of each mapping, not its name. Reads with
+/// open/read/close and a stack buffer (no allocation), however many mappings there are.
+/// On unreadable, `*err` (when given) is the errno.
+inline maps_result process_maps_file(pid_t pid, file_identity file, int* err = nullptr) noexcept {
+  auto fail = [&](int e) {
+    if (err != nullptr) *err = e;
+    return maps_result::unreadable;
+  };
+  if (pid <= 0) return fail(ESRCH);
+  if (file.ino == 0) return fail(EINVAL);
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/maps", static_cast<int>(pid));
+  int fd;
+  do {
+    fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) return fail(errno);
+  // Each line: "start-end perms offset MAJ:MIN inode   path". Parsed as a stream, one byte at a
+  // time, so a line split across two reads needs no copy. The device is printed as the
+  // kernel's major and minor in hex, which are what major()/minor() decode from st_dev.
+  const auto want_major = static_cast<unsigned long long>(major(file.dev));
+  const auto want_minor = static_cast<unsigned long long>(minor(file.dev));
+  const auto want_ino = static_cast<unsigned long long>(file.ino);
+  int field = 0;
+  bool minor_part = false, bad = false;
+  unsigned long long dev_major = 0, dev_minor = 0, ino = 0;
+  maps_result out = maps_result::does_not_map;
+  char buf[4096];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int e = errno;
+      ::close(fd);
+      return fail(e);
+    }
+    if (n == 0) break;
+    for (ssize_t i = 0; i < n; ++i) {
+      const char c = buf[i];
+      if (c == '\n') {
+        if (!bad && field >= 4 && ino == want_ino && dev_major == want_major && dev_minor == want_minor) {
+          out = maps_result::maps;
+          break;
+        }
+        field = 0;
+        minor_part = bad = false;
+        dev_major = dev_minor = ino = 0;
+        continue;
+      }
+      if (field > 4) continue;  // the path, which may hold anything but a newline
+      if (c == ' ') {
+        ++field;
+        continue;
+      }
+      if (field == 3) {
+        int v = -1;
+        if (c >= '0' && c <= '9') v = c - '0';
+        else if (c >= 'a' && c <= 'f') v = c - 'a' + 10;
+        if (c == ':') minor_part = true;
+        else if (v < 0) bad = true;
+        else (minor_part ? dev_minor : dev_major) = (minor_part ? dev_minor : dev_major) * 16 + static_cast<unsigned>(v);
+      } else if (field == 4) {
+        if (c >= '0' && c <= '9') ino = ino * 10 + static_cast<unsigned>(c - '0');
+        else bad = true;
+      }
+    }
+    if (out == maps_result::maps) break;
+  }
+  ::close(fd);
+  return out;
+}
+
+/// Outcome of signal_process() and signal_client().
+enum class signal_result {
+  sent,
+  gone,     ///< no process with this pid and start time (it ended, or the pid names a newer one)
+  failed,   ///< the kernel refused the signal; errno says why
+  refused,  ///< signal_client(): the process is not a client, so it was not signalled
+};
 
 /// Sends `sig` to the process `pid` only if it is still the process that started at
-/// `start_time`. A pidfd pins the process while its start time is checked, so the signal can
-/// never reach a newer process that reused the pid.
-inline signal_result signal_process(pid_t pid, std::uint64_t start_time, int sig) noexcept {
+/// `start_time` and `allowed()` says yes. A pidfd pins the process while both are checked, so
+/// the signal can never reach a newer process that reused the pid: if the pid was reused after
+/// the pidfd was opened, the pinned process is dead and the signal fails with ESRCH, whatever
+/// the checks read of the newer one.
+template <class Allowed>
+signal_result signal_process_if(pid_t pid, std::uint64_t start_time, int sig, Allowed&& allowed) noexcept {
+  if (pid <= 0) return signal_result::gone;
+  auto decide = [&]() -> signal_result {
+    if (!process_alive(pid, start_time)) return signal_result::gone;
+    if (allowed()) return signal_result::sent;
+    // A process that ends during the check maps nothing any more: that is not a refusal.
+    return process_alive(pid, start_time) ? signal_result::refused : signal_result::gone;
+  };
 #if defined(SYS_pidfd_open) && defined(SYS_pidfd_send_signal)
   int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
   if (fd >= 0) {
-    signal_result r = signal_result::gone;
-    if (process_alive(pid, start_time)) {
+    signal_result r = decide();
+    if (r == signal_result::sent) {
       r = ::syscall(SYS_pidfd_send_signal, fd, sig, nullptr, 0) == 0
               ? signal_result::sent
               : (errno == ESRCH ? signal_result::gone : signal_result::failed);
     }
+    const int saved = errno;
     ::close(fd);
+    errno = saved;
     return r;
   }
   if (errno == ESRCH) return signal_result::gone;
   // ENOSYS on kernels before 5.3: fall through to the racy but bounded check-then-kill.
 #endif
-  if (!process_alive(pid, start_time)) return signal_result::gone;
+  const signal_result r = decide();
+  if (r != signal_result::sent) return r;
   if (::kill(pid, sig) == 0) return signal_result::sent;
   return errno == ESRCH ? signal_result::gone : signal_result::failed;
+}
+
+/// Sends `sig` to the process `pid` only if it is still the process that started at
+/// `start_time` (see signal_process_if).
+inline signal_result signal_process(pid_t pid, std::uint64_t start_time, int sig) noexcept {
+  return signal_process_if(pid, start_time, sig, [] { return true; });
+}
+
+/// Why signal_client() refused: what /proc/PID/maps said, and its errno when unreadable.
+struct client_check {
+  maps_result maps = maps_result::maps;
+  int err = 0;
+};
+
+/// signal_process(), but only to a process that maps `file` (a watchdog's segment), checked on
+/// the pinned process just before the signal. Returns refused for any other process, with the
+/// reason in `*why` (when given).
+inline signal_result signal_client(pid_t pid, std::uint64_t start_time, int sig, file_identity file,
+                                   client_check* why = nullptr) noexcept {
+  client_check c;
+  const signal_result r = signal_process_if(pid, start_time, sig, [&] {
+    c.maps = process_maps_file(pid, file, &c.err);
+    return c.maps == maps_result::maps;
+  });
+  if (why != nullptr) *why = c;
+  return r;
 }
 
 /// "SIGKILL" for 9, "signal 42" for what has no name.

@@ -96,15 +96,16 @@ inline std::set<std::string> mapped_shm_names() {
 /// nothing uses any more: no process maps them, nobody holds their lock (a live watchdog or
 /// launcher flocks its object), and they are older than `min_age` (a creator may be about to
 /// map one). This is how objects of processes that were all SIGKILLed at once are reclaimed.
-/// Returns the names removed.
-inline std::vector<std::string> sweep_stale_shm(std::string_view prefix, int min_age_s = 2) {
+/// The object named `keep` (if any) is left alone: the caller is about to open it and checks it
+/// itself. Returns the names removed.
+inline std::vector<std::string> sweep_stale_shm(std::string_view prefix, int min_age_s = 2, std::string_view keep = {}) {
   std::vector<std::string> removed;
   DIR* dir = ::opendir("/dev/shm");
   if (dir == nullptr) return removed;
   std::vector<std::string> candidates;
   while (const dirent* d = ::readdir(dir)) {
     const std::string_view name(d->d_name);
-    if (name.size() > prefix.size() && name.substr(0, prefix.size()) == prefix) candidates.emplace_back(name);
+    if (name.size() > prefix.size() && name.substr(0, prefix.size()) == prefix && name != keep) candidates.emplace_back(name);
   }
   ::closedir(dir);
   if (candidates.empty()) return removed;

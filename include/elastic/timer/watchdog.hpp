@@ -7,6 +7,24 @@
 // It sleeps until the earliest deadline it knows of, at most `poll`, and is woken early by a
 // worker that enters a scope due before then; so an idle watchdog costs nothing measurable and
 // an expired scope is acted on within a fraction of a millisecond.
+//
+// Whom it may signal. The table is written by its clients, and any of them (buggy, or
+// compromised, with the same uid) can write any pid into a slot; a watchdog running as root
+// must not become a way to kill pid 1 or another user's process. So the watchdog learns who its
+// clients are from the kernel, not from the table: a process that maps this very segment object
+// (its device and inode, not just its name, in /proc/PID/maps) has attached to it, and no client
+// can make another process map it. Before every signal, the scope's and the SIGKILL escalation
+// alike, the watchdog pins the process with a pidfd, checks its start time against the slot,
+// checks that the pinned process maps the segment, and only then sends the signal through the
+// pidfd (elastic::detail::signal_client). A process that fails is never signalled: its slots are
+// freed and one `watchdog_refused` event per process says why.
+//
+// Why not a registration handshake (SO_PEERCRED on a Unix socket when a client attaches)? The
+// list of registered clients would live in the watchdog, so a watchdog that dies takes it along,
+// and its successor, adopting the segment, could not enforce any deadline written before:
+// already-hung processes never register again. The kernel's account survives the watchdog, costs
+// the hot path nothing (no protocol, no syscall on entering a scope), and covers fork children,
+// which inherit the mapping and so are clients by right.
 #pragma once
 
 #include <pthread.h>
@@ -20,9 +38,13 @@
 #include <chrono>
 #include <cstring>
 #include <cstdint>
+#include <iterator>
 #include <limits>
+#include <optional>
+#include <set>
 #include <stop_token>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <unordered_map>
 #include <utility>
@@ -55,7 +77,10 @@ struct watchdog_options {
   /// a kill by a scheduler tick or more. Without the privilege (CAP_SYS_NICE or RLIMIT_RTPRIO)
   /// it logs `watchdog_priority` once and runs at normal priority.
   int realtime_priority = 1;
-  event_log events = event_log::from_env();
+  /// Where events go; nothing: event_log::from_env() (ELASTIC_EVENTS, else stderr), opened when
+  /// the watchdog is constructed, so a bad ELASTIC_EVENTS is its elastic::error, not an escape
+  /// from a default member initializer.
+  std::optional<event_log> events{};
 };
 
 /// Counters since the watchdog started.
@@ -65,6 +90,7 @@ struct watchdog_stats {
   std::uint64_t escalations = 0;  ///< SIGKILLs sent after a grace
   std::uint64_t reclaimed = 0;    ///< slots freed after their process died
   std::int64_t max_late_ns = 0;   ///< worst delay from a deadline to its signal
+  std::uint64_t refused = 0;      ///< signals not sent: the process was not a client
 };
 
 /// What one scan saw.
@@ -80,32 +106,48 @@ class watchdog {
   /// Creates the segment (or adopts the one of a dead watchdog) and, unless
   /// `start_thread` is false, starts scanning on its own thread. Throws elastic::error.
   explicit watchdog(watchdog_options opts)
-      : opts_(std::move(opts)), segment_(detail::segment::create_or_adopt(opts_.name, opts_.capacity)) {
-    if (opts_.poll <= std::chrono::milliseconds(0)) {
-      throw error(errc::invalid_argument, "watchdog poll interval must be positive, got " +
-                                              std::to_string(opts_.poll.count()) + " ms");
-    }
-    if (opts_.signal <= 0 || opts_.signal >= NSIG) {
-      throw error(errc::invalid_argument, "watchdog signal " + std::to_string(opts_.signal) + " is not a signal number");
-    }
-    auto& h = segment_.table().header();
-    h.default_signal.store(opts_.signal, std::memory_order_relaxed);
-    if (segment_.adopted()) {
-      const std::uint32_t reclaimed = sweep(elastic::detail::monotonic_ns());
-      opts_.events.emit("watchdog_adopt", {{"segment", opts_.name},
-                                           {"slots", h.slot_count},
-                                           {"reclaimed_slots", reclaimed},
-                                           {"live_slots", count_owned()}});
-    }
-    opts_.events.emit("watchdog_start", {{"segment", opts_.name},
-                                         {"slots", h.slot_count},
-                                         {"poll_ms", static_cast<std::int64_t>(opts_.poll.count())},
-                                         {"signal", elastic::detail::signal_name(opts_.signal)}});
-    if (opts_.start_thread) {
-      thread_ = std::jthread([this](std::stop_token st) {
-        raise_priority();
-        run(st);
-      });
+      : opts_(checked(std::move(opts))),
+        events_(opts_.events ? std::move(*opts_.events) : event_log::from_env()),
+        segment_(detail::segment::create_or_adopt(opts_.name, opts_.capacity)),
+        segment_id_(segment_.identity()) {
+    opts_.events.reset();
+    try {
+      if (segment_id_.ino == 0) throw os_error("cannot stat watchdog segment '" + opts_.name + "'");
+      auto& h = segment_.table().header();
+      h.default_signal.store(opts_.signal, std::memory_order_relaxed);
+      for (const auto& obj : segment_.swept()) {
+        events_.emit("watchdog_swept", {{"segment", opts_.name},
+                                        {"object", "/dev/shm/" + obj},
+                                        {"reason", "no process maps it and no watchdog serves it"}});
+      }
+      if (segment_.adopted()) {
+        const std::uint32_t reclaimed = sweep(elastic::detail::monotonic_ns());
+        events_.emit("watchdog_adopt", {{"segment", opts_.name},
+                                        {"slots", h.slot_count},
+                                        {"reclaimed_slots", reclaimed},
+                                        {"live_slots", count_owned()}});
+      }
+      events_.emit("watchdog_start", {{"segment", opts_.name},
+                                      {"slots", h.slot_count},
+                                      {"poll_ms", static_cast<std::int64_t>(opts_.poll.count())},
+                                      {"signal", elastic::detail::signal_name(opts_.signal)}});
+      if (opts_.start_thread) {
+        thread_ = std::jthread([this](std::stop_token st) {
+          raise_priority();
+          run_guarded(st);
+        });
+      }
+    } catch (...) {
+      // No destructor runs for a constructor that throws: leave nothing behind in /dev/shm.
+      segment_.table().header().watchdog_pid.store(0, std::memory_order_release);
+      if (opts_.remove_on_stop) segment_.remove();
+      try {
+        throw;
+      } catch (const error&) {
+        throw;
+      } catch (const std::system_error& e) {
+        throw error(errc::os_error, "cannot start the watchdog thread for segment '" + opts_.name + "'", e.code());
+      }
     }
   }
 
@@ -124,7 +166,7 @@ class watchdog {
       thread_.join();
     }
     segment_.table().header().watchdog_pid.store(0, std::memory_order_release);
-    opts_.events.emit("watchdog_stop", {{"segment", opts_.name},
+    events_.emit("watchdog_stop", {{"segment", opts_.name},
                                         {"scans", stats_.scans.load()},
                                         {"signals", stats_.signals.load()},
                                         {"reclaimed_slots", stats_.reclaimed.load()}});
@@ -194,16 +236,22 @@ class watchdog {
       }
       freed += reclaim_process(pid, start, "process gone");
     });
+    // Forget refusals of processes that are gone, so the set stays as small as the live ones.
+    for (auto it = refused_.begin(); it != refused_.end();) {
+      it = elastic::detail::process_alive(it->first, it->second) ? std::next(it) : refused_.erase(it);
+    }
     return freed;
   }
 
   [[nodiscard]] watchdog_stats stats() const noexcept {
-    return {stats_.scans.load(), stats_.signals.load(), stats_.escalations.load(), stats_.reclaimed.load(),
-            stats_.max_late_ns.load()};
+    return {stats_.scans.load(),   stats_.signals.load(),     stats_.escalations.load(),
+            stats_.reclaimed.load(), stats_.max_late_ns.load(), stats_.refused.load()};
   }
   [[nodiscard]] const std::string& name() const noexcept { return opts_.name; }
   [[nodiscard]] detail::table_view table() const noexcept { return segment_.table(); }
   [[nodiscard]] bool adopted() const noexcept { return segment_.adopted(); }
+  /// The log this watchdog writes its events to.
+  [[nodiscard]] const event_log& events() const noexcept { return events_; }
 
  private:
   struct kill_record {
@@ -211,6 +259,7 @@ class watchdog {
     int signal;
     std::int64_t sent_ns;
     bool final;  ///< SIGKILL sent (or escalation done): wait for it to die
+    char scope[detail::scope_name_bytes];  ///< the expired scope, for the events that follow
   };
 
   void raise_priority() noexcept {
@@ -218,7 +267,7 @@ class watchdog {
     sched_param p{};
     p.sched_priority = opts_.realtime_priority;
     if (const int rc = ::pthread_setschedparam(::pthread_self(), SCHED_FIFO, &p); rc != 0) {
-      opts_.events.emit("watchdog_priority", {{"segment", opts_.name},
+      events_.emit("watchdog_priority", {{"segment", opts_.name},
                                               {"wanted", "SCHED_FIFO"},
                                               {"priority", opts_.realtime_priority},
                                               {"result", std::strerror(rc)},
@@ -241,6 +290,61 @@ class watchdog {
   }
 
   static std::int64_t ns(std::chrono::milliseconds ms) noexcept { return ms.count() * 1'000'000; }
+
+  /// `o`, once its values are known good: checked before the segment exists, so a refusal
+  /// leaves nothing behind.
+  static watchdog_options checked(watchdog_options o) {
+    if (o.poll <= std::chrono::milliseconds(0)) {
+      throw error(errc::invalid_argument, "watchdog poll interval must be positive, got " +
+                                              std::to_string(o.poll.count()) + " ms");
+    }
+    if (o.signal <= 0 || o.signal >= NSIG) {
+      throw error(errc::invalid_argument, "watchdog signal " + std::to_string(o.signal) + " is not a signal number");
+    }
+    return o;
+  }
+
+  /// run(), kept going through anything it throws (memory exhaustion in a bookkeeping map): an
+  /// exception must neither end the process through std::terminate nor stop enforcement.
+  void run_guarded(std::stop_token stop) noexcept {
+    while (!stop.stop_requested()) {
+      try {
+        run(stop);
+        return;
+      } catch (const std::exception& e) {
+        events_.emit("watchdog_error", {{"segment", opts_.name}, {"error", e.what()}, {"effect", "scanning again"}});
+      } catch (...) {
+        events_.emit("watchdog_error", {{"segment", opts_.name}, {"error", "unknown exception"}, {"effect", "scanning again"}});
+      }
+      std::this_thread::sleep_for(opts_.poll);
+    }
+  }
+
+  /// Refuses to signal process (pid, start), which failed signal_client()'s check: frees its
+  /// slots (their content came from someone else, or from a process that no longer maps the
+  /// segment) and logs one `watchdog_refused` per process.
+  void refuse(pid_t pid, std::uint64_t start, int sig, std::string_view scope, std::string_view stage,
+              const elastic::detail::client_check& why) {
+    stats_.refused.fetch_add(1, std::memory_order_relaxed);
+    reclaim_process(pid, start, "refused: not a client");
+    if (!refused_.emplace(pid, start).second) return;
+    std::string reason;
+    if (why.maps == elastic::detail::maps_result::does_not_map) {
+      reason = "pid " + std::to_string(pid) + " does not map segment " + opts_.name +
+               (stage == "escalate" ? ": it no longer maps it" : ": it never attached");
+    } else {
+      reason = "cannot read /proc/" + std::to_string(pid) + "/maps (" + std::strerror(why.err) +
+               "): cannot tell whether it attached to segment " + opts_.name;
+    }
+    events_.emit("watchdog_refused", {{"segment", opts_.name},
+                                      {"target_pid", pid},
+                                      {"target_start_time", start},
+                                      {"scope", scope},
+                                      {"signal", elastic::detail::signal_name(sig)},
+                                      {"stage", stage},
+                                      {"reason", reason},
+                                      {"effect", "not signalled; its slots were freed"}});
+  }
 
   /// read_entry, retried a few times when the owner is rewriting the entry right now.
   static bool read_stable(const detail::scope_entry& e, detail::entry_snapshot& out) noexcept {
@@ -269,18 +373,24 @@ class watchdog {
       return false;
     }
     const int sig = e.signal != 0 ? e.signal : opts_.signal;
-    const auto result = elastic::detail::signal_process(pid, start, sig);
+    elastic::detail::client_check why;
+    const auto result = elastic::detail::signal_client(pid, start, sig, segment_id_, &why);
+    const int err = errno;
     if (result == elastic::detail::signal_result::gone) {
       // Died on its own (or the pid now names a newer process): nothing to kill.
       reclaim_process(pid, start, "process gone");
       return false;
     }
-    const int err = errno;
-    kills_[pid] = kill_record{start, sig, now, sig == SIGKILL || result != elastic::detail::signal_result::sent};
+    if (result == elastic::detail::signal_result::refused) {
+      refuse(pid, start, sig, e.name, "signal", why);
+      return false;
+    }
+    kill_record& k = kills_[pid] = kill_record{start, sig, now, sig == SIGKILL || result != elastic::detail::signal_result::sent, {}};
+    std::memcpy(k.scope, e.name, sizeof k.scope);
     const std::int64_t late = now - e.deadline_ns;
     const int rank = s.head.rank.load(std::memory_order_relaxed);
     if (result == elastic::detail::signal_result::failed) {
-      opts_.events.emit("watchdog_kill_failed",
+      events_.emit("watchdog_kill_failed",
                         {{"segment", opts_.name}, {"target_pid", pid}, {"scope", std::string_view(e.name)},
                          {"signal", elastic::detail::signal_name(sig)}, {"errno", err}});
       return false;
@@ -289,7 +399,7 @@ class watchdog {
     std::int64_t prev = stats_.max_late_ns.load(std::memory_order_relaxed);
     while (late > prev && !stats_.max_late_ns.compare_exchange_weak(prev, late)) {
     }
-    opts_.events.emit("watchdog_kill",
+    events_.emit("watchdog_kill",
                       {{"segment", opts_.name},
                        {"target_pid", pid},
                        {"target_tid", s.head.tid.load(std::memory_order_relaxed)},
@@ -319,9 +429,16 @@ class watchdog {
         const std::int64_t due = k.sent_ns + ns(opts_.escalate_after);
         if (now >= due) {
           k.final = true;
-          if (elastic::detail::signal_process(pid, k.start_time, SIGKILL) == elastic::detail::signal_result::sent) {
+          elastic::detail::client_check why;
+          const auto result = elastic::detail::signal_client(pid, k.start_time, SIGKILL, segment_id_, &why);
+          if (result == elastic::detail::signal_result::refused) {
+            refuse(pid, k.start_time, SIGKILL, k.scope, "escalate", why);
+            it = kills_.erase(it);
+            continue;
+          }
+          if (result == elastic::detail::signal_result::sent) {
             stats_.escalations.fetch_add(1, std::memory_order_relaxed);
-            opts_.events.emit("watchdog_escalate", {{"segment", opts_.name},
+            events_.emit("watchdog_escalate", {{"segment", opts_.name},
                                                     {"target_pid", pid},
                                                     {"after_signal", elastic::detail::signal_name(k.signal)},
                                                     {"signal", "SIGKILL"},
@@ -358,7 +475,7 @@ class watchdog {
     }
     if (freed > 0) {
       stats_.reclaimed.fetch_add(freed, std::memory_order_relaxed);
-      opts_.events.emit("watchdog_reclaim",
+      events_.emit("watchdog_reclaim",
                         {{"segment", opts_.name}, {"target_pid", pid}, {"slots", freed}, {"reason", reason}});
     }
     return freed;
@@ -370,11 +487,15 @@ class watchdog {
     std::atomic<std::uint64_t> escalations{0};
     std::atomic<std::uint64_t> reclaimed{0};
     std::atomic<std::int64_t> max_late_ns{0};
+    std::atomic<std::uint64_t> refused{0};
   };
 
   watchdog_options opts_;
+  event_log events_;
   detail::segment segment_;
+  elastic::detail::file_identity segment_id_;  // what a client's /proc/PID/maps shows
   std::unordered_map<pid_t, kill_record> kills_;  // only the scanning thread touches it
+  std::set<std::pair<pid_t, std::uint64_t>> refused_;  // logged refusals; only the scanning thread
   atomic_stats stats_;
   std::atomic<bool> stopped_{false};
   std::jthread thread_;  // last: it must stop before the members it uses go away

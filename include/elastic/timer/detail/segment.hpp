@@ -5,6 +5,11 @@
 // kernel drops it when the watchdog dies, however it dies. So "is a watchdog serving this
 // segment?" is one non-blocking flock, with no pid to go stale, and a new watchdog can adopt the
 // segment of a dead one (its slots, and so the deadlines of running workers, carry on).
+//
+// A watchdog that is killed leaves its segment behind on purpose, so that a new one can adopt it
+// while workers still run. What nobody can adopt any more (no process maps it, no watchdog locks
+// it) is removed by the next watchdog to start on this host, whatever its name: see
+// create_or_adopt().
 #pragma once
 
 #include <sys/file.h>
@@ -20,6 +25,7 @@
 #include <string_view>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include <elastic/detail/names.hpp>
 #include <elastic/detail/shm_object.hpp>
@@ -37,9 +43,12 @@ inline constexpr std::size_t max_segment_name = elastic::detail::max_shm_name;
 /// Throws errc::bad_name unless `name` is a valid shared-memory name (see detail/names.hpp).
 inline void validate_segment_name(std::string_view name) { elastic::detail::validate_shm_name("watchdog segment", name); }
 
+/// What every segment's shared-memory object name starts with.
+inline constexpr std::string_view shm_object_prefix = "elastic-timer.";
+
 /// The POSIX shared-memory object behind a segment name (/dev/shm/elastic-timer.NAME).
 inline std::string shm_object_name(std::string_view name) {
-  return "elastic-timer." + std::string(name);
+  return std::string(shm_object_prefix) + std::string(name);
 }
 
 /// A mapped watchdog segment. Move-only; unmaps and closes on destruction (and so releases the
@@ -53,6 +62,10 @@ class segment {
   /// already_running when a live watchdog serves it, owner_mismatch when another user made it,
   /// version_mismatch or corrupt when it is not a segment this build can read; none of these
   /// writes a byte to the existing segment.
+  ///
+  /// First it removes the segments of this user, under other names, that nothing can use any
+  /// more: no worker maps them and no watchdog serves them (sweep_stale_shm; swept() lists
+  /// them). A segment some worker still maps is kept for a new watchdog to adopt.
   static segment create_or_adopt(std::string_view name, std::uint32_t slot_count) {
     validate_segment_name(name);
     if (slot_count == 0 || slot_count > (1u << 20)) {
@@ -62,6 +75,7 @@ class segment {
     segment s;
     s.name_ = std::string(name);
     const std::string obj = shm_object_name(name);
+    s.swept_ = elastic::detail::sweep_stale_shm(shm_object_prefix, 2, obj);
     s.shm_ = elastic::detail::create_or_open_shm(obj, s.created_, [&](const auto& e) { return open_error(name, e); });
     s.check_owner();
     if (::flock(s.fd(), LOCK_EX | LOCK_NB) != 0) {
@@ -133,6 +147,12 @@ class segment {
   /// True when create_or_adopt() found the segment of a dead watchdog and took it over.
   [[nodiscard]] bool adopted() const noexcept { return adopted_; }
   [[nodiscard]] int fd() const noexcept { return shm_.get_mapping_handle().handle; }
+  /// The device and inode of the object: what /proc/PID/maps shows for a process that maps it.
+  [[nodiscard]] elastic::detail::file_identity identity() const noexcept {
+    return elastic::detail::file_identity::of(fd());
+  }
+  /// Shared-memory objects of other, dead segments that create_or_adopt() removed.
+  [[nodiscard]] const std::vector<std::string>& swept() const noexcept { return swept_; }
 
   /// Unlinks the name; workers that have it mapped keep their mapping.
   void remove() noexcept {
@@ -249,6 +269,7 @@ class segment {
   std::string name_;
   bool created_ = false;
   bool adopted_ = false;
+  std::vector<std::string> swept_;
 };
 
 }  // namespace elastic::timer::detail
