@@ -1,20 +1,76 @@
 // The watchdog against real worker processes: who gets which signal, when, and what is logged.
 #include <signal.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include <chrono>
 #include <filesystem>
+#include <optional>
 #include <string>
+#include <thread>
+#include <utility>
+#include <vector>
 
 #include <elastic/timer/watchdog.hpp>
 
 #include "support/catch.hpp"
 #include "support/hosted_watchdog.hpp"
+#include "support/other_user.hpp"
 #include "support/process.hpp"
 
 using namespace std::chrono_literals;
 using elastic::test::child_process;
 using elastic::test::hosted;
+
+namespace {
+
+std::string shm_path(const std::string& name) { return "/dev/shm/" + elastic::timer::detail::shm_object_name(name); }
+
+/// What a run of elastic-watchdog that is expected to end on its own left behind.
+struct tool_run {
+  std::optional<int> status;  ///< wait status; nullopt when it did not end in time (it is killed)
+  std::string output;         ///< stdout and stderr together
+  [[nodiscard]] std::optional<int> exit_code() const {
+    if (!status || !WIFEXITED(*status)) return std::nullopt;
+    return WEXITSTATUS(*status);
+  }
+};
+
+/// Runs elastic-watchdog ARGS (as `uid`/`gid` unless -1) with `env` added, and waits a bounded
+/// time for it to end.
+tool_run run_tool(std::vector<std::string> args, std::vector<std::pair<std::string, std::string>> env = {},
+                  uid_t uid = static_cast<uid_t>(-1), gid_t gid = static_cast<gid_t>(-1)) {
+  std::vector<std::string> argv{"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>&1", ELASTIC_WATCHDOG_TOOL};
+  argv.insert(argv.end(), args.begin(), args.end());
+  auto p = child_process::spawn_as(uid, gid, argv, env);
+  tool_run r;
+  while (auto line = p.read_line(10s)) r.output += *line + "\n";
+  r.status = p.wait_for(10s);
+  return r;
+}
+
+/// Checks that a run ended with exit code 2 and a message containing `text`, not through
+/// std::terminate, and left no segment `name` behind.
+void expect_usage_exit(const tool_run& r, const std::string& text, const std::string& name) {
+  INFO(r.output);
+  CHECK(r.exit_code() == 2);
+  CHECK(r.output.find(text) != std::string::npos);
+  CHECK(r.output.find("terminate") == std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(shm_path(name)));
+}
+
+/// Waits (bounded) until `path` is at least `age` old by its ctime, as sweep_stale_shm counts.
+void wait_until_older(const std::string& path, std::chrono::seconds age) {
+  for (int i = 0; i < 200; ++i) {
+    struct stat st {};
+    timespec now{};
+    ::clock_gettime(CLOCK_REALTIME, &now);
+    if (::stat(path.c_str(), &st) != 0 || now.tv_sec - st.st_ctim.tv_sec >= age.count()) return;
+    std::this_thread::sleep_for(50ms);
+  }
+}
+
+}  // namespace
 
 
 TEST_CASE("a scope that expires kills its process and the kill is logged") {
@@ -117,8 +173,141 @@ TEST_CASE("the standalone elastic-watchdog kills, logs, and cleans up on SIGTERM
 TEST_CASE("elastic-watchdog refuses bad arguments with usage and exit code 2") {
   const std::string tool = ELASTIC_WATCHDOG_TOOL;
   if (tool.empty()) return;
-  CHECK(child_process::spawn({tool, "--name", "bad/name"}).exit_code(10s) == 1);
+  CHECK(child_process::spawn({tool, "--name", "bad/name"}).exit_code(10s) == 2);
   CHECK(child_process::spawn({tool, "--poll", "soon", "--name", "x"}).exit_code(10s) == 2);
   CHECK(child_process::spawn({tool, "--bogus"}).exit_code(10s) == 2);
   CHECK(child_process::spawn({tool, "--name", "x", "--signal", "NOPE"}).exit_code(10s) == 2);
+}
+
+TEST_CASE("elastic-watchdog with ELASTIC_EVENTS naming a directory says so and exits 2") {
+  if (std::string(ELASTIC_WATCHDOG_TOOL).empty()) return;
+  elastic::test::temp_dir dir;
+  const std::string name = elastic::test::unique_name("envdir");
+  const auto r = run_tool({"--name", name}, {{"ELASTIC_EVENTS", dir.path()}});
+  expect_usage_exit(r, "ELASTIC_EVENTS file " + dir.path() + " is a directory", name);
+}
+
+TEST_CASE("elastic-watchdog with --events naming a directory says so and exits 2") {
+  if (std::string(ELASTIC_WATCHDOG_TOOL).empty()) return;
+  elastic::test::temp_dir dir;
+  const std::string name = elastic::test::unique_name("argdir");
+  const auto r = run_tool({"--name", name, "--events", dir.path()});
+  expect_usage_exit(r, "events file " + dir.path() + " is a directory: name a file in it", name);
+}
+
+TEST_CASE("elastic-watchdog refuses an events file that is a planted link or a FIFO, and exits 2") {
+  if (std::string(ELASTIC_WATCHDOG_TOOL).empty()) return;
+  elastic::test::temp_dir dir;
+  const std::string name = elastic::test::unique_name("planted");
+  const std::string target = dir.file("precious"), link = dir.file("link.jsonl"), fifo = dir.file("fifo.jsonl");
+  REQUIRE(::symlink(target.c_str(), link.c_str()) == 0);
+  expect_usage_exit(run_tool({"--name", name, "--events", link}), link + ": it is a symbolic link", name);
+  CHECK_FALSE(std::filesystem::exists(target));
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  expect_usage_exit(run_tool({"--name", name, "--events", fifo}), fifo + ": it is a FIFO", name);
+}
+
+TEST_CASE("elastic-watchdog with an events file it cannot write says so and exits 2") {
+  if (std::string(ELASTIC_WATCHDOG_TOOL).empty()) return;
+  const auto other = elastic::test::require_other_user();
+  elastic::test::temp_dir dir;  // mode 0700, root's: the other user cannot create a file in it
+  const std::string name = elastic::test::unique_name("unwritable");
+  const std::string events = dir.file("events.jsonl");
+  const auto r = run_tool({"--name", name, "--events", events}, {}, other.uid, other.gid);
+  expect_usage_exit(r, "cannot open events file " + events + " for appending", name);
+}
+
+TEST_CASE("elastic-watchdog with a bad ELASTIC_WATCHDOG name says so and exits 2") {
+  if (std::string(ELASTIC_WATCHDOG_TOOL).empty()) return;
+  const auto r = run_tool({}, {{"ELASTIC_WATCHDOG", "../etc/passwd"}});
+  INFO(r.output);
+  CHECK(r.exit_code() == 2);
+  CHECK(r.output.find("ELASTIC_WATCHDOG: elastic: watchdog segment name '../etc/passwd'") != std::string::npos);
+  CHECK(r.output.find("terminate") == std::string::npos);
+}
+
+TEST_CASE("elastic-watchdog removes its segment whichever catchable signal stops it") {
+  const std::string tool = ELASTIC_WATCHDOG_TOOL;
+  if (tool.empty()) return;
+  elastic::test::temp_dir dir;
+  const std::string events = dir.file("events.jsonl");
+  // Every signal whose default action ends a process and that a process may catch; the fault
+  // signals too, as another process sends them with kill().
+  for (int sig : {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM, SIGVTALRM, SIGPROF, SIGIO, SIGPWR,
+                  SIGSTKFLT, SIGXCPU, SIGXFSZ, SIGABRT, SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS, SIGRTMIN,
+                  SIGRTMIN + 3, SIGRTMAX}) {
+    INFO("signal " << sig << " (" << (::sigabbrev_np(sig) ? ::sigabbrev_np(sig) : "RT") << ")");
+    const std::string name = elastic::test::unique_name("sig");
+    auto wd = child_process::spawn({tool, "--name", name, "--events", events});
+    const auto ready = wd.read_line();
+    REQUIRE(ready);
+    REQUIRE(ready->find("serving '" + name + "'") != std::string::npos);
+    REQUIRE(std::filesystem::exists(shm_path(name)));
+    wd.kill(sig);
+    CHECK(wd.exit_code(10s) == 0);
+    CHECK_FALSE(std::filesystem::exists(shm_path(name)));
+  }
+}
+
+TEST_CASE("elastic-watchdog is not stopped by SIGPIPE and goes on enforcing deadlines") {
+  const std::string tool = ELASTIC_WATCHDOG_TOOL;
+  if (tool.empty()) return;
+  elastic::test::temp_dir dir;
+  const std::string name = elastic::test::unique_name("pipe");
+  const std::string events = dir.file("events.jsonl");
+  auto wd = child_process::spawn({tool, "--name", name, "--events", events});
+  REQUIRE(wd.read_line());
+  wd.kill(SIGPIPE);
+  auto w = child_process::spawn({ELASTIC_TEST_WORKER, "hang", name, "100"});
+  REQUIRE(w.read_line() == "entered");
+  CHECK(w.killed_by(SIGKILL, 10s));
+  CHECK_FALSE(wd.wait_for(0ms).has_value());
+  wd.kill(SIGTERM);
+  CHECK(wd.exit_code(10s) == 0);
+  CHECK_FALSE(std::filesystem::exists(shm_path(name)));
+}
+
+TEST_CASE("a segment whose watchdog and workers are all gone is removed by the next watchdog to start") {
+  const std::string tool = ELASTIC_WATCHDOG_TOOL;
+  if (tool.empty()) return;
+  elastic::test::temp_dir dir;
+  const std::string name = elastic::test::unique_name("orphan");
+  auto first = child_process::spawn({tool, "--name", name, "--events", dir.file("first.jsonl")});
+  REQUIRE(first.read_line());
+  auto w = child_process::spawn({ELASTIC_TEST_WORKER, "hang", name, "60000"});
+  REQUIRE(w.read_line() == "entered");
+  first.kill(SIGKILL);  // no cleanup: the segment stays, adoptable while the worker runs
+  REQUIRE(first.killed_by(SIGKILL, 10s));
+  w.kill(SIGKILL);
+  REQUIRE(w.killed_by(SIGKILL, 10s));
+  REQUIRE(std::filesystem::exists(shm_path(name)));
+  // The sweep leaves objects younger than 2 s alone: a creator may be about to map one.
+  wait_until_older(shm_path(name), 3s);
+
+  hosted h;  // any watchdog of this user, under any name
+  CHECK_FALSE(std::filesystem::exists(shm_path(name)));
+  const auto swept = elastic::test::events_named(h.events, "watchdog_swept");
+  bool named = false;
+  for (const auto& e : swept) named = named || e.find(shm_path(name) + "\"") != std::string::npos;
+  CHECK(named);
+}
+
+TEST_CASE("a segment that a running worker still maps is kept for a new watchdog to adopt") {
+  const std::string tool = ELASTIC_WATCHDOG_TOOL;
+  if (tool.empty()) return;
+  elastic::test::temp_dir dir;
+  const std::string name = elastic::test::unique_name("adoptable");
+  auto first = child_process::spawn({tool, "--name", name, "--events", dir.file("first.jsonl")});
+  REQUIRE(first.read_line());
+  auto w = child_process::spawn({ELASTIC_TEST_WORKER, "hang", name, "60000"});
+  REQUIRE(w.read_line() == "entered");
+  first.kill(SIGKILL);
+  REQUIRE(first.killed_by(SIGKILL, 10s));
+  wait_until_older(shm_path(name), 3s);
+
+  { hosted h; }  // another watchdog starts (and sweeps) while the worker runs
+  REQUIRE(std::filesystem::exists(shm_path(name)));
+  elastic::timer::watchdog second({.name = name, .events = elastic::event_log()});
+  CHECK(second.adopted());
+  CHECK(second.scan_once().live_scopes == 1);
 }
