@@ -17,6 +17,7 @@
 #include <tuple>
 #include <vector>
 
+#include <elastic/checkpoint/preemption.hpp>
 #include <elastic/rendezvous/rendezvous.hpp>
 #include <elastic/rendezvous/shm_store.hpp>
 
@@ -321,6 +322,36 @@ TEST_CASE("a group that falls below min_nodes after a departure stops with a cle
     CHECK(line.find("fell to 2 participants, below min_nodes 3") != std::string::npos);
     CHECK(ps[i].exit_code(10s) == 3);
   }
+}
+
+TEST_CASE("a participant waiting for the group to re-form stops at a preemption notice") {
+  scratch_store t;
+  std::vector<child_process> ps;
+  // The join timeout is far longer than this test waits: only the notice can end the wait.
+  for (int i = 0; i < 3; ++i) {
+    ps.push_back(participant(t.name, "job", 3, 3, "p" + std::to_string(i), "stay", {"--join-timeout", "120000"}));
+  }
+  for (auto& p : ps) REQUIRE(next_round(p, 1).world == 3);
+  ps[0].kill(SIGKILL);
+  REQUIRE(ps[0].killed_by(SIGKILL, 5s));
+  // The survivors see the departure and wait in round 2 for a third participant.
+  for (std::size_t i : {1u, 2u}) CHECK(next_line(ps[i], "change ").find("departed=p0") != std::string::npos);
+  std::this_thread::sleep_for(200ms);
+  ps[1].kill(SIGTERM);
+  std::string line;
+  for (auto l = ps[1].read_line(20s); l; l = ps[1].read_line(20s)) {
+    if (l->starts_with("error")) {
+      line = *l;
+      break;
+    }
+  }
+  INFO(line);
+  CHECK(line.starts_with("error interrupted"));
+  CHECK(line.find("preemption notice") != std::string::npos);
+  CHECK(ps[1].exit_code(10s) == elastic::exit_preempted);
+  // The other survivor is still waiting; it honours its own notice the same way.
+  ps[2].kill(SIGTERM);
+  CHECK(ps[2].exit_code(20s) == elastic::exit_preempted);
 }
 
 TEST_CASE("a group that never reaches min_nodes stops with a clear timeout") {

@@ -10,7 +10,8 @@
 //
 //   round N rank R world W members A,B,C bootstrap B     a round this participant is in
 //   change departed=A,B joining=C advanced=0|1 lost=0|1  what poll() saw
-//   error CODE MESSAGE                                   join() failed (exit 3)
+//   error CODE MESSAGE                                   join() failed (exit 3; 75 when a
+//                                                        preemption notice, SIGTERM, cut it short)
 //
 // The leader's bootstrap is "boot:<leader id>:<round>". Events go to ELASTIC_EVENTS when set.
 #include <chrono>
@@ -20,6 +21,7 @@
 #include <string_view>
 #include <thread>
 
+#include <elastic/checkpoint/preemption.hpp>
 #include <elastic/rendezvous/rendezvous.hpp>
 #include <elastic/rendezvous/shm_store.hpp>
 
@@ -73,6 +75,7 @@ int main(int argc, char** argv) {
   const std::string id = o.participant_id;
   auto boot = [](const rdzv::round_info& r) { return fmt::format("boot:{}:{}", r.leader, r.round); };
   try {
+    const elastic::preemption_handler notices;  // SIGTERM: a notice the rendezvous honours
     rdzv::shm_store store(argv[1]);
     rdzv::rendezvous rv(store, o);
     say(round_line(rv.join(boot)));
@@ -89,6 +92,6 @@ int main(int argc, char** argv) {
     return 0;
   } catch (const elastic::error& e) {
     say(fmt::format("error {} {}", elastic::to_string(e.code()), e.what()));
-    return 3;
+    return e.code() == elastic::errc::interrupted ? elastic::exit_preempted : 3;
   }
 }
