@@ -698,6 +698,20 @@ TEST_CASE("a SIGKILLed launcher leaves no worker and nothing in /dev/shm, wrappe
   for (pid_t p : workers) ::kill(p, SIGKILL);  // whatever the outcome, nothing lingers
 }
 
+TEST_CASE("a wrapped trainer keeps its grace after a notice even when its wrapper exits at once") {
+  temp_dir pids;
+  // The wrapper dies of the SIGTERM at once (a shell script that does not exec); the trainer
+  // under it takes 1 s to checkpoint and must neither be killed for it nor lose its output.
+  launch l("wrapgrace", {"--nproc-per-node", "1", "--grace", "20"}, {worker, "wrap", "term", "1000", pids.file("pid"), "none"});
+  REQUIRE(wait_for_file(pids.file("pid.0"), 20s));
+  const pid_t trainer = read_pid(pids.file("pid.0"));
+  l.proc.kill(SIGTERM);
+  REQUIRE(l.finish(30s) == 75);
+  CHECK(contains(l.log(0), "terminating after 1 notices"));
+  CHECK_FALSE(contains(l.log(0), "SIGKILL"));
+  CHECK(gone(trainer));
+}
+
 TEST_CASE("a worker's leftovers die with it: a restarted worker never meets its previous life's children") {
   temp_dir pids;
   launch l("leftovers", {"--nproc-per-node", "1", "--max-restarts", "1"}, {worker, "orphan", pids.file("pid")});

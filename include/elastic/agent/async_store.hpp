@@ -4,9 +4,10 @@
 // calls here and goes on; the thread makes them, with short per-call timeouts, and reports
 // failures back as messages the loop logs when it next looks.
 //
-// At the end the thread is asked to stop and is waited for a bounded while only: a call stuck in
-// the network is abandoned (the thread is detached; everything it uses is its own, shared with
-// nobody), and the process exits without waiting for it.
+// At the end the thread is given a bounded while to make the calls still queued (the last
+// workers' alive keys), then it is left: a call stuck in the network is abandoned (the thread is
+// detached; everything it uses is its own, shared with nobody), and the process exits without
+// waiting for it.
 #pragma once
 
 #include <atomic>
@@ -81,14 +82,15 @@ class async_store {
     return std::exchange(state_->errors, {});
   }
 
-  /// Asks the thread to stop after the call under way, waits up to `limit` for it, and leaves
-  /// it behind (detached) if it is still stuck in a call then.
+  /// Asks the thread to make what is queued within `limit` and stop, waits that long for it,
+  /// and leaves it behind (detached) if it is still stuck in a call then.
   void stop(std::chrono::milliseconds limit) noexcept {
     if (!state_ || !thread_.joinable()) return;
     std::unique_lock lk(state_->mu);
     state_->stopping = true;
+    state_->drain_until = std::chrono::steady_clock::now() + limit;
     state_->cv.notify_all();
-    const bool ended = state_->cv.wait_for(lk, limit, [&] { return state_->ended; });
+    const bool ended = state_->cv.wait_for(lk, limit + std::chrono::milliseconds(100), [&] { return state_->ended; });
     lk.unlock();
     if (ended) {
       thread_.join();
@@ -107,6 +109,7 @@ class async_store {
     std::deque<std::string> jobs;
     std::vector<std::string> errors;
     bool stopping = false;
+    std::chrono::steady_clock::time_point drain_until{};
     bool ended = false;
     std::string url;
     std::unique_ptr<rendezvous::store> store;
@@ -131,7 +134,7 @@ class async_store {
       std::unique_lock lk(mu);
       for (;;) {
         cv.wait(lk, [&] { return stopping || !jobs.empty(); });
-        if (stopping) break;  // what is still queued is moot once the run ends
+        if (stopping && (jobs.empty() || std::chrono::steady_clock::now() >= drain_until)) break;
         std::string key = std::move(jobs.front());
         jobs.pop_front();
         lk.unlock();

@@ -117,12 +117,19 @@ inline double wall_now() {
 /// The signals the launcher reads from its signalfd instead of dying of them: SIGCHLD, every
 /// signal whose default is to end the process (each is a preemption notice), and `extra`.
 /// Left alone: SIGKILL and SIGSTOP (cannot be), SIGPIPE (ignored: a closed console), the job
-/// control signals and SIGWINCH/SIGURG (they end nothing), unless named in `extra`. A real fault
-/// (SIGSEGV in the launcher) is delivered by the kernel even while blocked.
+/// control signals and SIGWINCH/SIGURG (they end nothing), and signals the launcher was started
+/// ignoring (nohup, a background job of a script), unless named in `extra`. A real fault
+/// (SIGSEGV in the launcher itself) is delivered by the kernel even while blocked.
 inline sigset_t launcher_signals(const std::vector<int>& extra) {
   sigset_t s;
   sigfillset(&s);  // glibc leaves out the signals its threads use internally
   for (int sig : {SIGKILL, SIGSTOP, SIGPIPE, SIGCONT, SIGTSTP, SIGTTIN, SIGTTOU, SIGWINCH, SIGURG}) sigdelset(&s, sig);
+  for (int sig = 1; sig < NSIG; ++sig) {
+    struct sigaction now {};
+    if (sig != SIGCHLD && sigismember(&s, sig) == 1 && ::sigaction(sig, nullptr, &now) == 0 && now.sa_handler == SIG_IGN) {
+      sigdelset(&s, sig);
+    }
+  }
   for (int sig : extra) sigaddset(&s, sig);
   return s;
 }
@@ -160,8 +167,8 @@ class launcher {
 
     // First, before any thread exists: the signal mask (inherited by every thread) and the
     // guardian (single-threaded, holding no lock of ours).
-    ::signal(SIGPIPE, SIG_IGN);
     signals_ = detail::launcher_signals(opts_.preempt_signals);
+    ::signal(SIGPIPE, SIG_IGN);
     ::pthread_sigmask(SIG_BLOCK, &signals_, nullptr);
     guardian_ = guardian::start(fmt::format("ELASTIC_PARTICIPANT_ID={}.{}:", host_, ::getpid()));
     // Orphans of the workers (a wrapper's trainers, what escaped with setsid) become ours.
