@@ -20,7 +20,9 @@
 #include <thread>
 #include <vector>
 
+#include <elastic/checkpoint/preemption.hpp>
 #include <elastic/checkpoint/storage.hpp>
+#include <elastic/comm/gloo.hpp>
 #include <elastic/detail/clock.hpp>
 #include <elastic/rendezvous/shm_store.hpp>
 
@@ -232,6 +234,67 @@ TEST_CASE("a group that falls below min_nodes stops with a clear error and keeps
   const auto committed = elastic::checkpoint::storage::list_steps(s.ckpt);
   REQUIRE_FALSE(committed.empty());
   CHECK(committed.front() >= 20);
+}
+
+TEST_CASE("a survivor waiting for the group to re-form exits 75 on SIGTERM, its newest committed step standing") {
+  scratch s;
+  fleet f(ELASTIC_GROUP_WORKER, s.url, "regroup", fast, s.events);
+  // The join timeout is far past what this test waits: only the notice can end the wait.
+  const std::vector<std::string> args{"--dir", s.ckpt, "--steps", "100000", "--min", "3", "--max", "3",
+                                      "--join-timeout-ms", "120000", "--step-sleep-ms", "5"};
+  for (int i = 0; i < 3; ++i) f.start("w" + std::to_string(i), args);
+  REQUIRE(f.wait_until([&] { return f.find(0, "step=", [](auto& l) { return num(l, "step") >= 25; }).has_value(); },
+                       60s));
+  f[2].proc.kill(SIGKILL);
+  // Both survivors are back in the rendezvous, waiting for a third member that never comes.
+  auto rejoined = [&](std::size_t i) {
+    const auto joins = elastic::test::events_named(s.events, "rendezvous_join");
+    const std::string pid = "\"pid\":" + std::to_string(f[i].proc.pid()) + ",";
+    return std::any_of(joins.begin(), joins.end(), [&](const std::string& e) {
+      return e.find(pid) != std::string::npos && e.find("\"previous_round\":0") == std::string::npos;
+    });
+  };
+  REQUIRE(f.wait_until([&] { return rejoined(0) && rejoined(1); }, 60s));
+  const auto committed = elastic::checkpoint::storage::list_steps(s.ckpt);
+  REQUIRE_FALSE(committed.empty());
+  for (std::size_t i : {1, 0}) {
+    f[i].proc.kill(SIGTERM);
+    const bool ended = f.wait_until([&] { return f.all_ended({i}); }, 20s);
+    INFO(f.transcript(i));
+    REQUIRE(ended);
+    CHECK(exit_code_of(f[i].status) == elastic::exit_preempted);
+    const auto fin = f.find(i, "final ");
+    REQUIRE(fin);
+    CHECK(field(*fin, "reason") == "preempted");
+  }
+  // No new checkpoint: the newest committed step stands, and the loops said why.
+  CHECK(elastic::checkpoint::storage::list_steps(s.ckpt).front() == committed.front());
+  const auto ends = elastic::test::events_named(s.events, "loop_preempted");
+  CHECK(std::count_if(ends.begin(), ends.end(), [](const std::string& e) {
+          return e.find("\"interrupted\":\"regroup\"") != std::string::npos &&
+                 e.find("\"final_checkpoint\":false") != std::string::npos;
+        }) == 2);
+}
+
+TEST_CASE("a gloo connect waiting for a peer that never comes stops at a preemption notice") {
+  scratch s;
+  elastic::rendezvous::shm_store store(s.store_name);
+  const elastic::preemption_handler notices;
+  std::jthread notify([] {
+    std::this_thread::sleep_for(300ms);
+    ::kill(::getpid(), SIGTERM);  // a real signal, to this process's handler
+  });
+  std::optional<elastic::error> got;
+  try {
+    elastic::comm::gloo_communicator c(store, "lonely", 0, 2, 60s);  // rank 1 never comes
+  } catch (const elastic::error& e) {
+    got = e;
+  }
+  notify.join();
+  elastic::preemption_handler::clear();
+  REQUIRE(got);
+  INFO(got->what());
+  CHECK(got->code() == elastic::errc::interrupted);
 }
 
 #if defined(ELASTIC_ETCD_SERVER)

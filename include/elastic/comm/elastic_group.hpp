@@ -22,6 +22,9 @@
 //   the communicator down, forms the next round (survivors keep their relative order), builds a
 //   communicator for it and makes every rank agree on rank 0's step and state (a broadcast).
 //   The loop then runs the failed step again on the new group.
+// - A preemption notice while the group re-forms (joining a round, waiting for it to close or
+//   for the bootstrap, connecting the communicator) ends the wait with errc::interrupted
+//   within 100 ms: training_loop then exits 75 with the newest committed checkpoint standing.
 // Rank 0's state travels by the communicator: host entries packed into one broadcast, device
 // entries (with a device communicator such as nccl) broadcast in place from device memory.
 // A collective is wrapped in a timer scope, so a process stuck inside one past twice its timeout
@@ -49,6 +52,7 @@
 #include <fmt/format.h>
 
 #include <elastic/checkpoint/group_hook.hpp>
+#include <elastic/checkpoint/preemption.hpp>
 #include <elastic/checkpoint/state.hpp>
 #include <elastic/comm/communicator.hpp>
 #include <elastic/detail/clock.hpp>
@@ -260,12 +264,20 @@ class elastic_group final : public group_hook {
     const auto deadline = clock::now() + opts_.rendezvous.join_timeout;
     std::lock_guard lk(rdzv_mu_);
     for (;;) {
+      // A preemption notice ends the wait (errc::interrupted): from the rendezvous, from the
+      // communicator's connect (gloo's store waits look at it too), or here between tries.
+      if (const int sig = preemption_handler::requested(); sig != 0) {
+        throw error(errc::interrupted,
+                    fmt::format("elastic_group: a preemption notice (signal {}) came while rebuilding after {}; exit "
+                                "75, the newest committed checkpoint stands",
+                                sig, cause));
+      }
       const auto& info = joined_ ? rdzv_.next_round(bootstrap_) : rdzv_.join(bootstrap_);
       const std::int64_t met = elastic::detail::monotonic_ns();
       try {
         comm_ = make_(store_, info);
       } catch (const error& e) {
-        if (clock::now() >= deadline) throw;
+        if (e.code() == errc::interrupted || clock::now() >= deadline) throw;
         events_.emit("group_connect_failed", {{"round", info.round}, {"message", e.what()}});
         joined_ = true;  // a member of that round: the next one is entered as a survivor
         continue;

@@ -32,6 +32,7 @@
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
 
+#include <elastic/checkpoint/preemption.hpp>
 #include <elastic/comm/communicator.hpp>
 #include <elastic/error.hpp>
 #include <elastic/rendezvous/store.hpp>
@@ -53,8 +54,11 @@ class gloo_store_adapter final : public ::gloo::rendezvous::Store {
 
   /// Gloo expects get() to wait for a key that is not there yet; we wait up to the timeout.
   std::vector<char> get(const std::string& key) override {
-    const std::string v = store_.get(full(key), timeout_);
-    return std::vector<char>(v.begin(), v.end());
+    const std::string k = full(key);
+    for (;;) {
+      if (auto v = store_.get(k)) return std::vector<char>(v->begin(), v->end());
+      wait_for(std::span<const std::string>(&k, 1), timeout_);
+    }
   }
 
   void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
@@ -63,11 +67,36 @@ class gloo_store_adapter final : public ::gloo::rendezvous::Store {
     std::vector<std::string> full_keys;
     full_keys.reserve(keys.size());
     for (const auto& k : keys) full_keys.push_back(full(k));
-    store_.wait(full_keys, timeout);
+    wait_for(full_keys, timeout);
   }
 
  private:
   std::string full(const std::string& key) const { return prefix_ + "/" + key; }
+
+  /// The store's wait in turns of at most 100 ms, each after a look at the preemption notice: a
+  /// rank connecting to peers that never come stops (errc::interrupted) when it is preempted.
+  void wait_for(std::span<const std::string> keys, std::chrono::milliseconds timeout) {
+    constexpr std::chrono::milliseconds turn(100);
+    const auto until = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      if (const int sig = preemption_handler::requested(); sig != 0) {
+        throw error(errc::interrupted, fmt::format("gloo connect under '{}' stopped waiting for its peers: a "
+                                                   "preemption notice (signal {}) came",
+                                                   prefix_, sig));
+      }
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+      if (left <= turn) {
+        store_.wait(keys, std::max(left, std::chrono::milliseconds(0)));  // the store's error names the missing keys
+        return;
+      }
+      try {
+        store_.wait(keys, turn);
+        return;
+      } catch (const error& e) {
+        if (e.code() != errc::timeout) throw;
+      }
+    }
+  }
 
   rendezvous::store& store_;
   std::string prefix_;
