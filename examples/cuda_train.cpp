@@ -88,9 +88,25 @@ int main(int argc, char** argv) {
   }
   namespace env = elastic::detail;
   try {
+    // The worker environment, every value checked: a malformed setting is an error naming it.
+    const auto local_rank = env::env_int("ELASTIC_LOCAL_RANK", 0, 65535).value_or(0);
+    const auto rdzv = env::env_string("ELASTIC_RDZV");
+    const auto min_nodes = env::env_int("ELASTIC_MIN_NODES", 1, 65536).value_or(1);
+    const auto max_nodes = env::env_int("ELASTIC_MAX_NODES", 1, 65536).value_or(min_nodes);
+    if (min_nodes > max_nodes) {
+      throw elastic::error(elastic::errc::invalid_argument,
+                           "ELASTIC_MIN_NODES=" + std::to_string(min_nodes) + " is above ELASTIC_MAX_NODES=" +
+                               std::to_string(max_nodes) + ": the group needs MIN <= MAX; fix either");
+    }
+    if (!rdzv && min_nodes > 1) {
+      throw elastic::error(elastic::errc::invalid_argument,
+                           "ELASTIC_MIN_NODES=" + std::to_string(min_nodes) +
+                               " needs ELASTIC_RDZV, a store the other ranks reach (elastic-run sets it): set it, or "
+                               "unset ELASTIC_MIN_NODES to train alone");
+    }
     int gpus = 0;
     check(cudaGetDeviceCount(&gpus), "cudaGetDeviceCount");
-    const int device = static_cast<int>(env::env_index_or_none("ELASTIC_LOCAL_RANK").value_or(0) % std::max(gpus, 1));
+    const int device = static_cast<int>(local_rank % std::max(gpus, 1));
     check(cudaSetDevice(device), "cudaSetDevice");
     cuda_stream stream;
     cublas_handle blas(stream.s);
@@ -114,10 +130,19 @@ int main(int argc, char** argv) {
     elastic::checkpoint::state st;
     st.add("w", elastic::device_span(dw.p, d));
 
-    auto store = elastic::rendezvous::open_store(env::env_string("ELASTIC_RDZV").value_or("shm://cuda-train-" + std::to_string(::getpid())));
+    std::unique_ptr<elastic::rendezvous::store> store;
+    if (rdzv) {
+      store = elastic::rendezvous::open_store(*rdzv);
+    } else {
+      // A world of one: a store nobody else opens by name. The name goes at once (the mapping
+      // stays), so nothing is left in /dev/shm even if this process is SIGKILLed.
+      const std::string name = "cuda-train-" + std::to_string(::getpid());
+      store = std::make_unique<elastic::rendezvous::shm_store>(name);
+      elastic::rendezvous::shm_store::remove(name);
+    }
     elastic::comm::group_options go;
-    go.rendezvous.min_nodes = env::env_index_or_none("ELASTIC_MIN_NODES").value_or(1);
-    go.rendezvous.max_nodes = env::env_index_or_none("ELASTIC_MAX_NODES").value_or(go.rendezvous.min_nodes);
+    go.rendezvous.min_nodes = static_cast<std::size_t>(min_nodes);
+    go.rendezvous.max_nodes = static_cast<std::size_t>(max_nodes);
     if (!env::env_string("ELASTIC_RUN_ID")) go.rendezvous.run_id = "cuda-train";
     elastic::comm::nccl_group group(*store, go, elastic::comm::nccl_factory(device, 30s, stream.s),
                                     elastic::comm::nccl_bootstrap());

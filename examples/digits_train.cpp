@@ -29,6 +29,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <random>
 #include <span>
 #include <sstream>
@@ -41,6 +42,7 @@
 #include <elastic/detail/crc32c.hpp>
 #include <elastic/detail/env.hpp>
 #include <elastic/rendezvous/open_store.hpp>
+#include <elastic/rendezvous/shm_store.hpp>
 
 namespace {
 
@@ -202,6 +204,43 @@ int predict(const float* p, const float* x) {
   return best;
 }
 
+/// The worker environment this program acts on (DESIGN.md), every value checked: a malformed
+/// setting is an error naming it, never a silent default.
+struct settings {
+  std::optional<std::string> rdzv;  // none: a world of one with a store of its own
+  std::size_t min_nodes = 1, max_nodes = 1;
+  long restart_count = 0;
+  long local_rank = -1;  // -1: the first rank this worker gets
+  std::chrono::milliseconds step_timeout{0};
+};
+
+settings read_settings() {
+  namespace env = elastic::detail;
+  settings s;
+  s.rdzv = env::env_string("ELASTIC_RDZV");
+  const auto min = env::env_int("ELASTIC_MIN_NODES", 1, 65536);
+  const auto max = env::env_int("ELASTIC_MAX_NODES", 1, 65536);
+  s.min_nodes = static_cast<std::size_t>(min.value_or(1));
+  s.max_nodes = static_cast<std::size_t>(max.value_or(static_cast<long long>(s.min_nodes)));
+  if (s.min_nodes > s.max_nodes) {
+    throw elastic::error(elastic::errc::invalid_argument,
+                         "ELASTIC_MIN_NODES=" + std::to_string(s.min_nodes) + " is above ELASTIC_MAX_NODES=" +
+                             std::to_string(s.max_nodes) + ": the group needs MIN <= MAX; fix either");
+  }
+  if (!s.rdzv && s.min_nodes > 1) {
+    throw elastic::error(elastic::errc::invalid_argument,
+                         "ELASTIC_MIN_NODES=" + std::to_string(s.min_nodes) +
+                             " needs ELASTIC_RDZV, a store the other ranks reach (elastic-run sets it): set it, or "
+                             "unset ELASTIC_MIN_NODES to train alone");
+  }
+  s.restart_count = static_cast<long>(env::env_int("ELASTIC_RESTART_COUNT", 0, 1'000'000'000).value_or(0));
+  s.local_rank = static_cast<long>(env::env_int("ELASTIC_LOCAL_RANK", 0, 65535).value_or(-1));
+  s.step_timeout = env::env_seconds_in("ELASTIC_STEP_TIMEOUT", std::chrono::milliseconds(1),
+                                       std::chrono::milliseconds(1'000'000'000), "no timeout")
+                       .value_or(std::chrono::milliseconds(0));
+  return s;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -210,9 +249,18 @@ int main(int argc, char** argv) {
   try {
     const dataset data = load(o.data);
     const std::size_t n_test = data.size() / 6, n_train = data.size() - n_test;  // the last sixth is held out
-    const bool first_life = env::env_string("ELASTIC_RESTART_COUNT").value_or("0") == "0";
-    const std::string rdzv = env::env_string("ELASTIC_RDZV").value_or("shm://digits-" + std::to_string(::getpid()));
-    auto store = elastic::rendezvous::open_store(rdzv);
+    const settings cfg = read_settings();
+    const bool first_life = cfg.restart_count == 0;
+    std::unique_ptr<elastic::rendezvous::store> store;
+    if (cfg.rdzv) {
+      store = elastic::rendezvous::open_store(*cfg.rdzv);
+    } else {
+      // A world of one: a store of our own, which nobody else opens by name. Its name goes at
+      // once (the mapping stays), so nothing is left in /dev/shm even if we are SIGKILLed.
+      const std::string name = "digits-" + std::to_string(::getpid());
+      store = std::make_unique<elastic::rendezvous::shm_store>(name);
+      elastic::rendezvous::shm_store::remove(name);
+    }
 
     // The replicated state: parameters and momentum, initialized the same on every rank.
     std::vector<float> p(params), velocity(params, 0.0f);
@@ -227,17 +275,17 @@ int main(int argc, char** argv) {
     st.add("params", p).add("velocity", velocity);
 
     elastic::comm::group_options go;
-    go.rendezvous.min_nodes = env::env_index_or_none("ELASTIC_MIN_NODES").value_or(1);
-    go.rendezvous.max_nodes = env::env_index_or_none("ELASTIC_MAX_NODES").value_or(go.rendezvous.min_nodes);
+    go.rendezvous.min_nodes = cfg.min_nodes;
+    go.rendezvous.max_nodes = cfg.max_nodes;
     go.rendezvous.heartbeat_interval = 200ms;
     go.rendezvous.heartbeat_timeout = 2s;
     go.rendezvous.last_call_timeout = 500ms;
     if (go.rendezvous.run_id.empty() && !env::env_string("ELASTIC_RUN_ID")) go.rendezvous.run_id = "digits";
     // A collective must give up on a hung peer before this rank's own step deadline does, or
     // the watchdog kills the waiting ranks together with the hung one.
-    const auto step_timeout = env::env_seconds("ELASTIC_STEP_TIMEOUT");
-    const auto collective_timeout =
-        step_timeout ? std::max(std::chrono::milliseconds(200), *step_timeout / 3) : std::chrono::milliseconds(10s);
+    const auto collective_timeout = cfg.step_timeout.count() > 0
+                                        ? std::max(std::chrono::milliseconds(200), cfg.step_timeout / 3)
+                                        : std::chrono::milliseconds(10s);
     elastic::comm::gloo_group group(*store, go, elastic::comm::gloo_factory(collective_timeout));
 
     elastic::training_loop loop({.dir = o.ckpt, .steps = o.steps, .every_steps = o.every, .keep_last = 2, .group = &group},
@@ -246,7 +294,7 @@ int main(int argc, char** argv) {
     std::vector<std::uint32_t> order(n_train);
     std::size_t rebuilds = 0;
     bool said_hello = false;
-    long slot = env::env_index_or_none("ELASTIC_LOCAL_RANK").value_or(-1);
+    long slot = cfg.local_rank;
     for (auto& step : loop) {
       const int rank = group.rank(), world = group.size();
       if (!said_hello && rank == 0) {
