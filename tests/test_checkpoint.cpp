@@ -1,20 +1,24 @@
 // The state registry, the archive of user objects, and storage: round trips, retention,
 // resharding, and every kind of damage a checkpoint directory can suffer.
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <elastic/checkpoint.hpp>
 
 #include "support/catch.hpp"
 #include "support/errors.hpp"
+#include "support/other_user.hpp"
 #include "support/process.hpp"
 
 namespace fs = std::filesystem;
@@ -82,6 +86,24 @@ void flip_byte(const fs::path& p, std::uint64_t at) {
 }
 
 std::string step_dir(const std::string& dir, std::uint64_t s) { return dir + "/" + ck::format::step_dir_name(s); }
+
+std::string read_all(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+/// The steps of `dir` once they are `want` (retention runs after wait_durable() returns), or
+/// as they are after a bounded wait.
+std::vector<std::uint64_t> steps_once(const std::string& dir, const std::vector<std::uint64_t>& want) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  for (;;) {
+    auto steps = ck::storage::list_steps(dir);
+    if (steps == want || std::chrono::steady_clock::now() >= until) return steps;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
 
 }  // namespace
 
@@ -483,4 +505,179 @@ TEST_CASE("a loop with a group redoes failed steps, takes the group's step, and 
     CHECK(loop.completed_steps() == 8);
   }
   CHECK(ck::storage::list_steps(d.file("ck2")).empty());
+}
+
+TEST_CASE("retention keeps the newest valid steps, moves unreadable ones aside, and never deletes a step at or after "
+          "the one resumed from or committed") {
+  elastic::test::temp_dir tmp;
+  const auto dir = tmp.file("ckpt"), events = tmp.file("events.jsonl");
+  model a(1);
+  for (int s : {1, 2, 3}) {
+    a.fill(s);
+    save(a, dir, static_cast<std::uint64_t>(s), events);
+  }
+  flip_byte(fs::path(step_dir(dir, 3)) / "manifest.json", 30);
+  fs::create_directory(fs::path(dir) / "corrupt-step-000000000003");  // the name is taken: -2 is used
+  auto o = opts(dir, events);
+  o.keep_last = 2;
+  model b(0), expect(2);
+  ck::checkpointer c(b.st, o);
+  // The unreadable newest step is moved aside at restore instead of shadowing the others.
+  REQUIRE(c.restore()->step == 2);
+  CHECK(b.same_as(expect));
+  CHECK(fs::is_directory(fs::path(dir) / "corrupt-step-000000000003-2"));
+  CHECK(ck::storage::list_steps(dir) == std::vector<std::uint64_t>{2, 1});
+
+  // An unreadable step that turns up later is moved aside by retention and not counted.
+  fs::create_directory(step_dir(dir, 9));
+  std::ofstream(fs::path(step_dir(dir, 9)) / "manifest.json") << "{\"not\": \"a manifest\"}";
+  c.snapshot(4);
+  c.wait_durable();
+  CHECK(steps_once(dir, {4, 2}) == std::vector<std::uint64_t>{4, 2});
+  CHECK(fs::is_directory(fs::path(dir) / "corrupt-step-000000000009"));
+
+  // Valid steps newer than ours (another writer's) count toward keep_last, but never push out the
+  // step this run committed; older ones go.
+  {
+    model x(7);
+    auto ox = opts(dir, events);
+    ox.keep_last = 10;
+    ck::checkpointer other(x.st, ox);
+    other.snapshot(40);
+    other.snapshot(50);
+    other.wait_durable();
+  }
+  c.snapshot(5);
+  c.wait_durable();
+  CHECK(steps_once(dir, {50, 40, 5}) == std::vector<std::uint64_t>{50, 40, 5});
+
+  const auto moved = elastic::test::events_named(events, "checkpoint_quarantined");
+  REQUIRE(moved.size() == 2);
+  CHECK(contains(moved[0], "\"step\":3"));
+  CHECK(contains(moved[0], "corrupt-step-000000000003-2"));
+  CHECK(contains(moved[1], "\"step\":9"));
+  CHECK(contains(moved[1], "\"reason\":"));
+  // Quarantined steps are never deleted.
+  CHECK(fs::exists(fs::path(dir) / "corrupt-step-000000000003"));
+  CHECK(fs::exists(fs::path(dir) / "corrupt-step-000000000009"));
+}
+
+TEST_CASE("a checkpoint directory that cannot be listed is an error naming it, never a fresh start") {
+  elastic::test::temp_dir tmp;
+  const auto file = tmp.file("ckpt");
+  std::ofstream(file) << "not a directory";
+  const auto e = error_of([&] { (void)ck::storage::list_steps(file); });
+  CHECK(e.code() == errc::os_error);
+  CHECK(contains(e.what(), file));
+  CHECK(contains(e.what(), "cannot be read"));
+  model b(0);
+  CHECK(error_of([&] { (void)ck::storage::restore_newest(file, b.st, 0); }).code() == errc::os_error);
+  // Only a directory that does not exist is a fresh start.
+  CHECK(ck::storage::list_steps(tmp.file("missing")).empty());
+}
+
+TEST_CASE("wait_durable throws only when the newest snapshot failed, not for a failure a later commit superseded") {
+  elastic::test::temp_dir tmp;
+  const auto dir = tmp.file("ckpt"), events = tmp.file("events.jsonl");
+  model a(1);
+  ck::checkpointer c(a.st, opts(dir, events));
+  // A path that is briefly a file: step 1's pending directory cannot be made.
+  std::ofstream(fs::path(dir) / ck::format::pending_dir_name(1)) << "in the way";
+  c.snapshot(1);
+  c.before_update();
+  c.snapshot(2);
+  c.before_update();
+  CHECK_NOTHROW(c.wait_durable());
+  CHECK(c.stats().failed == 1);
+  CHECK(elastic::test::events_named(events, "checkpoint_failed").size() == 1);
+  CHECK(steps_once(dir, {2}) == std::vector<std::uint64_t>{2});
+
+  // A failed newest snapshot is reported, for as long as it is the newest.
+  std::ofstream(fs::path(dir) / ck::format::pending_dir_name(3)) << "in the way";
+  c.snapshot(3);
+  const auto e = error_of([&] { c.wait_durable(); });
+  CHECK(e.code() == errc::os_error);
+  CHECK(contains(e.what(), ck::format::pending_dir_name(3)));
+  CHECK(error_of([&] { (void)c.wait_durable_for(std::chrono::seconds(30)); }).code() == errc::os_error);
+  c.snapshot(4);
+  CHECK_NOTHROW(c.wait_durable());
+  CHECK(steps_once(dir, {4, 2}) == std::vector<std::uint64_t>{4, 2});
+}
+
+TEST_CASE("links left in a pending directory of ours are replaced, never written through") {
+  elastic::test::temp_dir tmp;
+  const auto dir = tmp.file("ckpt"), events = tmp.file("events.jsonl");
+  const auto secret = tmp.file("secret");
+  std::ofstream(secret) << "keep me";
+  const fs::path pending = fs::path(dir) / ck::format::pending_dir_name(1);
+  fs::create_directories(pending);
+  for (const char* name : {"rank-00000.data", "rank-00000.json", ".tmp.rank-00000.json", "manifest.json", ".tmp.manifest.json"}) {
+    fs::create_symlink(secret, pending / name);
+  }
+  model a(1), expect(1);
+  {
+    ck::checkpointer c(a.st, opts(dir, events));
+    c.snapshot(1);
+    c.wait_durable();
+  }
+  CHECK(read_all(secret) == "keep me");
+  model b(0);
+  ck::checkpointer c(b.st, opts(dir, events));
+  REQUIRE(c.restore()->step == 1);
+  CHECK(b.same_as(expect));
+}
+
+TEST_CASE("a pending directory planted by another user is refused, and nothing is written through its links") {
+  const auto other = elastic::test::require_other_user();
+  elastic::test::temp_dir tmp;
+  const auto dir = tmp.file("ckpt"), events = tmp.file("events.jsonl");
+  // A shared checkpoint directory like /tmp: anyone may create names in it, the sticky bit keeps
+  // them from renaming ours.
+  fs::create_directory(dir);
+  REQUIRE(::chmod(dir.c_str(), 01777) == 0);
+  const auto secret = tmp.file("secret");
+  std::ofstream(secret) << "root only";
+  REQUIRE(::chmod(secret.c_str(), 0600) == 0);
+  const fs::path pending = fs::path(dir) / ck::format::pending_dir_name(1);
+  fs::create_directory(pending);
+  REQUIRE(::chmod(pending.c_str(), 0777) == 0);
+  REQUIRE(::chown(pending.c_str(), other.uid, other.gid) == 0);
+  for (const char* name : {"rank-00000.data", "rank-00000.json", ".tmp.rank-00000.json", "manifest.json", ".tmp.manifest.json"}) {
+    fs::create_symlink(secret, pending / name);
+    REQUIRE(::lchown((pending / name).c_str(), other.uid, other.gid) == 0);
+  }
+  model a(1);
+  ck::checkpointer c(a.st, opts(dir, events));
+  c.snapshot(1);
+  const auto e = error_of([&] { c.wait_durable(); });
+  CHECK(e.code() == errc::unsafe_path);
+  CHECK(contains(e.what(), pending.string()));
+  CHECK(contains(e.what(), "belongs to uid " + std::to_string(other.uid)));
+  CHECK(read_all(secret) == "root only");
+  CHECK(ck::storage::list_steps(dir).empty());
+  const auto failed = elastic::test::events_named(events, "checkpoint_failed");
+  REQUIRE(failed.size() == 1);
+  CHECK(contains(failed[0], "unsafe_path"));
+}
+
+TEST_CASE("a symbolic link planted in a committed step is not read through: the step is skipped and moved aside") {
+  elastic::test::temp_dir tmp;
+  const auto dir = tmp.file("ckpt"), events = tmp.file("events.jsonl");
+  model a(1);
+  save(a, dir, 1, events);
+  a.fill(2);
+  save(a, dir, 2, events);
+  // The same bytes, reached through a link: a reader that follows links would load step 2.
+  fs::create_directory(tmp.file("elsewhere"));
+  fs::rename(fs::path(step_dir(dir, 2)) / "rank-00000.json", tmp.file("elsewhere/rank-00000.json"));
+  fs::create_symlink(tmp.file("elsewhere/rank-00000.json"), fs::path(step_dir(dir, 2)) / "rank-00000.json");
+  model b(0), expect(1);
+  ck::checkpointer c(b.st, opts(dir, events));
+  REQUIRE(c.restore()->step == 1);
+  CHECK(b.same_as(expect));
+  const auto skipped = elastic::test::events_named(events, "checkpoint_skipped");
+  REQUIRE(skipped.size() == 1);
+  CHECK(contains(skipped[0], "unsafe_path"));
+  CHECK(fs::is_directory(fs::path(dir) / "corrupt-step-000000000002"));
+  CHECK(ck::storage::list_steps(dir) == std::vector<std::uint64_t>{1});
 }

@@ -8,8 +8,12 @@
 // A persister thread then writes the staged copy (storage.hpp) while training goes on. Staging
 // is allocated once: two slots when the budget allows, so one snapshot can be copied while the
 // previous one is written.
+//
+// Nothing but elastic::error leaves the engine: whatever a background thread catches is turned
+// into one before a caller sees it.
 #pragma once
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -22,8 +26,11 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <new>
 #include <optional>
+#include <random>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -34,6 +41,7 @@
 #include <elastic/checkpoint/storage.hpp>
 #include <elastic/detail/clock.hpp>
 #include <elastic/detail/env.hpp>
+#include <elastic/detail/private_dir.hpp>
 #include <elastic/error.hpp>
 #include <elastic/events.hpp>
 
@@ -43,8 +51,8 @@ namespace elastic::checkpoint {
 using stream_handle = detail::cuda::stream_t;
 
 struct checkpointer_options {
-  std::filesystem::path dir{};      ///< where steps are written (created if missing)
-  std::size_t keep_last = 3;        ///< committed steps kept (at least 1)
+  std::filesystem::path dir{};      ///< where steps are written (created if missing; must be ours, see private_dir)
+  std::size_t keep_last = 3;        ///< valid committed steps kept (at least 1)
   int rank = -1;                    ///< -1: ELASTIC_RANK, else 0
   int world_size = -1;              ///< -1: ELASTIC_WORLD_SIZE, else 1
   std::string run_id{};             ///< empty: ELASTIC_RUN_ID
@@ -78,9 +86,7 @@ class checkpointer {
                                               std::to_string(opts_.world_size) + " is impossible");
     }
     if (opts_.chunk_bytes == 0) throw error(errc::invalid_argument, "checkpointer: chunk_bytes must be positive");
-    std::error_code ec;
-    std::filesystem::create_directories(opts_.dir, ec);
-    if (ec) throw error(errc::os_error, "cannot create checkpoint directory " + opts_.dir.string(), ec);
+    dir_ = open_dir(opts_.dir);
     allocate_slots();
     if (st_.has_device_entries()) side_ = detail::cuda::stream::create();
     copier_ = std::jthread([this] { copy_loop(); });
@@ -107,14 +113,33 @@ class checkpointer {
   [[nodiscard]] std::size_t staging_slots() const noexcept { return slots_.size(); }
 
   /// Loads the newest valid step into the state; returns its manifest, or nothing for a fresh
-  /// start. Call before training (no snapshot in flight).
+  /// start (no step, or none usable). Call before training (no snapshot in flight). Steps it
+  /// had to skip as damaged are moved aside by rank 0 (storage::quarantine_step), and the step
+  /// it loads is never deleted by this checkpointer's retention.
   std::optional<format::step_manifest> restore() {
     wait_durable_quiet();
     const auto t0 = std::chrono::steady_clock::now();
     // Idle, so a snapshot slot is free to serve as the restore's staging.
     auto& slot0 = *slots_.front();
-    auto m = storage::restore_newest(opts_.dir, st_, opts_.rank, events_,
-                                     std::span<std::byte>(slot0.memory.data(), slot0.memory.size()));
+    std::vector<storage::skipped_step> skipped;
+    auto m = storage::restore_newest_at(dir_.fd(), opts_.dir, st_, opts_.rank, events_,
+                                        std::span<std::byte>(slot0.memory.data(), slot0.memory.size()), &skipped);
+    if (opts_.rank == 0) {
+      // Left in place, a damaged step would shadow the steps this run commits (retention would
+      // count it; a restart would try it first). Every rank of a group may race us here.
+      for (const auto& s : skipped) {
+        if (!storage::is_damage(s.why)) continue;
+        try {
+          storage::quarantine_step(dir_, s.step, s.why.what(), events_);
+        } catch (const error& e) {
+          events_.emit("checkpoint_quarantine_failed", {{"step", s.step}, {"reason", e.what()}});
+        }
+      }
+    }
+    if (m) {
+      std::lock_guard lk(mu_);
+      resumed_from_ = m->step;
+    }
     if (m) {
       const double s = seconds_since(t0);
       events_.emit("checkpoint_restore", {{"step", m->step},
@@ -169,19 +194,21 @@ class checkpointer {
     if (!s->has_device_copies || s->device_fenced) fence_slot_ = nullptr;
   }
 
-  /// Blocks until every snapshot taken so far is durable; throws the first persistence error
-  /// since the last call (and forgets it).
+  /// Blocks until every snapshot taken so far is durable or failed, then throws the error of
+  /// the newest snapshot if that one failed (an elastic::error), for as long as it stays the
+  /// newest. An older failure that a later snapshot's commit superseded is not thrown: its
+  /// checkpoint_failed event told of it, and the newest state is saved.
   void wait_durable() {
     std::unique_lock lk(mu_);
     cv_.wait(lk, [&] { return durable_locked(); });
-    if (failure_) std::rethrow_exception(std::exchange(failure_, nullptr));
+    if (newest_failure_) std::rethrow_exception(newest_failure_);
   }
 
   /// Like wait_durable() but up to `timeout`; false if still writing.
   bool wait_durable_for(std::chrono::milliseconds timeout) {
     std::unique_lock lk(mu_);
     if (!cv_.wait_for(lk, timeout, [&] { return durable_locked(); })) return false;
-    if (failure_) std::rethrow_exception(std::exchange(failure_, nullptr));
+    if (newest_failure_) std::rethrow_exception(newest_failure_);
     return true;
   }
 
@@ -210,6 +237,61 @@ class checkpointer {
   };
 
   static event_log resolve_events(const checkpointer_options& o) { return o.events ? *o.events : event_log::from_env(); }
+
+  /// Opens (creating) the checkpoint directory and proves that this process can write into it,
+  /// so that a run never trains for hours before learning that no checkpoint can be saved.
+  static elastic::detail::private_dir open_dir(const std::filesystem::path& dir) {
+    const auto uid = std::to_string(::geteuid());
+    elastic::detail::private_dir d;
+    try {
+      d = elastic::detail::private_dir::open(dir, true);
+    } catch (const error& e) {
+      if (e.code() == errc::unsafe_path) throw;  // says which path and why
+      struct stat st {};
+      if (e.os_code() && ::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+        throw storage::unreadable_dir(dir, e.os_code().value());  // there, but we may not open it
+      }
+      throw error(e.code(),
+                  fmt::format("checkpoint directory {} cannot be made or opened by this process (uid {}): {}; "
+                              "create it with read, write and search permission for this user, or choose another "
+                              "directory",
+                              dir.string(), uid, detail::plain_message(e)),
+                  e.os_code());
+    }
+    std::random_device rd;
+    const std::string probe = fmt::format("{}{}-{:08x}", format::probe_prefix, ::getpid(), rd());
+    try {
+      (void)d.create_file(probe);
+      d.remove_file(probe);
+    } catch (const error& e) {
+      if (e.code() == errc::unsafe_path) throw;
+      throw error(e.code(),
+                  fmt::format("checkpoint directory {} is not writable by this process (uid {}), so no checkpoint "
+                              "could be saved: {}; give this user write permission on it, make room, or choose "
+                              "another directory",
+                              dir.string(), uid, detail::plain_message(e)),
+                  e.os_code());
+    }
+    return d;
+  }
+
+  /// `e` as an elastic::error: nothing else may reach the caller (a std::filesystem_error
+  /// rethrown by wait_durable() once ended a finished run in std::terminate).
+  static std::exception_ptr as_library_error(std::exception_ptr e, std::string_view doing) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const error&) {
+      return e;
+    } catch (const std::system_error& x) {  // std::filesystem_error among them
+      return std::make_exception_ptr(error(errc::os_error, fmt::format("{}: {}", doing, x.what()), x.code()));
+    } catch (const std::bad_alloc&) {
+      return std::make_exception_ptr(error(errc::capacity_exhausted, fmt::format("{}: out of memory", doing)));
+    } catch (const std::exception& x) {
+      return std::make_exception_ptr(error(errc::os_error, fmt::format("{}: unexpected failure: {}", doing, x.what())));
+    } catch (...) {
+      return std::make_exception_ptr(error(errc::os_error, fmt::format("{}: unexpected failure", doing)));
+    }
+  }
 
   static double seconds_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -338,8 +420,9 @@ class checkpointer {
         if (s->has_device_copies) s->copied.synchronize();
       } catch (...) {
         // A failed device copy: the snapshot is lost, training is not.
+        auto failure = as_library_error(std::current_exception(), fmt::format("checkpoint step {}: staging copy", s->step));
         lk.lock();
-        fail_locked(*s, std::current_exception());
+        fail_locked(*s, failure);
         continue;
       }
       lk.lock();
@@ -360,7 +443,7 @@ class checkpointer {
       std::uint64_t bytes = 0;
       std::exception_ptr failure;
       try {
-        bytes = storage::write_rank_part(opts_.dir, s->step, opts_.rank, opts_.world_size, opts_.run_id, s->staged,
+        bytes = storage::write_rank_part(dir_, s->step, opts_.rank, opts_.world_size, opts_.run_id, s->staged,
                                          opts_.chunk_bytes);
         if (opts_.rank == 0) {
           format::step_manifest m;
@@ -369,10 +452,10 @@ class checkpointer {
           m.run_id = opts_.run_id;
           m.time = now_rfc3339();
           m.metadata = s->metadata;
-          storage::commit_step(opts_.dir, m, opts_.commit_timeout, events_);
+          storage::commit_step(dir_, m, opts_.commit_timeout, events_);
         }
       } catch (...) {
-        failure = std::current_exception();
+        failure = as_library_error(std::current_exception(), fmt::format("checkpoint step {}", s->step));
       }
       const double secs = seconds_since(t0);
       lk.lock();
@@ -382,6 +465,8 @@ class checkpointer {
       }
       ++stats_.committed;
       stats_.last_durable_step = s->step;
+      committed_max_ = std::max(committed_max_, s->step);
+      settle_locked(*s, nullptr);
       stats_.last_persist_seconds = secs;
       stats_.bytes_written += bytes;
       events_.emit(opts_.rank == 0 ? "checkpoint_commit" : "checkpoint_part",
@@ -394,11 +479,16 @@ class checkpointer {
       if (opts_.rank == 0) {
         // Housekeeping after the step is durable, so waiters do not wait for old steps to go.
         retaining_ = true;
+        // Never below what this run resumed from or committed: whatever else the directory holds.
+        std::optional<std::uint64_t> floor = resumed_from_;
+        if (!floor || *floor < committed_max_) floor = committed_max_;
         lk.unlock();
         try {
-          storage::retain(opts_.dir, opts_.keep_last, events_);
+          storage::retain(dir_, opts_.keep_last, floor, events_);
         } catch (const std::exception& e) {
           events_.emit("checkpoint_retention_failed", {{"reason", e.what()}});
+        } catch (...) {
+          events_.emit("checkpoint_retention_failed", {{"reason", "unexpected failure"}});
         }
         lk.lock();
         retaining_ = false;
@@ -424,8 +514,17 @@ class checkpointer {
     } catch (...) {
     }
     events_.emit("checkpoint_failed", {{"step", s.step}, {"reason", what}});
-    if (!failure_) failure_ = e;
+    settle_locked(s, e);
     release_locked(s);
+  }
+
+  /// Records how snapshot `s` ended, if it is the newest to have ended: wait_durable() reports
+  /// the newest outcome only. (Copies and writes finish in order, but a copy may fail while an
+  /// older snapshot is still being written.)
+  void settle_locked(const slot& s, std::exception_ptr e) {
+    if (s.sequence < settled_sequence_) return;
+    settled_sequence_ = s.sequence;
+    newest_failure_ = std::move(e);
   }
 
   void release_locked(slot& s) {
@@ -456,7 +555,11 @@ class checkpointer {
   std::uint64_t sequence_ = 0;
   slot* fence_slot_ = nullptr;
   checkpointer_stats stats_;
-  std::exception_ptr failure_;
+  elastic::detail::private_dir dir_;          // every write goes through it (no planted link is followed)
+  std::optional<std::uint64_t> resumed_from_;  // the step restore() loaded
+  std::uint64_t committed_max_ = 0;            // the newest step this checkpointer committed
+  std::uint64_t settled_sequence_ = 0;         // the newest snapshot that has ended, and
+  std::exception_ptr newest_failure_;          // its error if it failed
   std::jthread copier_, persister_;  // last: they stop before the members they use go away
 };
 

@@ -5,6 +5,8 @@
 //       rank-00000.json            one rank's entries: name, dtype, shape, offset, crc32c per chunk
 //       rank-00000.data            that rank's bytes, each entry at a 4 KiB-aligned offset
 //   DIR/.pending-step-000000000200/  a step being written; ignored by readers, swept later
+//   DIR/.removing-step-000000000050/ a step being deleted by retention; swept later
+//   DIR/corrupt-step-000000000300/   a step that could not be read, moved aside (never deleted)
 //
 // Every manifest ends with a "crc32c" field over the bytes before it, so a flipped byte in a
 // manifest is caught like one in the data. Checksum: CRC-32C (Castagnoli), because x86-64 has
@@ -30,6 +32,23 @@
 
 namespace elastic::checkpoint {
 
+namespace detail {
+
+/// The message of `e` without the decoration error::what() adds ("elastic: ", the os error in
+/// parentheses, " [code]"), to be put inside another message without repeating it.
+inline std::string plain_message(const error& e) {
+  std::string_view msg = e.what();
+  if (msg.substr(0, 9) == "elastic: ") msg.remove_prefix(9);
+  if (const auto tag = msg.rfind(" ["); tag != std::string_view::npos) msg = msg.substr(0, tag);
+  if (e.os_code()) {
+    const std::string os = " (" + e.os_code().message() + ")";
+    if (msg.size() >= os.size() && msg.substr(msg.size() - os.size()) == os) msg.remove_suffix(os.size());
+  }
+  return std::string(msg);
+}
+
+}  // namespace detail
+
 /// The format this build writes; it reads this one and older.
 inline constexpr std::int64_t format_version = 1;
 /// Checksummed unit of a data file: small enough to verify a resharded read without reading
@@ -45,6 +64,16 @@ inline std::string pending_dir_name(std::uint64_t step) { return fmt::format(".p
 inline std::string rank_manifest_name(int rank) { return fmt::format("rank-{:05}.json", rank); }
 inline std::string rank_data_name(int rank) { return fmt::format("rank-{:05}.data", rank); }
 inline constexpr std::string_view step_manifest_name = "manifest.json";
+/// Where retention moves a step before deleting its files: a crash half-way leaves this name
+/// (swept later), never a half-deleted step that a reader would take for a corrupt one.
+inline std::string removing_dir_name(std::uint64_t step) { return fmt::format(".removing-step-{:012}", step); }
+inline constexpr std::string_view removing_prefix = ".removing-";
+/// Files that show a checkpoint directory is writable (made and removed at once; swept).
+inline constexpr std::string_view probe_prefix = ".elastic-probe-";
+/// Where an unreadable step is moved aside; `attempt` > 1 when that name is taken.
+inline std::string quarantine_dir_name(std::uint64_t step, int attempt = 1) {
+  return attempt <= 1 ? fmt::format("corrupt-step-{:012}", step) : fmt::format("corrupt-step-{:012}-{}", step, attempt);
+}
 
 /// The step number of a directory name `step-<12 digits>` (or `.pending-step-...` with
 /// `pending`), or nothing for any other name.
@@ -188,41 +217,54 @@ inline std::string encode(const rank_manifest& m) {
   return seal(doc);
 }
 
+/// Runs `decode`; an error that does not name `what` (a JSON error deep inside) is given its name.
+template <class F>
+auto naming_errors(const std::string& what, F&& decode) {
+  try {
+    return decode();
+  } catch (const error& e) {
+    if (std::string_view(e.what()).find(what) != std::string_view::npos) throw;
+    throw error(e.code(), what + ": " + detail::plain_message(e), e.os_code());
+  }
+}
+
 inline rank_manifest decode_rank(std::string_view text, const std::string& what) {
-  const auto doc = unseal(text, what);
-  rank_manifest m;
-  if (doc.at("format").as_string() != "elastic-checkpoint-rank") {
-    throw error(errc::corrupt, what + " is not a rank manifest of an elastic checkpoint");
-  }
-  m.version = doc.at("version").as_int64();
-  check_version(m.version, what);
-  m.step = doc.at("step").as_uint64();
-  m.rank = static_cast<int>(doc.at("rank").as_int64());
-  m.world_size = static_cast<int>(doc.at("world_size").as_int64());
-  m.run_id = doc.at("run_id").as_string();
-  m.data_bytes = doc.at("data_bytes").as_uint64();
-  m.chunk_bytes = doc.at("chunk_bytes").as_uint64();
-  if (m.chunk_bytes == 0) throw error(errc::corrupt, what + " has a chunk size of 0");
-  for (const auto& j : doc.at("entries").elements()) {
-    entry_record e;
-    e.name = j.at("name").as_string();
-    e.kind = kind_from_string(j.at("kind").as_string());
-    e.type = dtype_from_string(j.at("dtype").as_string());
-    e.element_bytes = j.at("element_bytes").as_uint64();
-    for (const auto& d : j.at("shape").elements()) e.shape.push_back(d.as_uint64());
-    e.where = j.at("location").as_string() == "device" ? location::device : location::host;
-    e.bytes = j.at("bytes").as_uint64();
-    e.offset = j.at("offset").as_uint64();
-    if (const auto* s = j.find("shard")) e.shard = shard_range{s->at("offset").as_uint64(), s->at("global_count").as_uint64()};
-    for (const auto& c : j.at("crc32c").elements()) e.crc.push_back(static_cast<std::uint32_t>(c.as_uint64()));
-    const std::uint64_t chunks = (e.bytes + m.chunk_bytes - 1) / m.chunk_bytes;
-    if (e.crc.size() != chunks || e.offset > m.data_bytes || e.bytes > m.data_bytes - e.offset) {
-      throw error(errc::corrupt, fmt::format("{}: entry '{}' does not fit its data file ({} bytes at {}, {} checksums)",
-                                             what, e.name, e.bytes, e.offset, e.crc.size()));
+  return naming_errors(what, [&] {
+    const auto doc = unseal(text, what);
+    rank_manifest m;
+    if (doc.at("format").as_string() != "elastic-checkpoint-rank") {
+      throw error(errc::corrupt, what + " is not a rank manifest of an elastic checkpoint");
     }
-    m.entries.push_back(std::move(e));
-  }
-  return m;
+    m.version = doc.at("version").as_int64();
+    check_version(m.version, what);
+    m.step = doc.at("step").as_uint64();
+    m.rank = static_cast<int>(doc.at("rank").as_int64());
+    m.world_size = static_cast<int>(doc.at("world_size").as_int64());
+    m.run_id = doc.at("run_id").as_string();
+    m.data_bytes = doc.at("data_bytes").as_uint64();
+    m.chunk_bytes = doc.at("chunk_bytes").as_uint64();
+    if (m.chunk_bytes == 0) throw error(errc::corrupt, what + " has a chunk size of 0");
+    for (const auto& j : doc.at("entries").elements()) {
+      entry_record e;
+      e.name = j.at("name").as_string();
+      e.kind = kind_from_string(j.at("kind").as_string());
+      e.type = dtype_from_string(j.at("dtype").as_string());
+      e.element_bytes = j.at("element_bytes").as_uint64();
+      for (const auto& d : j.at("shape").elements()) e.shape.push_back(d.as_uint64());
+      e.where = j.at("location").as_string() == "device" ? location::device : location::host;
+      e.bytes = j.at("bytes").as_uint64();
+      e.offset = j.at("offset").as_uint64();
+      if (const auto* s = j.find("shard")) e.shard = shard_range{s->at("offset").as_uint64(), s->at("global_count").as_uint64()};
+      for (const auto& c : j.at("crc32c").elements()) e.crc.push_back(static_cast<std::uint32_t>(c.as_uint64()));
+      const std::uint64_t chunks = (e.bytes + m.chunk_bytes - 1) / m.chunk_bytes;
+      if (e.crc.size() != chunks || e.offset > m.data_bytes || e.bytes > m.data_bytes - e.offset) {
+        throw error(errc::corrupt, fmt::format("{}: entry '{}' does not fit its data file ({} bytes at {}, {} checksums)",
+                                               what, e.name, e.bytes, e.offset, e.crc.size()));
+      }
+      m.entries.push_back(std::move(e));
+    }
+    return m;
+  });
 }
 
 inline std::string encode(const step_manifest& m) {
@@ -241,20 +283,22 @@ inline std::string encode(const step_manifest& m) {
 }
 
 inline step_manifest decode_step(std::string_view text, const std::string& what) {
-  const auto doc = unseal(text, what);
-  step_manifest m;
-  if (doc.at("format").as_string() != "elastic-checkpoint") {
-    throw error(errc::corrupt, what + " is not the manifest of an elastic checkpoint");
-  }
-  m.version = doc.at("version").as_int64();
-  check_version(m.version, what);
-  m.step = doc.at("step").as_uint64();
-  m.world_size = static_cast<int>(doc.at("world_size").as_int64());
-  if (m.world_size < 1 || m.world_size > (1 << 20)) throw error(errc::corrupt, what + " has an impossible world size");
-  m.run_id = doc.at("run_id").as_string();
-  m.time = doc.at("time").as_string();
-  for (const auto& [k, v] : doc.at("metadata").items()) m.metadata[k] = v.as_string();
-  return m;
+  return naming_errors(what, [&] {
+    const auto doc = unseal(text, what);
+    step_manifest m;
+    if (doc.at("format").as_string() != "elastic-checkpoint") {
+      throw error(errc::corrupt, what + " is not the manifest of an elastic checkpoint");
+    }
+    m.version = doc.at("version").as_int64();
+    check_version(m.version, what);
+    m.step = doc.at("step").as_uint64();
+    m.world_size = static_cast<int>(doc.at("world_size").as_int64());
+    if (m.world_size < 1 || m.world_size > (1 << 20)) throw error(errc::corrupt, what + " has an impossible world size");
+    m.run_id = doc.at("run_id").as_string();
+    m.time = doc.at("time").as_string();
+    for (const auto& [k, v] : doc.at("metadata").items()) m.metadata[k] = v.as_string();
+    return m;
+  });
 }
 
 }  // namespace format
