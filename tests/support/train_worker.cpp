@@ -8,9 +8,12 @@
 //     --timeout-ms N    step timer scope
 //     --adaptive F      max_overhead for the adaptive interval
 //     --no-final        no checkpoint at the end
+//     --keep N          keep_last, default 3
 //
 // Prints "start STEP" once restored, then at the end "end REASON STEP CHECKSUM" where the
-// checksum covers every byte of state, and exits with the loop's exit code.
+// checksum covers every byte of state, and exits with the loop's exit code. An elastic::error
+// prints "error CODE MESSAGE" (on one line) and exits 1; any other exception is not caught, so
+// that one leaving the library shows as std::terminate (SIGABRT).
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
@@ -60,6 +63,7 @@ int main(int argc, char** argv) {
   int rank = 0, world = 1;
   double adaptive = 0;
   bool final_ckpt = true;
+  std::size_t keep = 3;
   for (int i = 4; i < argc; ++i) {
     std::string_view a = argv[i];
     auto next = [&] { return i + 1 < argc ? argv[++i] : (std::fprintf(stderr, "missing value\n"), std::exit(2), argv[0]); };
@@ -70,6 +74,7 @@ int main(int argc, char** argv) {
     else if (a == "--timeout-ms") timeout_ms = std::atol(next());
     else if (a == "--adaptive") adaptive = std::atof(next());
     else if (a == "--no-final") final_ckpt = false;
+    else if (a == "--keep") keep = std::strtoull(next(), nullptr, 10);
     else {
       std::fprintf(stderr, "unknown option %s\n", argv[i]);
       return 2;
@@ -98,7 +103,7 @@ int main(int argc, char** argv) {
     elastic::training_loop loop({.dir = dir,
                                  .steps = steps,
                                  .every_steps = every,
-                                 .keep_last = 3,
+                                 .keep_last = keep,
                                  .step_timeout = std::chrono::milliseconds(timeout_ms),
                                  .max_overhead = adaptive,
                                  .checkpoint_at_end = final_ckpt,
@@ -133,7 +138,11 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     return loop.exit_code();
   } catch (const elastic::error& e) {
-    std::printf("error %s\n", std::string(elastic::to_string(e.code())).c_str());
+    std::string what = e.what();
+    for (char& c : what)
+      if (c == '\n') c = ' ';
+    std::printf("error %s %s\n", std::string(elastic::to_string(e.code())).c_str(), what.c_str());
+    std::fflush(stdout);
     std::fprintf(stderr, "train_worker: %s\n", e.what());
     return 1;
   }
