@@ -382,7 +382,7 @@ TEST_CASE("a worker that keeps exiting 75 with no notice and no progress is back
   launch l("tempfail", {"--nproc-per-node", "2", "--max-restarts", "3", "--grace", "5"}, {worker, "tempfail"});
   REQUIRE(l.finish(60s) == 3);
   CHECK(count(l.log(0), "started: pid") == 4);  // the first life and 3 restarts, then the bound
-  CHECK(count(l.log(0), "exited with code 75 (preempted, with no preemption notice)") == 4);
+  CHECK(count(l.log(0), "exited with code 75 (retry me, but no preemption notice came)") == 4);
   // Exponential backoff, in the events (the delays are what the launcher chose, not timings).
   const std::string ev = l.events();
   CHECK(contains(ev, "\"event\":\"worker_restart\",") );

@@ -501,9 +501,10 @@ class launcher {
   /// may hold them open forever).
   void take_last_output(slot& s) {
     for (int stream : {0, 1}) {
-      while (pump(s, stream) && (stream == 0 ? s.proc.stdout_fd() : s.proc.stderr_fd()) >= 0) {
+      // Bounded: what escaped may never stop writing.
+      for (int round = 0; round < 16 && pump(s, stream); ++round) {
         pollfd p{stream == 0 ? s.proc.stdout_fd() : s.proc.stderr_fd(), POLLIN, 0};
-        if (::poll(&p, 1, 0) <= 0) break;
+        if (p.fd < 0 || ::poll(&p, 1, 0) <= 0) break;
       }
       s.log->flush(stream);
     }
@@ -599,10 +600,11 @@ class launcher {
       how = fmt::format("killed by {}{}", detail::signal_display_name(-code),
                         by_watchdog ? " (the watchdog: a timer scope expired)" : "");
     } else if (code == exit_preempted) {
-      how = fmt::format("exited with code {} (preempted{})", code,
-                        seen_.saved_final_checkpoint(pid) ? ", state saved"
-                        : noticed || ending_ == ending::preempted ? ""
-                                                                  : ", with no preemption notice");
+      how = seen_.saved_final_checkpoint(pid)                ? fmt::format("exited with code {} (preempted, state saved)", code)
+            : noticed || ending_ == ending::preempted ? fmt::format("exited with code {} (preempted)", code)
+                                                      : fmt::format("exited with code {} (retry me, but no preemption "
+                                                                    "notice came)",
+                                                                    code);
     } else {
       how = fmt::format("exited with code {}", code);
     }

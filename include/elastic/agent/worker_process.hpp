@@ -1,5 +1,7 @@
 // One worker: a child process in a process group of its own, its stdout and stderr on pipes, that
-// dies with the launcher (PR_SET_PDEATHSIG) and is killed and reaped when this object goes.
+// dies with the launcher (PR_SET_PDEATHSIG) and is killed (its whole group) and reaped when this
+// object goes. PR_SET_PDEATHSIG reaches the worker only, not what it starts: the launcher's
+// guardian (guardian.hpp) and its subreaping take care of those.
 #pragma once
 
 #include <fcntl.h>
