@@ -8,7 +8,7 @@ work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 alone=(env -u ELASTIC_RDZV -u ELASTIC_RUN_ID -u ELASTIC_RANK -u ELASTIC_WORLD_SIZE -u ELASTIC_MIN_NODES
        -u ELASTIC_MAX_NODES -u ELASTIC_WATCHDOG -u ELASTIC_STEP_TIMEOUT -u ELASTIC_GRACE -u ELASTIC_LOCAL_RANK
-       -u ELASTIC_RESTART_COUNT)
+       -u ELASTIC_RESTART_COUNT -u ELASTIC_HOST_ADDR)
 n=0
 refused() {  # refused EXPECTED-TEXT VAR=VALUE...
   local want="$1"
@@ -27,4 +27,5 @@ refused "ELASTIC_MIN_NODES=2 needs ELASTIC_RDZV" ELASTIC_MIN_NODES=2
 refused "ELASTIC_STEP_TIMEOUT='0.0001' is out of range" ELASTIC_STEP_TIMEOUT=0.0001
 refused "ELASTIC_LOCAL_RANK='first' is not an integer" ELASTIC_LOCAL_RANK=first
 refused "ELASTIC_RESTART_COUNT='-1' is out of range" ELASTIC_RESTART_COUNT=-1
+refused "ELASTIC_HOST_ADDR='host name' is not a host name or an IP address" "ELASTIC_HOST_ADDR=host name"
 echo "every malformed setting was refused"

@@ -7,6 +7,7 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -14,6 +15,8 @@
 #include <elastic/comm/elastic_group.hpp>
 #include <elastic/comm/gloo.hpp>
 #include <elastic/detail/env.hpp>
+#include <elastic/detail/names.hpp>
+#include <elastic/error.hpp>
 
 namespace elastic::comm {
 
@@ -35,7 +38,20 @@ inline void ignore_sigpipe() noexcept {
 /// The address a Gloo rank listens on and publishes: $ELASTIC_HOST_ADDR (elastic-run sets it to
 /// this host's address towards the store, so that ranks on other hosts reach it), else loopback.
 inline std::string default_host_address() {
-  return elastic::detail::env_string("ELASTIC_HOST_ADDR").value_or("127.0.0.1");
+  auto addr = elastic::detail::env_string("ELASTIC_HOST_ADDR");
+  if (!addr) return "127.0.0.1";
+  // A host name, an IPv4 or an IPv6 address: anything else would fail later, inside Gloo's
+  // connect, with a message that does not say where the value came from.
+  const bool ok = addr->size() <= 253 && std::all_of(addr->begin(), addr->end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '-' || c == ':';
+  });
+  if (!ok) {
+    throw error(errc::invalid_argument,
+                "ELASTIC_HOST_ADDR='" + elastic::detail::printable(*addr) +
+                    "' is not a host name or an IP address (up to 253 characters of A-Z a-z 0-9 . - :); fix or "
+                    "unset it (elastic-run sets it)");
+  }
+  return *addr;
 }
 
 /// Connects each round's Gloo communicator under the prefix the round's leader published (the

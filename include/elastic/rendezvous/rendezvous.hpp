@@ -294,7 +294,8 @@ class rendezvous {
       opts_.participant_id = fmt::format("{}:{}:{}", h.substr(0, 64), ::getpid(), detail::random_hex(4));
     }
     if (!detail::valid_participant(opts_.participant_id)) {
-      bad(fmt::format("participant id '{}' is not 1 to 128 characters of A-Z a-z 0-9 . _ - : @",
+      bad(fmt::format("participant id '{}' is not 1 to 128 characters of A-Z a-z 0-9 . _ - : @ (set participant_id "
+                      "or ELASTIC_PARTICIPANT_ID)",
                       elastic::detail::printable(opts_.participant_id)));
     }
     if (opts_.min_nodes < 1 || opts_.max_nodes < opts_.min_nodes) {
