@@ -456,6 +456,8 @@ TEST_CASE("a signal more than 2 s after the notice kills the workers at once") {
   launch l("again", {"--nproc-per-node", "2", "--grace", "60"}, {worker, "wait", pids.file("pid")});
   for (int s = 0; s < 2; ++s) REQUIRE(wait_for_file(pids.file("pid." + std::to_string(s)), 20s));
   l.proc.kill(SIGTERM);
+  // The window runs from when the launcher took the notice.
+  REQUIRE(eventually([&] { return contains(l.events(), "\"event\":\"launcher_signal\""); }, 10s));
   std::this_thread::sleep_for(2500ms);
   l.proc.kill(SIGTERM);
   REQUIRE(l.finish(30s) == 75);  // long before the 60 s grace

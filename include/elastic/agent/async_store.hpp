@@ -1,8 +1,11 @@
 // The launcher's store calls, on a thread of their own. The supervision loop forwards signals,
 // restarts workers and keeps the logs; a store that does not answer (an etcd that is down, frozen
 // or unreachable: each call may retry for seconds) must never hold it. So the loop only queues
-// calls here and goes on; the thread makes them, with short per-call timeouts, and reports
-// failures back as messages the loop logs when it next looks.
+// calls here and goes on; the thread makes them, with short per-call timeouts, says on an eventfd
+// when one is done, and reports failures back as messages the loop logs when it next looks.
+//
+// Calls are made in the order they were queued; each has a ticket, so that the loop can wait
+// (in poll, not in the call) for one to be done, and can cancel one it no longer wants made.
 //
 // At the end the thread is given a bounded while to make the calls still queued (the last
 // workers' alive keys), then it is left: a call stuck in the network is abandoned (the thread is
@@ -10,19 +13,24 @@
 // waiting for it.
 #pragma once
 
+#include <sys/eventfd.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <deque>
-#include <functional>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include <elastic/config.hpp>
+#include <elastic/detail/file.hpp>
 #include <elastic/error.hpp>
 #include <elastic/rendezvous/open_store.hpp>
 #include <elastic/rendezvous/store.hpp>
@@ -46,6 +54,8 @@ struct store_call_limits {
 class async_store {
  public:
   using limits = store_call_limits;
+  /// Names a queued call; 0 names none.
+  using ticket = std::uint64_t;
 
   async_store() = default;
 
@@ -56,6 +66,8 @@ class async_store {
     state_->url = std::move(url);
     state_->store = std::move(opened);
     state_->lim = lim;
+    state_->done_fd = elastic::detail::unique_fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+    if (!state_->done_fd) throw os_error("cannot make an eventfd for the store thread");
     thread_ = std::thread([s = state_] { s->run(); });
   }
 
@@ -63,16 +75,39 @@ class async_store {
   async_store& operator=(const async_store&) = delete;
   ~async_store() { stop(std::chrono::seconds(2)); }
 
-  /// Queues `store.erase(key)`; never blocks.
-  void erase(std::string key) {
-    if (!state_) return;
+  /// Queues `store.erase(key)`; never blocks. Returns its ticket (0 when it was dropped).
+  ticket erase(std::string key) {
+    if (!state_) return 0;
     std::lock_guard lk(state_->mu);
     if (state_->jobs.size() >= max_queued) {
       state_->errors.push_back("store calls are " + std::to_string(max_queued) + " behind; dropped the erase of " + key);
-      return;
+      return 0;
     }
-    state_->jobs.push_back(std::move(key));
+    const ticket t = ++state_->last_ticket;
+    state_->jobs.push_back({t, std::move(key)});
     state_->cv.notify_one();
+    return t;
+  }
+
+  /// True once the call `t` was made (or failed, or was cancelled or dropped).
+  [[nodiscard]] bool done(ticket t) const {
+    if (!state_ || t == 0) return true;
+    std::lock_guard lk(state_->mu);
+    return state_->done_through >= t;
+  }
+
+  /// The call `t` is not wanted any more: if it has not started, it is never made.
+  void cancel(ticket t) {
+    if (!state_ || t == 0) return;
+    std::lock_guard lk(state_->mu);
+    if (state_->done_through < t) state_->cancelled.insert(t);
+  }
+
+  /// Readable (POLLIN) after a call was done; read_done() makes it quiet again.
+  [[nodiscard]] int done_fd() const noexcept { return state_ ? state_->done_fd.get() : -1; }
+  void read_done() const noexcept {
+    std::uint64_t n;
+    if (state_) (void)!::read(state_->done_fd.get(), &n, sizeof n);
   }
 
   /// Messages of the calls that failed since the last look.
@@ -103,14 +138,23 @@ class async_store {
  private:
   static constexpr std::size_t max_queued = 4096;
 
+  struct job {
+    ticket id;
+    std::string key;
+  };
+
   struct state {
-    std::mutex mu;
+    mutable std::mutex mu;
     std::condition_variable cv;
-    std::deque<std::string> jobs;
+    std::deque<job> jobs;
+    std::set<ticket> cancelled;
+    ticket last_ticket = 0;
+    ticket done_through = 0;
     std::vector<std::string> errors;
     bool stopping = false;
     std::chrono::steady_clock::time_point drain_until{};
     bool ended = false;
+    elastic::detail::unique_fd done_fd;
     std::string url;
     std::unique_ptr<rendezvous::store> store;
     limits lim;
@@ -135,15 +179,21 @@ class async_store {
       for (;;) {
         cv.wait(lk, [&] { return stopping || !jobs.empty(); });
         if (stopping && (jobs.empty() || std::chrono::steady_clock::now() >= drain_until)) break;
-        std::string key = std::move(jobs.front());
+        job j = std::move(jobs.front());
         jobs.pop_front();
+        const bool wanted = cancelled.erase(j.id) == 0;
         lk.unlock();
-        try {
-          if (store) store->erase(key);
-        } catch (const std::exception& e) {
-          fail(std::string("cannot erase ") + key + ": " + e.what());
+        if (wanted) {
+          try {
+            if (store) store->erase(j.key);
+          } catch (const std::exception& e) {
+            fail(std::string("cannot erase ") + j.key + ": " + e.what());
+          }
         }
         lk.lock();
+        done_through = j.id;
+        const std::uint64_t one = 1;
+        (void)!::write(done_fd.get(), &one, sizeof one);
       }
       ended = true;
       cv.notify_all();

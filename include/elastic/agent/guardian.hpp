@@ -115,7 +115,8 @@ struct guardian_state {
     if (p.pid == ::getpid()) return false;
     for (std::size_t i = 0; i < group_count; ++i)
       if (p.pgid == groups[i]) return true;
-    return environ_has_prefix(p.pid, marker, marker_len);
+    // Only our own processes can carry our mark; reading another's environment could stall.
+    return p.uid == ::geteuid() && environ_has_prefix(p.pid, marker, marker_len);
   }
 
   /// SIGKILLs what is left of the launcher's workers; true when nothing of them still runs.

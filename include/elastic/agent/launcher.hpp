@@ -154,6 +154,11 @@ inline error bad_path(std::string_view flag, const std::filesystem::path& p, con
 class launcher {
  public:
   explicit launcher(launch_options o) : opts_(std::move(o)), started_(std::chrono::steady_clock::now()) {
+    // Started with stdin, stdout or stderr closed: /dev/null there, so that no file we open
+    // later (a log) takes fd 1 or 2 and gets the console's lines.
+    for (int fd = 0; fd < 3; ++fd) {
+      if (::fcntl(fd, F_GETFD) < 0 && errno == EBADF) (void)::open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);
+    }
     if (opts_.run_id.empty()) {
       opts_.run_id = elastic::detail::env_string("ELASTIC_RUN_ID").value_or("");
       if (!opts_.run_id.empty()) detail::check_run_id(opts_.run_id, "ELASTIC_RUN_ID");
@@ -268,6 +273,10 @@ class launcher {
     int last_code = -1;             ///< exit code, or -signal
     pid_t draining_group = 0;       ///< a group whose leader exited during the grace, still running
     std::optional<clock::time_point> restart_at;  ///< a restart waiting out its backoff
+    /// The erase of the previous life's alive key: the next life starts after it (it would
+    /// otherwise erase the new worker's key, which has the same name), or after retire_by.
+    async_store::ticket retire = 0;
+    clock::time_point retire_by{};
     std::chrono::milliseconds backoff = detail::first_backoff;
     std::chrono::milliseconds delay{0};  ///< the backoff the pending restart waits
     std::size_t tempfail_streak = 0;  ///< exits 75 with no notice in a row, with no progress between
@@ -365,6 +374,7 @@ class launcher {
   /// Starts (or restarts) a slot's worker; false when it cannot be started at all.
   bool start(slot& s) {
     s.restart_at.reset();
+    s.retire = 0;
     seen_.update();
     s.checkpoints_at_start = seen_.checkpoints();
     try {
@@ -434,7 +444,10 @@ class launcher {
         }
         if (s.restart_at) {
           any = true;
-          if (!next_restart || *s.restart_at < *next_restart) next_restart = s.restart_at;
+          // Due when its backoff is over and its alive key is retired (or that took too long);
+          // the store thread's eventfd wakes us for the second.
+          const auto due = store_->done(s.retire) ? *s.restart_at : std::max(*s.restart_at, s.retire_by);
+          if (!next_restart || due < *next_restart) next_restart = due;
         }
       }
       if (!any) return;
@@ -447,6 +460,8 @@ class launcher {
       for (console* c : {&*out_, &*err_}) {
         if (c->waiting_fd() >= 0) fds.push_back({c->waiting_fd(), POLLOUT, 0}), owners.emplace_back(nullptr, 2);
       }
+      fds.push_back({store_->done_fd(), POLLIN, 0});
+      owners.emplace_back(nullptr, 3);
       auto until = [](clock::time_point t) {
         return static_cast<int>(std::clamp<std::int64_t>(
             std::chrono::duration_cast<std::chrono::milliseconds>(t - clock::now()).count() + 1, 0, 60'000));
@@ -464,12 +479,21 @@ class launcher {
         }
         if (fds[0].revents & POLLIN) read_signals();
       }
+      store_->read_done();
       out_->flush();
       err_->flush();
       guardian_.flush();
       if (ending_ == ending::none) {
         for (auto& s : slots_) {
-          if (s.restart_at && clock::now() >= *s.restart_at) start(s);
+          if (!s.restart_at || clock::now() < *s.restart_at) continue;
+          if (!store_->done(s.retire)) {
+            if (clock::now() < s.retire_by) continue;
+            store_->cancel(s.retire);  // the store does not answer: the new life must not lose its key to it
+            events_.emit("launcher_store_error", {{"slot", s.index},
+                                                  {"message", "the previous life's alive key was not retired in time; "
+                                                              "restarting without"}});
+          }
+          start(s);
         }
       }
       if (ending_ != ending::none && !killed_after_grace_ && clock::now() >= grace_deadline_) kill_stragglers();
@@ -624,7 +648,7 @@ class launcher {
     if (code == exit_preempted && noticed) {
       // It got a notice of its own (the platform signalled it, not us) and saved: not a failure.
       ++report_.preempted_restarts;
-      start(s);
+      restart(s, std::chrono::milliseconds(0));
       return;
     }
     if (code == exit_preempted) {
@@ -641,7 +665,7 @@ class launcher {
       return;
     }
     say(fmt::format("worker {} {}: restarting it ({} of {} restarts)", s.index, how, report_.failures, opts_.max_restarts));
-    start(s);
+    restart(s, std::chrono::milliseconds(0));
   }
 
   /// A worker exited 75 with no preemption notice: "retry me", but nothing says why. Restarted
@@ -665,8 +689,7 @@ class launcher {
       begin_shutdown(ending::crash_loop);
       return;
     }
-    s.delay = s.backoff;
-    s.restart_at = clock::now() + s.backoff;
+    restart(s, s.backoff);
     s.backoff = std::min(s.backoff * 2, detail::max_backoff);
     ++report_.backoff_restarts;
     say(fmt::format("worker {} {}: restarting it in {:.1f} s ({} of {} such exits in a row without a checkpoint)",
@@ -678,7 +701,20 @@ class launcher {
 
   /// The group sees the death at once instead of after the heartbeat timeout. Queued: the store
   /// may not answer, and the loop must not wait for it.
-  void retire_alive_key(const slot& s) { store_->erase(fmt::format("/elastic/{}/alive/{}", opts_.run_id, participant(s))); }
+  void retire_alive_key(slot& s) {
+    s.retire = store_->erase(fmt::format("/elastic/{}/alive/{}", opts_.run_id, participant(s)));
+    s.retire_by = clock::now() + retire_wait;
+  }
+
+  /// Starts the slot's next life after `delay` and once its previous life's alive key is retired.
+  void restart(slot& s, std::chrono::milliseconds delay) {
+    s.delay = delay;
+    s.restart_at = clock::now() + delay;
+  }
+
+  /// How long a restart waits for the store to retire the previous life's key (the etcd call's
+  /// own bound, and a little more).
+  static constexpr std::chrono::milliseconds retire_wait{4000};
 
   void begin_shutdown(ending why) {
     if (ending_ != ending::none) return;
@@ -732,7 +768,7 @@ class launcher {
       bool left = false;
       detail::for_each_process([&](const detail::proc_info& p) {
         if (p.pid == self || p.pid == guardian_.pid() || p.state == 'Z' || p.state == 'X') return;
-        if (p.ppid == self || detail::environ_has_prefix(p.pid, mark.c_str(), mark.size())) {
+        if (p.ppid == self || (p.uid == ::geteuid() && detail::environ_has_prefix(p.pid, mark.c_str(), mark.size()))) {
           left = true;
           ::kill(p.pid, SIGKILL);
         }

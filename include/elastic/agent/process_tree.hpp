@@ -9,6 +9,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -40,6 +41,7 @@ struct proc_info {
   pid_t pid = 0;
   pid_t ppid = 0;
   pid_t pgid = 0;
+  uid_t uid = static_cast<uid_t>(-1);  ///< owner of /proc/PID (its effective uid)
   char state = '\0';  ///< 'Z' for a zombie (finished, not yet reaped)
 };
 
@@ -98,6 +100,9 @@ void for_each_process(F&& f) noexcept {
       for (; *c >= '0' && *c <= '9'; ++c) pid = pid * 10 + (*c - '0');
       if (*c != '\0') continue;
       proc_info info;
+      struct stat st {};
+      if (::fstatat(dir, e->name, &st, 0) != 0) continue;
+      info.uid = st.st_uid;
       if (read_proc_info(pid, info)) f(info);
     }
   }
