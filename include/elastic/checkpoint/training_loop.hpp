@@ -405,22 +405,30 @@ class training_loop {
     // whether this is a preemption (the proposers' graces bound them).
     if (why == loop_reason::preempted && !peer_notice_) start_grace(preemption_handler::requested_at_ns());
     const auto deadline = agreement_deadline();
-    agreement_->propose(next_, peer_notice_ ? "joined" : to_string(why));
-    // A notice that comes while we wait (for a finished or stopped run) starts the grace.
-    const auto decision = agreement_->wait_for_proposals(deadline, opts_.steps, [&] {
-      if (!grace_ && preemption_handler::requested() && signals_) start_grace(preemption_handler::requested_at_ns());
-    });
+    std::optional<checkpoint::detail::final_decision> decision;
+    std::string failure;
+    try {
+      agreement_->propose(next_, peer_notice_ ? "joined" : to_string(why));
+      // A notice that comes while we wait (for a finished or stopped run) starts the grace.
+      decision = agreement_->wait_for_proposals(deadline, opts_.steps, [&] {
+        if (!grace_ && preemption_handler::requested() && signals_) start_grace(preemption_handler::requested_at_ns());
+      });
+    } catch (const error& e) {
+      failure = e.what();  // the directory failed us: as if no agreement came
+    }
     if (!decision) {
       events_.emit("final_step_unagreed", {{"step", next_},
                                            {"proposals", agreement_->proposals_seen()},
                                            {"world_size", ckpt_.world_size()},
-                                           {"dir", agreement_->path().string()}});
+                                           {"dir", agreement_->path().string()},
+                                           {"error", failure.empty() ? event_value() : event_value(failure)}});
       if (why == loop_reason::preempted || grace_) {
         // Some rank is dead or hung: its part of any new step would never come.
         reason_ = loop_reason::preempted;
-        final_error_ = "the ranks did not agree on a final step within the grace: " +
-                       std::to_string(agreement_->proposals_seen()) + " of " + std::to_string(ckpt_.world_size()) +
-                       " proposals";
+        final_error_ = !failure.empty() ? failure
+                                        : "the ranks did not agree on a final step within the grace: " +
+                                              std::to_string(agreement_->proposals_seen()) + " of " +
+                                              std::to_string(ckpt_.world_size()) + " proposals";
         settle(reason_);
         grace_.reset();
         emit_end();
@@ -445,8 +453,18 @@ class training_loop {
   void finish_agreed() {
     reason_ = agreed_reason_;
     write_final(next_);
-    if (!agreement_->acknowledge(agreement_deadline())) {
-      events_.emit("final_step_unacknowledged", {{"step", next_}, {"dir", agreement_->path().string()}});
+    std::string failure;
+    bool acknowledged = false;
+    try {
+      acknowledged = agreement_->acknowledge(agreement_deadline());
+    } catch (const error& e) {
+      failure = e.what();
+    }
+    if (!acknowledged) {
+      // Our step is as durable as it is; only the namespace may be left behind (it goes stale).
+      events_.emit("final_step_unacknowledged", {{"step", next_},
+                                                 {"dir", agreement_->path().string()},
+                                                 {"error", failure.empty() ? event_value() : event_value(failure)}});
     }
     grace_.reset();
     emit_end();

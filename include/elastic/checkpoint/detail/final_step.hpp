@@ -106,21 +106,12 @@ class final_step_agreement {
 
   /// Whether another rank has a live proposal out: usually one fstatat (no namespace, or one
   /// that has not changed since it was last read); the directory is read when it changed.
-  [[nodiscard]] bool peer_proposed() {
-    struct stat st {};
-    if (::fstatat(parent_.fd(), name_.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISDIR(st.st_mode)) return false;
-    // File times tick coarsely (a jiffy or more): a change in the same tick as a read keeps
-    // the time, so an unchanged time proves nothing new only when that read came well after it.
-    const auto mtime = std::chrono::system_clock::time_point(std::chrono::duration_cast<std::chrono::system_clock::duration>(
-        std::chrono::seconds(st.st_mtim.tv_sec) + std::chrono::nanoseconds(st.st_mtim.tv_nsec)));
-    if (seen_mtime_ && *seen_mtime_ == mtime && read_at_ - mtime > std::chrono::seconds(1)) return false;
-    seen_mtime_ = mtime;
-    read_at_ = std::chrono::system_clock::now();
-    auto ns = open_namespace(false);
-    if (!ns) return false;
-    for (const auto& p : read_all(*ns, "rank-"))
-      if (p.rank != rank_) return true;
-    return false;
+  [[nodiscard]] bool peer_proposed() noexcept {
+    try {
+      return peek();
+    } catch (...) {
+      return false;  // a namespace we cannot read is looked at again at the next step
+    }
   }
 
   /// Writes this rank's proposal: it stopped after `step` steps for `reason`.
@@ -174,6 +165,23 @@ class final_step_agreement {
   }
 
  private:
+  bool peek() {
+    struct stat st {};
+    if (::fstatat(parent_.fd(), name_.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISDIR(st.st_mode)) return false;
+    // File times tick coarsely (a jiffy or more): a change in the same tick as a read keeps
+    // the time, so an unchanged time proves nothing new only when that read came well after it.
+    const auto mtime = std::chrono::system_clock::time_point(std::chrono::duration_cast<std::chrono::system_clock::duration>(
+        std::chrono::seconds(st.st_mtim.tv_sec) + std::chrono::nanoseconds(st.st_mtim.tv_nsec)));
+    if (seen_mtime_ && *seen_mtime_ == mtime && read_at_ - mtime > std::chrono::seconds(1)) return false;
+    seen_mtime_ = mtime;
+    read_at_ = std::chrono::system_clock::now();
+    auto ns = open_namespace(false);
+    if (!ns) return false;
+    for (const auto& p : read_all(*ns, "rank-"))
+      if (p.rank != rank_) return true;
+    return false;
+  }
+
   static std::string proposal_name(int r) { return "rank-" + std::to_string(r); }
 
   /// Whether the namespace we hold open has been removed (by rank 0, after the last ack).
@@ -280,7 +288,10 @@ class final_step_agreement {
     if (got != want || static_cast<std::size_t>(used) != text.size()) return std::nullopt;
     p.step = step;
     p.reason = reason;
-    if (!live(host, pidns, static_cast<pid_t>(pid), start, st)) return std::nullopt;
+    // Acks are read only once every rank's live proposal was seen: each rank had started by
+    // then and removed its own leftovers, so every ack there is of this incarnation, and one
+    // whose rank has exited since (it saw every ack) still counts.
+    if (proposal && !live(host, pidns, static_cast<pid_t>(pid), start, st)) return std::nullopt;
     return p;
   }
 
