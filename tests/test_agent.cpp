@@ -320,7 +320,8 @@ TEST_CASE("a dead worker's alive key is retired at once, so the group need not w
   {
     launch l("retire", {"--nproc-per-node", "1", "--max-restarts", "1", "--rdzv", "shm://" + store}, {worker, "retire"});
     REQUIRE(l.finish() == 0);
-    CHECK(l.log(0).find("key-present=0") != std::string::npos);
+    CHECK(l.log(0).find("\nkey-present=0\n") != std::string::npos);
+    CHECK(l.log(0).find("own-key-present=1") != std::string::npos);  // retired before, not after, the restart
   }
   elastic::rendezvous::shm_store::remove(store);
 }

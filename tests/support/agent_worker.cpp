@@ -11,7 +11,8 @@
 //   lines N         N lines on stdout and on stderr, then SIGKILLs itself in its first life
 //   retire          first life: sets its alive key /elastic/RUN/alive/PARTICIPANT (no lease) in the
 //                   store of ELASTIC_RDZV and SIGKILLs itself; second life: prints
-//                   "key-present=<0|1>" and exits 0
+//                   "key-present=<0|1>", sets the key itself, prints "own-key-present=<0|1>"
+//                   300 ms later, and exits 0
 //   notice-once     slot 0, first life: logs loop_preempted (a notice it got itself, final
 //                   checkpoint saved) and exits 75; then everyone exits 0
 //   tempfail        slot 0 exits 75 at once, every life, with no notice; the others wait for
@@ -151,6 +152,12 @@ int main(int argc, char** argv) {
       ::kill(::getpid(), SIGKILL);
     }
     std::printf("key-present=%d\n", store.get(key).has_value() ? 1 : 0);
+    // Our own key, under the same name: the launcher's retiring of the last life's must not
+    // take it (it is done before we start).
+    store.set(key, "y");
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    std::printf("own-key-present=%d\n", store.get(key).has_value() ? 1 : 0);
+    store.erase(key);
     return 0;
   }
   if (mode == "notice-once") {
