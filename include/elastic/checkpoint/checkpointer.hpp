@@ -28,7 +28,6 @@
 #include <mutex>
 #include <new>
 #include <optional>
-#include <random>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -137,10 +136,10 @@ class checkpointer {
       }
     }
     if (m) {
-      std::lock_guard lk(mu_);
-      resumed_from_ = m->step;
-    }
-    if (m) {
+      {
+        std::lock_guard lk(mu_);
+        resumed_from_ = m->step;
+      }
       const double s = seconds_since(t0);
       events_.emit("checkpoint_restore", {{"step", m->step},
                                           {"dir", (opts_.dir / format::step_dir_name(m->step)).string()},
@@ -258,8 +257,13 @@ class checkpointer {
                               dir.string(), uid, detail::plain_message(e)),
                   e.os_code());
     }
-    std::random_device rd;
-    const std::string probe = fmt::format("{}{}-{:08x}", format::probe_prefix, ::getpid(), rd());
+    // Unique among the processes that may probe at once (every rank of a group, on any host).
+    char host[64] = {};
+    ::gethostname(host, sizeof host - 1);
+    for (char& c : host)
+      if (c == '/') c = '_';
+    const std::string probe = fmt::format("{}{}-{}-{}", format::probe_prefix, host, ::getpid(),
+                                          std::chrono::steady_clock::now().time_since_epoch().count());
     try {
       (void)d.create_file(probe);
       d.remove_file(probe);
