@@ -119,7 +119,7 @@ TEST_CASE("a SIGTERM after the 2 s window exits 75 at once and the previous chec
   // The final snapshot's capture takes 30 s, far past the second signal.
   worker w(dir, events, {"--every", "20", "--slow-final-ms", "30000"}, {{"ELASTIC_GRACE", "60"}});
   REQUIRE(w.line("start "));
-  std::this_thread::sleep_for(300ms);
+  REQUIRE_FALSE(elastic::test::wait_for_events(events, "checkpoint_commit", 1, 60s).empty());
   w.proc.kill(SIGTERM);
   std::this_thread::sleep_for(2500ms);  // past the window: this one means "now"
   w.proc.kill(SIGTERM);
