@@ -34,8 +34,8 @@ launcher=("$build/tools/elastic-run" --nproc-per-node 4 --min-ranks 2 --max-rest
           --log-dir "$work/logs")
 trainer=("$build/examples/digits_train" ${data:+--data "$data"} --steps 600 --every 25 --step-sleep-ms 15)
 
-final_crc() {  # the weights checksum rank 0 printed last in a run's logs
-  grep -h "weights crc32c" "$work/logs/$1"/rank-*.log | tail -1 | awk '{print $NF}'
+final_crc() {  # the weights checksum of the run that finished (not a preempted life's)
+  grep -h "^finished at step .* weights crc32c" "$work/logs/$1"/rank-*.log | tail -1 | awk '{print $NF}'
 }
 
 echo

@@ -11,7 +11,9 @@ trap 'kill -KILL "${pid:-0}" 2>/dev/null || true; rm -rf "$work"' EXIT
 launcher=("$run" --nproc-per-node 3 --min-ranks 2 --max-restarts 3 --step-timeout 2 --grace 10 --quiet
           --log-dir "$work/logs")
 trainer=("$train" --steps 300 --every 20 --step-sleep-ms 5)
-crc() { grep -h "weights crc32c" "$work/logs/$1"/rank-*.log | tail -1 | awk '{print $NF}'; }
+# The weights of the run that finished (logs are appended across runs, and the rank that was the
+# group's rank 0 at a preemption may be any slot: its "preempted" line can come later in file order).
+crc() { grep -h "^finished at step .* weights crc32c" "$work/logs/$1"/rank-*.log | tail -1 | awk '{print $NF}'; }
 
 "${launcher[@]}" --run-id ref -- "${trainer[@]}" --ckpt "$work/ref" 2>/dev/null
 
