@@ -117,21 +117,6 @@ inline std::vector<std::uint64_t> list_steps(const fs::path& dir) {
   return list_steps_at(fd->get(), dir);
 }
 
-/// Writes `content` to `name` in `d` durably and atomically: a fresh temporary file (never an
-/// existing one), fsync, renameat, fsync of the directory.
-inline void write_file_atomic(const elastic::detail::private_dir& d, const std::string& name, std::string_view content) {
-  const std::string tmp = ".tmp." + name;
-  {
-    auto fd = d.create_file(tmp);
-    elastic::detail::pwrite_all(fd.get(), content.data(), content.size(), 0, d / tmp);
-    elastic::detail::fsync_fd(fd.get(), d / tmp);
-  }
-  if (::renameat(d.fd(), tmp.c_str(), d.fd(), name.c_str()) != 0) {
-    throw os_error("cannot rename " + (d / tmp).string() + " to " + (d / name).string());
-  }
-  d.sync();
-}
-
 /// Writes this rank's part of `step` into the pending directory under `root`; durable when it
 /// returns. Returns the number of bytes of the data file.
 inline std::uint64_t write_rank_part(const elastic::detail::private_dir& root, std::uint64_t step, int rank,
@@ -176,7 +161,7 @@ inline std::uint64_t write_rank_part(const elastic::detail::private_dir& root, s
     if (::ftruncate(fd.get(), static_cast<off_t>(offset)) != 0) throw os_error("cannot size " + data_path.string());
     elastic::detail::fsync_fd(fd.get(), data_path);
   }
-  write_file_atomic(pending, format::rank_manifest_name(rank), format::encode(m));
+  pending.write_atomic(format::rank_manifest_name(rank), format::encode(m));
   return m.data_bytes;
 }
 
@@ -349,7 +334,7 @@ inline void commit_step(const elastic::detail::private_dir& root, const format::
                                               manifest.world_size, manifest.run_id));
     }
   }
-  write_file_atomic(pending, std::string(format::step_manifest_name), format::encode(manifest));
+  pending.write_atomic(std::string(format::step_manifest_name), format::encode(manifest));
   const std::string final_name = format::step_dir_name(manifest.step);
   struct stat st {};
   if (::fstatat(root.fd(), final_name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {

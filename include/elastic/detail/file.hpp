@@ -115,39 +115,6 @@ inline void fsync_fd(int fd, const std::filesystem::path& what) {
   }
 }
 
-/// Makes the names in a directory durable (a rename or create is not, until this returns).
-inline void fsync_dir(const std::filesystem::path& dir) {
-  auto fd = open_file(dir, O_RDONLY | O_DIRECTORY);
-  fsync_fd(fd.get(), dir);
-}
-
-/// Reads a whole small file (a manifest) into a string.
-inline std::string read_small_file(const std::filesystem::path& path, std::size_t limit = 256u << 20) {
-  auto fd = open_file(path, O_RDONLY);
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) throw os_error("cannot stat " + path.string());
-  if (static_cast<std::uint64_t>(st.st_size) > limit) {
-    throw error(errc::corrupt, path.string() + " is " + std::to_string(st.st_size) +
-                                   " bytes, more than a manifest can be");
-  }
-  std::string out(static_cast<std::size_t>(st.st_size), '\0');
-  pread_all(fd.get(), out.data(), out.size(), 0, path);
-  return out;
-}
-
-/// Writes `content` to `path` durably and atomically: a temporary file, fsync, rename, fsync of
-/// the directory. Readers see the old file or the whole new one, never a torn one.
-inline void write_file_atomic(const std::filesystem::path& path, std::string_view content) {
-  const auto tmp = path.parent_path() / (".tmp." + path.filename().string());
-  {
-    auto fd = open_file(tmp, O_WRONLY | O_CREAT | O_TRUNC);
-    pwrite_all(fd.get(), content.data(), content.size(), 0, tmp);
-    fsync_fd(fd.get(), tmp);
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) throw os_error("cannot rename " + tmp.string() + " to " + path.string());
-  fsync_dir(path.parent_path());
-}
-
 /// Opens the directory `name` inside the directory `at` for reading, never through a symbolic
 /// link (errc::unsafe_path). ENOENT and every other failure are os_errors naming `shown`.
 inline unique_fd open_dir_at(int at, const std::string& name, const std::filesystem::path& shown) {

@@ -171,6 +171,22 @@ class private_dir {
   /// Makes the names in this directory durable.
   void sync() const { fsync_fd(fd(), path_); }
 
+  /// Replaces `name` with `content` durably and atomically: a fresh temporary file of this
+  /// process (never an existing one), fsync, renameat, fsync of this directory. Readers see the
+  /// old file or the whole new one.
+  void write_atomic(const std::string& name, std::string_view content) const {
+    const std::string tmp = ".tmp." + name + "." + std::to_string(::getpid());
+    {
+      auto fd = create_file(tmp);
+      pwrite_all(fd.get(), content.data(), content.size(), 0, *this / tmp);
+      fsync_fd(fd.get(), *this / tmp);
+    }
+    if (::renameat(fd(), tmp.c_str(), fd(), name.c_str()) != 0) {
+      throw os_error("cannot rename " + (*this / tmp).string() + " to " + (*this / name).string());
+    }
+    sync();
+  }
+
  private:
   private_dir(unique_fd fd, std::filesystem::path path) : fd_(std::move(fd)), path_(std::move(path)) {}
 

@@ -215,32 +215,15 @@ class final_step_agreement {
     }
   }
 
-  void write_atomic(const std::string& name, const std::string& content) const {
-    const std::string tmp = fmt::format(".tmp-{}-{}", name, ::getpid());
-    {
-      auto fd = ns_->create_file(tmp);
-      elastic::detail::pwrite_all(fd.get(), content.data(), content.size(), 0, *ns_ / tmp);
-    }
-    if (::renameat(ns_->fd(), tmp.c_str(), ns_->fd(), name.c_str()) != 0) {
-      throw os_error("cannot rename " + (*ns_ / tmp).string() + " to " + name);
-    }
-  }
+  void write_atomic(const std::string& name, const std::string& content) const { ns_->write_atomic(name, content); }
 
+  /// The names in `d`; nothing when it cannot be read (it is being removed, or never was).
   static std::vector<std::string> list(const elastic::detail::private_dir& d) {
-    std::vector<std::string> out;
-    const int fd = ::openat(d.fd(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) return out;
-    DIR* dir = ::fdopendir(fd);
-    if (dir == nullptr) {
-      ::close(fd);
-      return out;
+    try {
+      return elastic::detail::list_dir_at(d.fd(), d.path());
+    } catch (const error&) {
+      return {};
     }
-    while (const dirent* e = ::readdir(dir)) {
-      const std::string_view n(e->d_name);
-      if (n != "." && n != "..") out.emplace_back(n);
-    }
-    ::closedir(dir);
-    return out;
   }
 
   /// The live files named `<prefix><rank>`, one per rank, parsed.
