@@ -17,6 +17,7 @@
 #include <elastic/checkpoint.hpp>
 
 #include "support/catch.hpp"
+#include "support/damage.hpp"
 #include "support/errors.hpp"
 #include "support/other_user.hpp"
 #include "support/process.hpp"
@@ -73,16 +74,6 @@ void save(model& m, const std::string& dir, std::uint64_t step, const std::strin
   c.snapshot(step);
   c.before_update();
   c.wait_durable();
-}
-
-void flip_byte(const fs::path& p, std::uint64_t at) {
-  std::fstream f(p, std::ios::in | std::ios::out | std::ios::binary);
-  f.seekg(static_cast<std::streamoff>(at));
-  char b = 0;
-  f.read(&b, 1);
-  b = static_cast<char>(b ^ 0x20);
-  f.seekp(static_cast<std::streamoff>(at));
-  f.write(&b, 1);
 }
 
 std::string step_dir(const std::string& dir, std::uint64_t s) { return dir + "/" + ck::format::step_dir_name(s); }
@@ -196,11 +187,11 @@ TEST_CASE("damaged steps are skipped with an event and the previous one is loade
 
   using damage = std::function<void()>;
   const std::vector<std::pair<std::string, damage>> cases = {
-      {"flipped data byte", [&] { flip_byte(newest / "rank-00000.data", 1000); }},
-      {"flipped byte in the last chunk", [&] { flip_byte(newest / "rank-00000.data", 300000 * 4 - 1); }},
+      {"flipped data byte", [&] { elastic::test::flip_byte(newest / "rank-00000.data", 1000); }},
+      {"flipped byte in the last chunk", [&] { elastic::test::flip_byte(newest / "rank-00000.data", 300000 * 4 - 1); }},
       {"truncated data", [&] { fs::resize_file(newest / "rank-00000.data", 4096); }},
-      {"flipped manifest byte", [&] { flip_byte(newest / "manifest.json", 30); }},
-      {"flipped rank manifest byte", [&] { flip_byte(newest / "rank-00000.json", 120); }},
+      {"flipped manifest byte", [&] { elastic::test::flip_byte(newest / "manifest.json", 30); }},
+      {"flipped rank manifest byte", [&] { elastic::test::flip_byte(newest / "rank-00000.json", 120); }},
       {"truncated rank manifest", [&] { fs::resize_file(newest / "rank-00000.json", 50); }},
       {"missing rank file", [&] { fs::remove(newest / "rank-00000.json"); }},
       {"missing data file", [&] { fs::remove(newest / "rank-00000.data"); }},
@@ -230,7 +221,7 @@ TEST_CASE("a corrupt only step leaves the caller's state untouched") {
   const auto dir = tmp.file("ckpt"), events = tmp.file("events.jsonl");
   model a(4);
   save(a, dir, 7, events);
-  flip_byte(fs::path(step_dir(dir, 7)) / "rank-00000.data", 300000 * 4 - 10);  // the last chunk of 'w'
+  elastic::test::flip_byte(fs::path(step_dir(dir, 7)) / "rank-00000.data", 300000 * 4 - 10);  // the last chunk of 'w'
   model b(5), expect(5);
   ck::checkpointer c(b.st, opts(dir, events));
   CHECK_FALSE(c.restore());
@@ -516,7 +507,7 @@ TEST_CASE("retention keeps the newest valid steps, moves unreadable ones aside, 
     a.fill(s);
     save(a, dir, static_cast<std::uint64_t>(s), events);
   }
-  flip_byte(fs::path(step_dir(dir, 3)) / "manifest.json", 30);
+  elastic::test::flip_byte(fs::path(step_dir(dir, 3)) / "manifest.json", 30);
   fs::create_directory(fs::path(dir) / "corrupt-step-000000000003");  // the name is taken: -2 is used
   auto o = opts(dir, events);
   o.keep_last = 2;

@@ -18,6 +18,7 @@
 #include <elastic/checkpoint.hpp>
 
 #include "support/catch.hpp"
+#include "support/damage.hpp"
 #include "support/other_user.hpp"
 #include "support/process.hpp"
 
@@ -68,16 +69,6 @@ std::uint64_t start_step(child_process& w) {
 }
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
-
-void flip_byte(const fs::path& p, std::uint64_t at) {
-  std::fstream f(p, std::ios::in | std::ios::out | std::ios::binary);
-  f.seekg(static_cast<std::streamoff>(at));
-  char b = 0;
-  f.read(&b, 1);
-  b = static_cast<char>(b ^ 0x20);
-  f.seekp(static_cast<std::streamoff>(at));
-  f.write(&b, 1);
-}
 
 fs::path step_path(const std::string& dir, std::uint64_t step) { return fs::path(dir) / ck::format::step_dir_name(step); }
 
@@ -304,8 +295,8 @@ TEST_CASE("a run resumed below unreadable steps keeps every step it commits, and
   elastic::test::temp_dir tmp;
   const auto dir = tmp.file("ckpt"), events = tmp.file("events.jsonl");
   reference(dir, events, 30, 10, {"--keep", "5"});  // steps 10, 20, 30
-  flip_byte(step_path(dir, 20) / "manifest.json", 30);
-  flip_byte(step_path(dir, 30) / "manifest.json", 30);
+  elastic::test::flip_byte(step_path(dir, 20) / "manifest.json", 30);
+  elastic::test::flip_byte(step_path(dir, 30) / "manifest.json", 30);
 
   // keep_last 2, and the two newest steps on disk unreadable: they must not count.
   auto w = trainer(dir, events, 18, 2, {"--keep", "2"});
