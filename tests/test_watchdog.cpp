@@ -285,11 +285,9 @@ TEST_CASE("a segment whose watchdog and workers are all gone is removed by the n
   wait_until_older(shm_path(name), 3s);
 
   hosted h;  // any watchdog of this user, under any name
+  // Gone once a watchdog has started. Which one swept it (and so logged watchdog_swept) is not
+  // asserted: tests running in parallel start watchdogs and launchers too, and any of them may.
   CHECK_FALSE(std::filesystem::exists(shm_path(name)));
-  const auto swept = elastic::test::events_named(h.events, "watchdog_swept");
-  bool named = false;
-  for (const auto& e : swept) named = named || e.find(shm_path(name) + "\"") != std::string::npos;
-  CHECK(named);
 }
 
 TEST_CASE("a segment that a running worker still maps is kept for a new watchdog to adopt") {
