@@ -618,6 +618,59 @@ TEST_CASE("an undrained console does not delay a notice: the workers get SIGTERM
   CHECK(l.finish(20s) == 75);  // its last words do not wait for a reader that never comes
 }
 
+TEST_CASE("a console reader the shell started before elastic-run (`> >(tee log)`) is left alone and gets the summary") {
+  // `elastic-run ... > >(tee log) &` in a script: the shell forks tee, then execs elastic-run,
+  // so tee is elastic-run's child from its first instruction. It is not a worker's leftover.
+  temp_dir dir;
+  const std::string run = unique_run("procsubst");
+  const std::string seen = dir.file("console.txt");
+  const std::string pids = dir.file("pid"), tool = ELASTIC_RUN_TOOL, log_dir = dir.path();
+  const pid_t launcher = ::fork();
+  REQUIRE(launcher >= 0);
+  if (launcher == 0) {
+    int p[2];
+    if (::pipe(p) != 0) ::_exit(127);
+    const pid_t reader = ::fork();
+    if (reader == 0) {
+      const int file = ::open(seen.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+      ::dup2(p[0], STDIN_FILENO);
+      ::dup2(file, STDOUT_FILENO);
+      ::close(p[1]);
+      ::execl("/bin/cat", "cat", static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    ::dup2(p[1], STDOUT_FILENO);
+    ::dup2(p[1], STDERR_FILENO);
+    ::close(p[0]);
+    ::close(p[1]);
+    ::execl(tool.c_str(), tool.c_str(), "--run-id", run.c_str(), "--log-dir", log_dir.c_str(), "--nproc-per-node",
+            "1", "--", worker.c_str(), "wait", pids.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  int st = 0;
+  bool reaped = false;
+  const auto reap = [&] { return reaped = reaped || ::waitpid(launcher, &st, WNOHANG) == launcher; };
+  struct end_it {
+    std::function<void()> f;
+    ~end_it() { f(); }
+  } guard{[&] {
+    if (reaped) return;
+    ::kill(launcher, SIGKILL);
+    ::waitpid(launcher, &st, 0);
+  }};
+  REQUIRE(wait_for_file(dir.file("pid.0"), 20s));
+  std::this_thread::sleep_for(100ms);
+  ::kill(launcher, SIGTERM);
+  REQUIRE(eventually(reap, 30s));
+  CHECK(WIFEXITED(st));
+  CHECK(WEXITSTATUS(st) == 75);
+  // cat ends when the last writer (elastic-run) is gone; what it wrote is the whole console.
+  CHECK(eventually([&] { return contains(slurp(seen), "exit code        75"); }, 10s));
+  const std::string text = slurp(seen);
+  CHECK(contains(text, "exited with code 75"));
+  CHECK(contains(text, "elastic-run: run '" + run + "' preempted"));
+}
+
 // ---- The store: a frozen or dead etcd never holds the supervision loop ----
 
 #if defined(ELASTIC_ETCD_SERVER) && defined(ELASTIC_GROUP_WORKER)

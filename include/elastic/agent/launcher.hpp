@@ -170,6 +170,17 @@ class launcher {
     const auto url = rendezvous::parse_store_url(opts_.rdzv);  // a bad URL fails before anything starts
     host_ = detail::host_name();
 
+    // Children we had before we started anything are not ours to end: a shell running
+    // `elastic-run ... > >(tee log) &` forks `tee` and then execs us, making `tee` our child.
+    // Killing it with the workers would cut the console before the summary.
+    detail::for_each_process([&](const detail::proc_info& p) {
+      if (p.ppid != ::getpid()) return;
+      try {
+        inherited_children_.push_back(p.pid);
+      } catch (...) {  // out of memory: at worst that child is ended with the workers
+      }
+    });
+
     // First, before any thread exists: the signal mask (inherited by every thread) and the
     // guardian (single-threaded, holding no lock of ours).
     signals_ = detail::launcher_signals(opts_.preempt_signals);
@@ -593,6 +604,7 @@ class launcher {
       int st = 0;
       while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
       }
+      forget_inherited(pid);
       if (pid == guardian_.pid()) {
         guardian_.reaped();
         events_.emit("guardian_lost", {{"guardian_pid", pid}});
@@ -763,11 +775,12 @@ class launcher {
         int st = 0;
         while (::waitpid(si.si_pid, &st, 0) < 0 && errno == EINTR) {
         }
+        forget_inherited(si.si_pid);
         if (si.si_pid == guardian_.pid()) guardian_.reaped();
       }
       bool left = false;
       detail::for_each_process([&](const detail::proc_info& p) {
-        if (p.pid == self || p.pid == guardian_.pid() || p.state == 'Z' || p.state == 'X') return;
+        if (p.pid == self || p.pid == guardian_.pid() || p.state == 'Z' || p.state == 'X' || inherited(p.pid)) return;
         if (p.ppid == self || (p.uid == ::geteuid() && detail::environ_has_prefix(p.pid, mark.c_str(), mark.size()))) {
           left = true;
           ::kill(p.pid, SIGKILL);
@@ -777,6 +790,12 @@ class launcher {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
   }
+
+  [[nodiscard]] bool inherited(pid_t pid) const noexcept {
+    return std::find(inherited_children_.begin(), inherited_children_.end(), pid) != inherited_children_.end();
+  }
+  /// A reaped child's pid may come back as one of ours.
+  void forget_inherited(pid_t pid) noexcept { std::erase(inherited_children_, pid); }
 
   /// Ends what this launcher started, in order, whatever state it is in; never throws.
   void end_everything() noexcept {
@@ -871,6 +890,7 @@ class launcher {
   launch_options opts_;
   clock::time_point started_;
   std::string host_;
+  std::vector<pid_t> inherited_children_;  ///< children from before we started: not ours to end
   sigset_t signals_{};
   guardian guardian_;
   elastic::detail::unique_fd sigfd_;
