@@ -16,6 +16,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -42,6 +43,20 @@ class child_process {
     std::vector<char*> args;
     for (auto& a : argv) args.push_back(a.data());
     args.push_back(nullptr);
+    // The child's environment is built here: setenv allocates, which a forked child of a
+    // threaded parent must not do (another thread may have held malloc's lock at the fork).
+    std::vector<std::string> entries;
+    for (char** e = environ; *e != nullptr; ++e) {
+      const std::string_view entry(*e);
+      const auto name = entry.substr(0, entry.find('='));
+      bool replaced = false;
+      for (const auto& kv : env) replaced = replaced || kv.first == name;
+      if (!replaced) entries.emplace_back(entry);
+    }
+    for (const auto& [k, v] : env) entries.push_back(k + "=" + v);
+    std::vector<char*> envp;
+    for (auto& e : entries) envp.push_back(e.data());
+    envp.push_back(nullptr);
     const pid_t pid = ::fork();
     if (pid < 0) throw std::runtime_error("fork failed");
     if (pid == 0) {
@@ -49,8 +64,7 @@ class child_process {
       ::dup2(fds[1], STDOUT_FILENO);
       if (gid != static_cast<gid_t>(-1) && (::setgroups(0, nullptr) != 0 || ::setgid(gid) != 0)) ::_exit(126);
       if (uid != static_cast<uid_t>(-1) && ::setuid(uid) != 0) ::_exit(126);
-      for (auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
-      ::execv(args[0], args.data());
+      ::execve(args[0], args.data(), envp.data());
       ::_exit(127);
     }
     ::close(fds[1]);
