@@ -18,6 +18,6 @@ ensure_packages() {
 # What building and testing elastic needs, by Debian package name.
 ELASTIC_BUILD_PACKAGES=(g++ cmake ninja-build libboost-dev libfmt-dev)
 ELASTIC_TEST_PACKAGES=(catch2 libbenchmark-dev procps etcd-server libcurl4-openssl-dev openssl libgloo-dev python3-yaml curl
-                       iproute2)
+                       iproute2 clang libclang-rt-14-dev)
 
 jobs() { nproc 2>/dev/null || echo 2; }
