@@ -1,11 +1,11 @@
 // elastic-run: starts a training job's workers on this host and keeps them going. The logic is
-// in include/elastic/agent/; this is its command line.
+// in agent/ beside it (the tool's own headers, not installed); this is its command line.
 //
 //   elastic-run [--nproc-per-node N] [--nnodes MIN[:MAX]] [--rdzv URL] [--run-id ID]
 //               [--max-restarts K] [--step-timeout S] [--grace S] [--preempt-signal SIG]
 //               [--log-dir DIR] -- PROGRAM ARGS...
 //
-// Exit codes (include/elastic/agent/exit_codes.hpp): 0 done, 1 failed, 2 bad command line or
+// Exit codes (agent/exit_codes.hpp): 0 done, 1 failed, 2 bad command line or
 // path, 3 crash loop, 75 preempted. Nothing ends it with std::terminate: every error is caught.
 #include <cstdio>
 #include <cstdlib>
@@ -13,10 +13,11 @@
 #include <string_view>
 #include <vector>
 
-#include <elastic/agent/exit_codes.hpp>
-#include <elastic/agent/launcher.hpp>
-#include <elastic/agent/options.hpp>
 #include <elastic/config.hpp>
+
+#include "agent/exit_codes.hpp"
+#include "agent/launcher.hpp"
+#include "agent/options.hpp"
 
 namespace {
 

@@ -22,7 +22,7 @@
 
 #include <fmt/format.h>
 
-#include <elastic/agent/exit_codes.hpp>
+#include "exit_codes.hpp"
 #include <elastic/error.hpp>
 #include <elastic/rendezvous/store_url.hpp>
 

@@ -10,7 +10,7 @@
 
 #include <fmt/format.h>
 
-#include <elastic/agent/console.hpp>
+#include "console.hpp"
 #include <elastic/detail/file.hpp>
 #include <elastic/error.hpp>
 

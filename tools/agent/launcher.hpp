@@ -43,16 +43,16 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <elastic/agent/async_store.hpp>
-#include <elastic/agent/console.hpp>
-#include <elastic/agent/exit_codes.hpp>
-#include <elastic/agent/guardian.hpp>
-#include <elastic/agent/log_pump.hpp>
-#include <elastic/agent/options.hpp>
-#include <elastic/agent/process_tree.hpp>
-#include <elastic/agent/run_events.hpp>
-#include <elastic/agent/run_lock.hpp>
-#include <elastic/agent/worker_process.hpp>
+#include "async_store.hpp"
+#include "console.hpp"
+#include "exit_codes.hpp"
+#include "guardian.hpp"
+#include "log_pump.hpp"
+#include "options.hpp"
+#include "process_tree.hpp"
+#include "run_events.hpp"
+#include "run_lock.hpp"
+#include "worker_process.hpp"
 #include <elastic/detail/file.hpp>
 #include <elastic/detail/private_dir.hpp>
 #include <elastic/detail/process.hpp>

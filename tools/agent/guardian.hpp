@@ -41,7 +41,7 @@
 
 #include <fmt/format.h>
 
-#include <elastic/agent/process_tree.hpp>
+#include "process_tree.hpp"
 #include <elastic/detail/file.hpp>
 #include <elastic/error.hpp>
 

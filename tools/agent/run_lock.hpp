@@ -30,7 +30,7 @@
 
 #include <fmt/format.h>
 
-#include <elastic/agent/guardian.hpp>
+#include "guardian.hpp"
 #include <elastic/detail/file.hpp>
 #include <elastic/error.hpp>
 #include <elastic/rendezvous/shm_store.hpp>
