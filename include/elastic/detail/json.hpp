@@ -104,11 +104,16 @@ class json {
     return o->emplace_back(std::string(key), json()).second;
   }
   /// Appends to an array; a null value first becomes an array.
-  void push_back(json j) {
+  // The element is built in place from `value` rather than taken as a json and moved in:
+  // moving a temporary made from an unsigned integer made GCC 12 at -O2/-O3 warn
+  // (-Wmaybe-uninitialized) about the variant's string and vector alternatives.
+  template <class T>
+    requires std::is_constructible_v<json, T&&>
+  void push_back(T&& value) {
     if (is_null()) v_ = array_t{};
     auto* a = std::get_if<array_t>(&v_);
     if (!a) throw error(errc::invalid_argument, fmt::format("json: push_back on {}", type_name()));
-    a->push_back(std::move(j));
+    a->emplace_back(std::forward<T>(value));
   }
   /// Elements of an array or members of an object; 0 for anything else.
   [[nodiscard]] std::size_t size() const noexcept {
