@@ -1,4 +1,6 @@
-// The umbrella header: everything the build enabled.
+// The umbrella header: everything the build enabled. Each optional part comes in with the target
+// that turns its macro on: elastic::gloo (gloo_group), elastic::nccl (nccl_group), elastic::etcd
+// (etcd_store, etcd:// in open_store), elastic::cuda (device snapshots).
 //
 //   #include <elastic/elastic.hpp>
 //   auto guard = elastic::expires(30s, "allreduce");

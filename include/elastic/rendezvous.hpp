@@ -1,7 +1,10 @@
-// The membership part: stores (shm:// always, etcd:// with elastic::etcd) and rendezvous rounds.
+// The membership part: stores (shm:// always, etcd:// with elastic::etcd), open_store() for a
+// store URL, the address peers reach this host at, and rendezvous rounds.
 #pragma once
 
 #include <elastic/config.hpp>
+#include <elastic/rendezvous/host_address.hpp>
+#include <elastic/rendezvous/open_store.hpp>
 #include <elastic/rendezvous/rendezvous.hpp>
 #include <elastic/rendezvous/shm_store.hpp>
 #include <elastic/rendezvous/store.hpp>
