@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -27,6 +28,7 @@
 #include <elastic/detail/process.hpp>
 #include <elastic/rendezvous/shm_store.hpp>
 
+#include "agent/options.hpp"  // tools/agent: the parser, tested as a function too
 #include "support/catch.hpp"
 #include "support/other_user.hpp"
 #include "support/process.hpp"
@@ -294,14 +296,14 @@ TEST_CASE("worker output goes to the console with a rank prefix and to a log tha
 
 TEST_CASE("the worker environment follows the contract") {
   temp_dir out;
-  launch l("envrun", {"--nproc-per-node", "2", "--nnodes", "1:2", "--step-timeout", "2.5", "--grace", "7"},
+  launch l("envrun", {"--nproc-per-node", "2", "--min-ranks", "1", "--step-timeout", "2.5", "--grace", "7"},
            {worker, "env", out.file("env")});
   REQUIRE(l.finish() == 0);
   const std::string e1 = slurp(out.file("env.1"));
   for (const std::string& want : {"ELASTIC_RUN_ID=" + l.run + "\n", std::string("ELASTIC_RANK=1\n"), std::string("ELASTIC_LOCAL_RANK=1\n"),
                                  std::string("ELASTIC_WORLD_SIZE=2\n"), std::string("ELASTIC_LOCAL_WORLD_SIZE=2\n"),
                                  std::string("ELASTIC_RESTART_COUNT=0\n"), "ELASTIC_RDZV=shm://elastic-" + l.run + "\n",
-                                 std::string("ELASTIC_MIN_NODES=2\n"), std::string("ELASTIC_MAX_NODES=4\n"),
+                                 std::string("ELASTIC_MIN_NODES=1\n"), std::string("ELASTIC_MAX_NODES=2\n"),
                                  std::string("ELASTIC_STEP_TIMEOUT=2.500\n"), std::string("ELASTIC_GRACE=7.000\n"),
                                  std::string("RANK=1\n"), std::string("WORLD_SIZE=2\n"), std::string("LOCAL_RANK=1\n"),
                                  std::string("ELASTIC_HOST_ADDR=127.0.0.1\n"),
@@ -336,6 +338,13 @@ TEST_CASE("bad command lines are refused with exit 2 and the reason") {
                                                                 {"--preempt-signal", "KILL", "--", worker},
                                                                 {"--preempt-signal", "SIGBOGUS", "--", worker},
                                                                 {"--quiet=yes", "--", worker},
+                                                                {"--nnodes", "2", "--", worker},
+                                                                {"--nnodes", "1:2", "--rdzv", "shm://x", "--", worker},
+                                                                {"--rdzv-backend", "zookeeper", "--", worker},
+                                                                {"--rdzv-backend", "etcd", "--", worker},
+                                                                {"--rdzv", "etcd://h:1", "--rdzv-backend", "c10d", "--", worker},
+                                                                {"--standalone", "--rdzv", "etcd://h:1", "--", worker},
+                                                                {"--monitor-interval", "soon", "--", worker},
                                                                 {"--nproc-per-node", "2"}}) {
     std::vector<std::string> argv{ELASTIC_RUN_TOOL};
     argv.insert(argv.end(), args.begin(), args.end());
@@ -347,6 +356,169 @@ TEST_CASE("bad command lines are refused with exit 2 and the reason") {
   temp_dir d;
   auto p = child_process::spawn({ELASTIC_RUN_TOOL, "--log-dir", d.path(), "--", "/nonexistent/trainer"});
   CHECK(p.exit_code(10s) == 1);  // cannot start the program: a failure, not a usage error
+}
+
+// ---- The command line: CLI11, torchrun's spellings, the program after "--" ----
+
+namespace {
+
+elastic::agent::command_line parse(std::vector<std::string_view> args) { return elastic::agent::parse_command_line(args); }
+
+/// The message parse() refuses `args` with, or "" when it takes them.
+std::string refusal(std::vector<std::string_view> args) {
+  try {
+    (void)parse(std::move(args));
+    return {};
+  } catch (const elastic::error& e) {
+    return e.message();
+  }
+}
+
+}  // namespace
+
+TEST_CASE("torchrun's spellings parse to the same options as elastic-run's") {
+  const auto ours = parse({"--nproc-per-node", "3", "--nnodes", "2:4", "--rdzv", "etcd://10.0.0.1:2379", "--run-id", "job7",
+                           "--max-restarts", "5", "--log-dir", "/tmp/logs", "--quiet", "--", "train", "--lr", "1"});
+  const auto theirs = parse({"--nproc_per_node=3", "--nnodes=2:4", "--rdzv_backend=etcd", "--rdzv_endpoint=10.0.0.1:2379",
+                             "--rdzv_id=job7", "--max_restarts=5", "--log_dir=/tmp/logs", "--redirects", "3",
+                             "--monitor_interval=5", "--no_python", "train", "--lr", "1"});
+  const auto dashed = parse({"--nproc-per-node=3", "--nnodes", "2:4", "--rdzv-backend", "etcd-v2", "--rdzv-endpoint",
+                             "10.0.0.1:2379", "--rdzv-id", "job7", "--max-restarts", "5", "--log-dir", "/tmp/logs",
+                             "--quiet", "--no-python", "--tee", "3", "--", "train", "--lr", "1"});
+  for (const auto* cl : {&theirs, &dashed}) {
+    const auto& o = cl->options;
+    CHECK(cl->asks == elastic::agent::command_line::request::run);
+    CHECK(o.nproc_per_node == ours.options.nproc_per_node);
+    CHECK(o.min_nodes == 2);
+    CHECK(o.max_nodes == 4);
+    CHECK(o.min_ranks == ours.options.min_ranks);
+    CHECK(o.rdzv == ours.options.rdzv);
+    CHECK(o.run_id == ours.options.run_id);
+    CHECK(o.max_restarts == ours.options.max_restarts);
+    CHECK(o.log_dir == ours.options.log_dir);
+    CHECK(o.quiet == ours.options.quiet);
+    CHECK(o.command == ours.options.command);
+  }
+  CHECK(ours.notes.empty());
+  REQUIRE(theirs.notes.size() == 1);  // --monitor-interval: accepted, said to change nothing
+  CHECK(contains(theirs.notes[0], "--monitor-interval 5 is not used"));
+  CHECK(contains(dashed.notes.at(0), "--tee 3 is not needed"));
+
+  // --standalone and the one-host backends are this launcher's own store.
+  for (const auto& args : std::vector<std::vector<std::string_view>>{
+           {"--standalone", "x"}, {"--rdzv-backend", "c10d", "x"}, {"--rdzv_backend=static", "x"}}) {
+    CHECK(parse(args).options.rdzv.empty());
+  }
+  const auto c10d = parse({"--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:29400", "x"});
+  CHECK(c10d.options.rdzv.empty());
+  CHECK(contains(c10d.notes.at(0), "--rdzv-endpoint localhost:29400 is not used"));
+
+  // --nproc-per-node: a number, cpu, or auto/gpu from the GPUs this process may see.
+  CHECK(parse({"--nproc-per-node", "cpu", "x"}).options.nproc_per_node >= 1);
+  CHECK(parse({"--nproc-per-node", "auto", "x"}).options.nproc_per_node == parse({"x"}).options.nproc_per_node);
+  if (elastic::agent::detail::visible_gpu_count() > 0) {
+    CHECK(parse({"--nproc-per-node", "gpu", "x"}).options.nproc_per_node == elastic::agent::detail::visible_gpu_count());
+  } else {
+    CHECK(contains(refusal({"--nproc-per-node", "gpu", "x"}), "no GPU is visible"));
+  }
+}
+
+TEST_CASE("the program starts at '--' or at the first argument that is not an option, and is never parsed") {
+  CHECK(parse({"--", "--help", "-x"}).options.command == std::vector<std::string>{"--help", "-x"});
+  CHECK(parse({"--run-id", "a", "prog", "--run-id", "..", "--", "z"}).options.command ==
+        std::vector<std::string>{"prog", "--run-id", "..", "--", "z"});
+  CHECK(parse({"--", "--"}).options.command == std::vector<std::string>{"--"});
+  CHECK(parse({"--help"}).asks == elastic::agent::command_line::request::help);
+  CHECK(parse({"-h", "--bogus"}).asks == elastic::agent::command_line::request::help);  // asked first, answered first
+  CHECK(parse({"--version"}).asks == elastic::agent::command_line::request::version);
+  // Refusals name the flag and the reason.
+  CHECK(refusal({"--run-id=", "--log-dir", "/tmp/x", "--", "p"}) == "--run-id needs a value, got an empty one");
+  CHECK(contains(refusal({"--run-id", "..", "p"}), "'..' is not a run id"));
+  CHECK(contains(refusal({"--run-id", "a/b", "p"}), "is not a run id"));
+  CHECK(contains(refusal({"--run-id", ".", "p"}), "is not a run id"));
+  CHECK(refusal({"--bogus", "p"}) == "unknown option '--bogus'");
+  CHECK(refusal({"--quiet=yes", "p"}) == "--quiet takes no value");
+  CHECK(contains(refusal({"--nnodes", "2", "p"}), "more than one host cannot meet in this launcher's own shm:// store"));
+  CHECK(contains(refusal({"--nproc-per-node", "0", "p"}), "wants a whole number from 1 to 4096"));
+  CHECK(contains(refusal({"--preempt-signal", "USR1,", "p"}), "needs a value, got an empty one"));
+  CHECK(contains(refusal({"--grace", "p"}), "--grace: wants a number of seconds (e.g. 30 or 2.5), got 'p'"));
+  CHECK(contains(refusal({"--grace", "2"}), "no program to run"));
+  CHECK(contains(refusal({"--max-restarts"}), "--max-restarts needs a value"));
+}
+
+TEST_CASE("an empty --run-id= is refused with exit 2 and does not swallow the next flag") {
+  temp_dir d;
+  // Were --log-dir taken as the run id, the refusal would say "'--log-dir' is not a run id".
+  auto p = spawn_tool({"--run-id=", "--log-dir", d.file("logs"), "--", worker, "env", d.file("env")}, d.file("err"));
+  CHECK(p.exit_code(10s) == 2);
+  const std::string err = slurp(d.file("err"));
+  INFO(err);
+  CHECK(contains(err, "--run-id needs a value, got an empty one"));
+  CHECK_FALSE(contains(err, "is not a run id"));
+  CHECK_FALSE(std::filesystem::exists(d.file("logs")));
+  CHECK_FALSE(std::filesystem::exists(d.file("env.0")));
+}
+
+TEST_CASE("--run-id .. is refused with exit 2 and nothing is written outside --log-dir") {
+  temp_dir d;
+  std::filesystem::create_directories(d.file("out/logs"));
+  for (const std::string id : {"..", ".", "../escape", "a/b", "/abs"}) {
+    INFO(id);
+    auto p = spawn_tool({"--run-id", id, "--log-dir", d.file("out/logs"), "--", worker, "env", d.file("env")}, d.file("err"));
+    CHECK(p.exit_code(10s) == 2);
+  }
+  CHECK(contains(slurp(d.file("err")), "is not a run id"));
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(d.path())) names.push_back(e.path().string());
+  std::sort(names.begin(), names.end());
+  CHECK(names == std::vector<std::string>{d.file("err"), d.file("out"), d.file("out/logs")});
+}
+
+TEST_CASE("elastic-run -- --help runs a program named --help") {
+  temp_dir bin, out;
+  const std::string script = bin.file("--help");
+  std::ofstream(script) << "#!/bin/sh\necho \"ran $*\" > \"$ELASTIC_TEST_OUT.$ELASTIC_RANK\"\n";
+  ::chmod(script.c_str(), 0755);
+  const std::string run = unique_run("dashhelp");
+  auto p = child_process::spawn({"/bin/sh", "-c", "PATH=\"$ELASTIC_TEST_BIN:$PATH\" exec \"$0\" \"$@\"", ELASTIC_RUN_TOOL,
+                                 "--nproc-per-node", "1", "--run-id", run, "--log-dir", out.file("logs"), "--", "--help",
+                                 "--version"},
+                                {{"ELASTIC_TEST_BIN", bin.path()}, {"ELASTIC_TEST_OUT", out.file("ran")}});
+  std::string console;
+  while (auto l = p.read_line(20s)) console += *l + "\n";
+  CHECK(p.exit_code(20s) == 0);
+  INFO(console);
+  CHECK(slurp(out.file("ran.0")) == "ran --version\n");
+  CHECK_FALSE(contains(console, "usage: elastic-run"));
+}
+
+TEST_CASE("--help lists every flag, torchrun's spellings and the exit codes") {
+  auto p = child_process::spawn({ELASTIC_RUN_TOOL, "--help"});
+  std::string text;
+  while (auto l = p.read_line(10s)) text += *l + "\n";
+  CHECK(p.exit_code(10s) == 0);
+  for (const char* flag : {"usage: elastic-run [options] [--] PROGRAM [ARGS...]", "--nproc-per-node", "--nproc_per_node",
+                           "--nnodes", "--min-ranks", "--rdzv ", "--rdzv-backend", "--rdzv_endpoint", "--standalone",
+                           "--host-addr", "--run-id", "--rdzv-id", "--max-restarts", "--max_restarts", "--step-timeout",
+                           "--grace", "--preempt-signal", "--log-dir", "--events", "--quiet", "--monitor-interval",
+                           "--no-python", "--redirects", "--tee", "--version", "Exit: 0"}) {
+    INFO(flag);
+    CHECK(contains(text, flag));
+  }
+}
+
+TEST_CASE("a run given in torchrun's spellings runs, and says which flags change nothing") {
+  temp_dir out;
+  launch l("torchrun", {"--nproc_per_node=2", "--rdzv_backend=c10d", "--max_restarts=1", "--monitor_interval=1",
+                        "--no_python", "--tee", "3"},
+           {worker, "env", out.file("env")});
+  REQUIRE(l.finish() == 0);
+  const std::string e1 = slurp(out.file("env.1"));
+  CHECK(contains(e1, "WORLD_SIZE=2\n"));
+  CHECK(contains(e1, "ELASTIC_RDZV=shm://elastic-" + l.run + "\n"));
+  CHECK(contains(l.err(), "note: --monitor-interval 1 is not used"));
+  CHECK(contains(l.err(), "note: --tee 3 is not needed"));
+  CHECK(contains(l.err(), "--max-restarts 1"));  // the summary names the limit it ran with
 }
 
 #if defined(ELASTIC_ETCD_SERVER) && defined(ELASTIC_GROUP_WORKER)

@@ -5,6 +5,8 @@
 //               [--max-restarts K] [--step-timeout S] [--grace S] [--preempt-signal SIG]
 //               [--log-dir DIR] -- PROGRAM ARGS...
 //
+// The command line is parsed with CLI11 (agent/options.hpp), torchrun's spellings included.
+//
 // Exit codes (agent/exit_codes.hpp): 0 done, 1 failed, 2 bad command line or
 // path, 3 crash loop, 75 preempted. Nothing ends it with std::terminate: every error is caught.
 #include <cstdio>
@@ -29,21 +31,23 @@ bool usage_error(const elastic::error& e) {
 
 int run(int argc, char** argv) {
   std::vector<std::string_view> args(argv + 1, argv + argc);
-  elastic::agent::launch_options opts;
+  elastic::agent::command_line cl;
   try {
-    opts = elastic::agent::parse_command_line(args);
+    cl = elastic::agent::parse_command_line(args);
   } catch (const elastic::error& e) {
-    std::fprintf(stderr, "elastic-run: %s\n\n%s", e.what(), elastic::agent::usage_text.data());
+    std::fprintf(stderr, "elastic-run: %s\n(elastic-run --help lists the options)\n", e.message().c_str());
     return elastic::agent::exit_usage;
   }
-  if (opts.command.front() == "--help" || opts.command.front() == "-h") {
-    std::fputs(elastic::agent::usage_text.data(), stdout);
+  if (cl.asks == elastic::agent::command_line::request::help) {
+    std::fputs(cl.help.c_str(), stdout);
     return elastic::agent::exit_done;
   }
-  if (opts.command.front() == "--version") {
+  if (cl.asks == elastic::agent::command_line::request::version) {
     std::printf("elastic-run %s\n", ELASTIC_VERSION_STRING);
     return elastic::agent::exit_done;
   }
+  for (const auto& note : cl.notes) std::fprintf(stderr, "elastic-run: note: %s\n", note.c_str());
+  auto opts = std::move(cl.options);
   try {
     elastic::agent::launcher launcher(std::move(opts));
     return launcher.run();

@@ -15,73 +15,141 @@
 // watchdog can adopt it while workers run, and the next watchdog to start removes it once no
 // worker maps it any more.
 //
+// The command line is parsed with CLI11 (--help is generated from it).
+//
 // Exit status: 0 stopped by a signal; 1 the watchdog could not start or failed (the segment is
 // served by another watchdog, belongs to another user, is corrupt, an OS error); 2 bad arguments
 // or environment (an unknown option, a bad segment name, an events file that is refused or
 // cannot be opened).
 #include <signal.h>
 
+#include <charconv>
+#include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
 
 #include <elastic/config.hpp>
 #include <elastic/detail/env.hpp>
 #include <elastic/events.hpp>
 #include <elastic/timer/watchdog.hpp>
 
-namespace {
+#include "command_line.hpp"
 
-constexpr const char* usage =
-    "usage: elastic-watchdog --name NAME [options]\n"
-    "\n"
-    "Serves the watchdog segment NAME: workers with ELASTIC_WATCHDOG=NAME are signalled when a\n"
-    "timer scope of theirs expires. Runs until a signal (SIGTERM, SIGINT, SIGHUP, ...) stops it,\n"
-    "then removes the segment (unless --keep).\n"
-    "\n"
-    "  --name NAME           segment name (default: $ELASTIC_WATCHDOG)\n"
-    "  --events FILE         append JSON-lines events to FILE (default: $ELASTIC_EVENTS, else stderr)\n"
-    "  --poll MS             longest sleep between scans (default 20)\n"
-    "  --capacity N          threads watched at once, for a new segment (default 4096)\n"
-    "  --signal SIG          signal for scopes that name none: KILL, ABRT, TERM, ... or a number (default KILL)\n"
-    "  --escalate-after MS   SIGKILL a process still alive this long after a softer signal (default 5000)\n"
-    "  --keep                leave the segment in /dev/shm on exit (a new watchdog can adopt it)\n"
-    "  --version             print the version\n"
-    "\n"
-    "Exit status: 0 stopped by a signal; 1 the watchdog could not start or failed; 2 bad arguments,\n"
-    "segment name or events file.\n";
+namespace {
 
 /// A mistake in the command line or environment: reported with exit code 2.
 struct usage_error {
   std::string message;
-  bool show_usage = true;  ///< false when the message alone says what to fix
 };
 
-[[noreturn]] void fail(const std::string& msg) { throw usage_error{msg}; }
-
-long parse_number(std::string_view flag, const char* value, long lo, long hi) {
-  char* end = nullptr;
-  errno = 0;
-  long v = std::strtol(value, &end, 10);
-  if (errno != 0 || end == value || *end != '\0' || v < lo || v > hi) {
-    fail(std::string(flag) + " wants a whole number from " + std::to_string(lo) + " to " + std::to_string(hi) +
-         ", got '" + value + "'");
-  }
-  return v;
+/// `v` as a whole number from `lo` to `hi`, or nothing.
+std::optional<long> to_number(std::string_view v, long lo, long hi) {
+  long n = 0;
+  const auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+  if (ec != std::errc() || p != v.data() + v.size() || n < lo || n > hi) return std::nullopt;
+  return n;
 }
 
-int parse_signal(const char* value) {
-  std::string_view s(value);
-  if (!s.empty() && s.front() >= '0' && s.front() <= '9') return static_cast<int>(parse_number("--signal", value, 1, NSIG - 1));
+/// A signal by name (KILL, SIGTERM) or number, or 0.
+int to_signal(std::string_view s) {
+  if (!s.empty() && s.front() >= '0' && s.front() <= '9') return static_cast<int>(to_number(s, 1, NSIG - 1).value_or(0));
   if (s.substr(0, 3) == "SIG") s.remove_prefix(3);
   for (int sig = 1; sig < NSIG; ++sig) {
     const char* abbrev = ::sigabbrev_np(sig);
     if (abbrev != nullptr && s == abbrev) return sig;
   }
-  fail("unknown signal '" + std::string(value) + "'");
+  return 0;
+}
+
+/// CLI11 validators, their reasons as before CLI11 (CLI11 puts the option's name first).
+CLI::Validator whole_number(long lo, long hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& v) {
+        return to_number(v, lo, hi) ? std::string()
+                                    : fmt::format("wants a whole number from {} to {}, got '{}'", lo, hi, v);
+      },
+      fmt::format("{}..{}", lo, hi));
+}
+
+CLI::Validator signal_name() {
+  return CLI::Validator(
+      [](std::string& v) { return to_signal(v) != 0 ? std::string() : fmt::format("unknown signal '{}'", v); }, "SIG");
+}
+
+CLI::Validator non_empty(std::string what) {
+  return CLI::Validator([](std::string& v) { return v.empty() ? "needs a value, got an empty one" : std::string(); },
+                        std::move(what));
+}
+
+/// The command line, parsed with CLI11 into `opts` and `events_file`; throws usage_error.
+/// Returns false when it asked for the help or the version, printed here.
+bool parse_command_line(int argc, char** argv, elastic::timer::watchdog_options& opts, std::string& name_from,
+                        std::string& events_file) {
+  CLI::App app(
+      "Serves the watchdog segment NAME: workers with ELASTIC_WATCHDOG=NAME are signalled when a timer scope of "
+      "theirs expires. Runs until a signal (SIGTERM, SIGINT, SIGHUP, ...) stops it, then removes the segment (unless "
+      "--keep).",
+      "elastic-watchdog");
+  app.set_help_flag("-h,--help", "print this help and exit");
+  bool version = false;  // answered by scan_options() below, before CLI11 parses
+  app.add_flag("--version", version, "print the version and exit");
+  app.add_option("--name", "segment name (default: $ELASTIC_WATCHDOG)")
+      ->check(non_empty("NAME"))
+      ->each([&](const std::string& v) {
+        opts.name = v;
+        name_from = "--name";
+      });
+  app.add_option("--events", events_file, "append JSON-lines events to FILE (default: $ELASTIC_EVENTS, else stderr)")
+      ->check(non_empty("FILE"));
+  app.add_option("--poll", "longest sleep between scans, in ms (default 20)")
+      ->check(whole_number(1, 60'000))
+      ->each([&](const std::string& v) { opts.poll = std::chrono::milliseconds(*to_number(v, 1, 60'000)); });
+  app.add_option("--capacity", "threads watched at once, for a new segment (default 4096)")
+      ->check(whole_number(1, 1 << 20))
+      ->each([&](const std::string& v) { opts.capacity = static_cast<std::uint32_t>(*to_number(v, 1, 1 << 20)); });
+  app.add_option("--signal", "signal for scopes that name none: KILL, ABRT, TERM, ... or a number (default KILL)")
+      ->check(signal_name())
+      ->each([&](const std::string& v) { opts.signal = to_signal(v); });
+  app.add_option("--escalate-after", "SIGKILL a process still alive this long (ms) after a softer signal (default 5000)")
+      ->check(whole_number(0, 3'600'000))
+      ->each([&](const std::string& v) { opts.escalate_after = std::chrono::milliseconds(*to_number(v, 0, 3'600'000)); });
+  app.add_flag_callback("--keep", [&] { opts.remove_on_stop = false; },
+                        "leave the segment in /dev/shm on exit (a new watchdog can adopt it)");
+  app.footer(
+      "Exit status: 0 stopped by a signal; 1 the watchdog could not start or failed; 2 bad arguments, segment name or "
+      "events file.");
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  elastic::tools::name_values_in_help(app);
+
+  const std::vector<std::string_view> args(argv + 1, argv + argc);
+  const auto scan = elastic::tools::scan_options(app, args);
+  if (scan.asked == app.get_help_ptr()) {
+    std::fputs(app.help().c_str(), stdout);
+    return false;
+  }
+  if (scan.asked != nullptr) {
+    std::printf("elastic-watchdog %s\n", elastic::version.string);
+    return false;
+  }
+  const std::string hint = "\n(elastic-watchdog --help lists the options)";
+  if (!scan.problem.empty()) throw usage_error{scan.problem + hint};
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // A positional (the watchdog takes none) is an ExtrasError: "The following argument was not expected: x".
+    throw usage_error{std::string(e.what()) + hint};
+  }
+  return true;
 }
 
 /// Every signal whose default action ends the process and that a process may catch (all but
@@ -112,50 +180,19 @@ int serve(int argc, char** argv) {
     name_from = "ELASTIC_WATCHDOG";
   }
   std::string events_file;
-  for (int i = 1; i < argc; ++i) {
-    std::string_view a(argv[i]);
-    auto value = [&]() -> const char* {
-      if (i + 1 >= argc) fail(std::string(a) + " needs a value");
-      return argv[++i];
-    };
-    if (a == "--name") {
-      opts.name = value();
-      name_from = "--name";
-    } else if (a == "--events") {
-      events_file = value();
-      if (events_file.empty()) fail("--events needs a file name");
-    } else if (a == "--poll") {
-      opts.poll = std::chrono::milliseconds(parse_number(a, value(), 1, 60'000));
-    } else if (a == "--capacity") {
-      opts.capacity = static_cast<std::uint32_t>(parse_number(a, value(), 1, 1 << 20));
-    } else if (a == "--signal") {
-      opts.signal = parse_signal(value());
-    } else if (a == "--escalate-after") {
-      opts.escalate_after = std::chrono::milliseconds(parse_number(a, value(), 0, 3'600'000));
-    } else if (a == "--keep") {
-      opts.remove_on_stop = false;
-    } else if (a == "--version") {
-      std::printf("elastic-watchdog %s\n", elastic::version.string);
-      return 0;
-    } else if (a == "-h" || a == "--help") {
-      std::fputs(usage, stdout);
-      return 0;
-    } else {
-      fail("unknown argument '" + std::string(a) + "'");
-    }
-  }
-  if (opts.name.empty()) fail("--name is required (or set ELASTIC_WATCHDOG)");
+  if (!parse_command_line(argc, argv, opts, name_from, events_file)) return 0;
+  if (opts.name.empty()) throw usage_error{"--name is required (or set ELASTIC_WATCHDOG); elastic-watchdog --help lists the options"};
 
   // What the caller got wrong is checked before anything is created, and exits 2.
   try {
     elastic::timer::detail::validate_segment_name(opts.name);
   } catch (const elastic::error& e) {
-    throw usage_error{name_from + ": " + e.what(), false};
+    throw usage_error{name_from + ": " + e.what()};
   }
   try {
     opts.events = events_file.empty() ? elastic::event_log::from_env() : elastic::event_log::to_file(events_file);
   } catch (const elastic::error& e) {
-    throw usage_error{e.what(), false};  // names the file, and ELASTIC_EVENTS when it came from there
+    throw usage_error{e.what()};  // names the file, and ELASTIC_EVENTS when it came from there
   }
 
   // Block the stop signals before any thread starts, so only sigwait below receives them.
@@ -186,7 +223,7 @@ int main(int argc, char** argv) {
   try {
     return serve(argc, argv);
   } catch (const usage_error& e) {
-    std::fprintf(stderr, "elastic-watchdog: %s\n%s", e.message.c_str(), e.show_usage ? usage : "");
+    std::fprintf(stderr, "elastic-watchdog: %s\n", e.message.c_str());
     return 2;
   } catch (const elastic::error& e) {
     std::fprintf(stderr, "elastic-watchdog: %s\n", e.what());

@@ -2,6 +2,7 @@
 // preemptions are handled.
 #pragma once
 
+#include <sched.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -20,8 +21,10 @@
 #include <utility>
 #include <vector>
 
+#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "../command_line.hpp"
 #include "exit_codes.hpp"
 #include <elastic/error.hpp>
 #include <elastic/rendezvous/store_url.hpp>
@@ -46,85 +49,43 @@ struct launch_options {
   std::vector<std::string> command;  ///< the program and its arguments
 };
 
-inline constexpr std::string_view usage_text =
-    "usage: elastic-run [options] -- PROGRAM [ARGS...]\n"
-    "\n"
-    "Starts PROGRAM once per worker slot on this host, hosts the watchdog, restarts workers that\n"
-    "fail (the others keep running and the group rebuilds around them), forwards a preemption\n"
-    "notice (SIGTERM, SIGINT, SIGUSR1, ...) to the workers as SIGTERM and keeps every worker's log.\n"
-    "\n"
-    "  --nproc-per-node N    workers on this host (default: one per GPU, else one per CPU core)\n"
-    "  --nnodes MIN[:MAX]    hosts in the job, as torchrun counts them (default 1)\n"
-    "  --min-ranks N         fewest workers the group trains with (default MIN * nproc-per-node)\n"
-    "  --rdzv URL            store: shm://NAME (one host) or etcd://HOST:PORT[,HOST:PORT]\n"
-    "                        (default shm://elastic-RUN_ID, this launcher's own: a second\n"
-    "                        elastic-run of the same run on this host is refused)\n"
-    "  --host-addr ADDR      the address workers on other hosts reach this host's workers at,\n"
-    "                        exported as ELASTIC_HOST_ADDR (default: $ELASTIC_HOST_ADDR, else\n"
-    "                        loopback for shm://, else this host's address on the route to etcd)\n"
-    "  --run-id ID           the job's name in the store, the logs and the events: 1 to 64 of\n"
-    "                        A-Z a-z 0-9 . _ -, not starting with . or - (default\n"
-    "                        $ELASTIC_RUN_ID, else random)\n"
-    "  --max-restarts K      failed workers restarted before giving up (default 3); a worker\n"
-    "                        that exits 75 after a preemption notice is restarted without\n"
-    "                        counting; one that exits 75 on its own is restarted after a\n"
-    "                        backoff (0.1 s doubling to 30 s), and more than K such exits of a\n"
-    "                        slot in a row with no checkpoint committed end the run (exit 3)\n"
-    "  --step-timeout S      a step longer than S seconds is killed by the watchdog (exported as\n"
-    "                        ELASTIC_STEP_TIMEOUT; default: the trainer's own)\n"
-    "  --grace S             after a notice, seconds the workers get to checkpoint and exit 75\n"
-    "                        before SIGKILL (default 25)\n"
-    "  --preempt-signal SIG  also treat SIG (a name such as USR2 or WINCH, or a number) as a\n"
-    "                        preemption notice; repeat or separate with commas. Every signal\n"
-    "                        that would end the launcher already is one; signals within 2 s of\n"
-    "                        a notice are the same notice, a later one kills the workers now\n"
-    "  --log-dir DIR         worker logs go to DIR/RUN_ID/rank-N.log (default ./elastic-logs);\n"
-    "                        DIR/RUN_ID must be this user's (or root's) and writable by no other\n"
-    "  --events FILE         JSON-lines events (default DIR/RUN_ID/events.jsonl)\n"
-    "  --quiet               worker output to the logs only, not the console\n"
-    "  --help, --version\n"
-    "\n"
-    "Exit: 0 every worker finished; 75 preempted (run the same command again: it resumes from the\n"
-    "newest committed checkpoint); 1 failed (restarts used up, a worker could not start, this run\n"
-    "already has a launcher on this host); 2 a bad command line or path; 3 a crash loop (workers\n"
-    "kept exiting 75 with no notice and no progress: do not requeue).\n";
-
 namespace detail {
 
-inline std::size_t parse_count(std::string_view flag, std::string_view v, std::size_t lo, std::size_t hi) {
+/// `v` as a whole number from `lo` to `hi` (digits only: no sign, no spaces), or nothing.
+inline std::optional<std::size_t> to_count(std::string_view v, std::size_t lo, std::size_t hi) {
   std::size_t n = 0;
   const auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
-  if (ec != std::errc() || p != v.data() + v.size() || n < lo || n > hi) {
-    throw error(errc::invalid_argument,
-                fmt::format("{} wants a whole number from {} to {}, got '{}'", flag, lo, hi, v));
-  }
+  if (ec != std::errc() || p != v.data() + v.size() || n < lo || n > hi) return std::nullopt;
   return n;
 }
 
-inline std::chrono::milliseconds parse_seconds(std::string_view flag, std::string_view v) {
+/// `v` as seconds (30, 2.5; 0 to 10^7), in milliseconds, or nothing.
+inline std::optional<std::chrono::milliseconds> to_seconds(std::string_view v) {
   const std::string s(v);
   char* end = nullptr;
   const double x = std::strtod(s.c_str(), &end);
-  if (s.empty() || end != s.c_str() + s.size() || !(x >= 0) || x > 1e7) {
-    throw error(errc::invalid_argument, fmt::format("{} wants a number of seconds (e.g. 30 or 2.5), got '{}'", flag, v));
-  }
+  if (s.empty() || end != s.c_str() + s.size() || !(x >= 0) || x > 1e7) return std::nullopt;
   return std::chrono::milliseconds(std::llround(x * 1000));
 }
 
-/// Throws errc::invalid_argument unless `id` is a plain name: 1 to 64 characters of
-/// A-Z a-z 0-9 . _ -, not starting with '.' or '-' (so never ".", ".." or a path).
-inline void check_run_id(std::string_view id, std::string_view where) {
+/// Why `id` is not a run id, or "" when it is one: 1 to 64 characters of A-Z a-z 0-9 . _ -,
+/// not starting with '.' or '-' (so never ".", ".." or a path: it names a directory).
+inline std::string run_id_problem(std::string_view id) {
   const bool chars_ok = std::all_of(id.begin(), id.end(), [](char c) {
     return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
   });
-  if (id.empty() || id.size() > 64 || !chars_ok || id.front() == '.' || id.front() == '-') {
-    std::string shown;
-    for (char c : id) shown += (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f) ? '?' : c;
-    throw error(errc::invalid_argument,
-                fmt::format("{} '{}' is not a run id: use 1 to 64 characters of A-Z a-z 0-9 . _ -, not starting "
-                            "with '.' or '-' (it names a directory under --log-dir and the run's store)",
-                            where, shown));
-  }
+  if (!id.empty() && id.size() <= 64 && chars_ok && id.front() != '.' && id.front() != '-') return {};
+  std::string shown;
+  for (char c : id) shown += (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f) ? '?' : c;
+  return fmt::format("'{}' is not a run id: use 1 to 64 characters of A-Z a-z 0-9 . _ -, not starting with '.' or "
+                     "'-' (it names a directory under --log-dir and the run's store)",
+                     shown);
+}
+
+/// Throws errc::invalid_argument unless `id` is a plain name (see run_id_problem); `where` says
+/// where it came from ("ELASTIC_RUN_ID").
+inline void check_run_id(std::string_view id, std::string_view where) {
+  if (auto why = run_id_problem(id); !why.empty()) throw error(errc::invalid_argument, fmt::format("{} {}", where, why));
 }
 
 /// Signal names without "SIG", for --preempt-signal and for messages.
@@ -145,14 +106,15 @@ inline std::string signal_display_name(int sig) {
   return fmt::format("signal {}", sig);
 }
 
-/// A signal by name ("USR1", "SIGUSR1", "usr1") or number, for --preempt-signal. Refuses the
-/// ones a launcher cannot or must not take as a notice.
-inline int parse_signal(std::string_view flag, std::string_view v) {
+/// A signal by name ("USR1", "SIGUSR1", "usr1") or number, for --preempt-signal, into `sig`;
+/// returns why it is refused ("" when it is not): a launcher cannot or must not take every
+/// signal as a notice.
+inline std::string signal_problem(std::string_view v, int& sig) {
   std::string upper;
   for (char c : v) upper += (c >= 'a' && c <= 'z') ? static_cast<char>(c - 'a' + 'A') : c;
   std::string_view name = upper;
   if (name.rfind("SIG", 0) == 0) name.remove_prefix(3);
-  int sig = 0;
+  sig = 0;
   if (name.rfind("RTMIN+", 0) == 0 && name.size() > 6) {
     int n = -1;
     const auto [p, ec] = std::from_chars(name.data() + 6, name.data() + name.size(), n);
@@ -165,124 +127,358 @@ inline int parse_signal(std::string_view flag, std::string_view v) {
       if (n == name) sig = s;
   }
   if (sig <= 0 || sig >= NSIG || (sig > 31 && sig < SIGRTMIN)) {
-    throw error(errc::invalid_argument,
-                fmt::format("{} wants a signal name (USR1, SIGUSR2, WINCH, ...) or number, got '{}'", flag, v));
+    return fmt::format("wants a signal name (USR1, SIGUSR2, WINCH, ...) or number, got '{}'", v);
   }
   if (sig == SIGKILL || sig == SIGSTOP || sig == SIGCHLD || sig == SIGPIPE) {
-    throw error(errc::invalid_argument,
-                fmt::format("{} {}: the launcher cannot take this signal as a notice ({})", flag, v,
-                            sig == SIGCHLD || sig == SIGPIPE ? "it needs it for its own work" : "it cannot be caught"));
+    return fmt::format("{}: the launcher cannot take this signal as a notice ({})", v,
+                       sig == SIGCHLD || sig == SIGPIPE ? "it needs it for its own work" : "it cannot be caught");
   }
-  return sig;
+  return {};
 }
 
-/// CUDA devices this host has (/dev/nvidia0, /dev/nvidia1, ...).
-inline std::size_t gpu_count() {
-  std::size_t n = 0;
+/// CUDA devices this process may use, as torchrun's `--nproc-per-node gpu` counts them: the
+/// entries of CUDA_VISIBLE_DEVICES when it is set (up to the first that cannot be a device, as
+/// CUDA reads it: "" or "-1" hides them all), at most the GPUs the driver lists in
+/// /proc/driver/nvidia/gpus (else the /dev/nvidiaN nodes).
+inline std::size_t visible_gpu_count() {
+  std::size_t installed = 0;
   std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator("/dev", ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.size() > 6 && name.rfind("nvidia", 0) == 0 &&
-        std::all_of(name.begin() + 6, name.end(), [](char c) { return c >= '0' && c <= '9'; })) {
-      ++n;
+  for (auto it = std::filesystem::directory_iterator("/proc/driver/nvidia/gpus", ec);
+       !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+    ++installed;
+  }
+  if (installed == 0) {
+    for (auto it = std::filesystem::directory_iterator("/dev", ec); !ec && it != std::filesystem::directory_iterator();
+         it.increment(ec)) {
+      const std::string name = it->path().filename().string();
+      if (name.size() > 6 && name.rfind("nvidia", 0) == 0 &&
+          std::all_of(name.begin() + 6, name.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+        ++installed;
+      }
     }
   }
-  return n;
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  if (visible == nullptr || installed == 0) return installed;
+  std::size_t listed = 0;
+  for (std::string_view rest = visible; !rest.empty();) {
+    const auto comma = std::min(rest.find(','), rest.size());
+    const std::string_view entry = rest.substr(0, comma);
+    if (entry.empty() || entry.front() == '-') break;
+    ++listed;
+    rest.remove_prefix(std::min(comma + 1, rest.size()));
+  }
+  return std::min(listed, installed);
 }
+
+/// The CPU cores this process may run on (its affinity mask), at least 1.
+inline std::size_t cpu_count() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+  return std::max<std::size_t>(1, std::thread::hardware_concurrency());
+}
+
+/// CLI11's usage line names the program part, which is not an option.
+class help_formatter : public CLI::Formatter {
+ public:
+  std::string make_usage(const CLI::App*, std::string) const override {
+    return "usage: elastic-run [options] [--] PROGRAM [ARGS...]\n";
+  }
+};
+
+/// A validator from `why(value)`: "" accepts, anything else is the reason (CLI11 puts the
+/// option's name before it). Empty values are refused first, by every option.
+template <class Why>
+CLI::Validator check(std::string what, Why why) {
+  return CLI::Validator(
+      [why = std::move(why)](std::string& v) -> std::string {
+        if (v.empty()) return "needs a value, got an empty one";
+        return why(std::string_view(v));
+      },
+      std::move(what));
+}
+
+inline CLI::Validator whole_number(std::size_t lo, std::size_t hi) {
+  return check(fmt::format("{}..{}", lo, hi), [lo, hi](std::string_view v) {
+    return to_count(v, lo, hi) ? std::string() : fmt::format("wants a whole number from {} to {}, got '{}'", lo, hi, v);
+  });
+}
+
+inline CLI::Validator seconds() {
+  return check("SECONDS", [](std::string_view v) {
+    return to_seconds(v) ? std::string() : fmt::format("wants a number of seconds (e.g. 30 or 2.5), got '{}'", v);
+  });
+}
+
+inline CLI::Validator any_text(std::string what) {
+  return check(std::move(what), [](std::string_view) { return std::string(); });
+}
+
+inline constexpr std::size_t max_nodes_allowed = 65536;
 
 }  // namespace detail
 
-/// Parses elastic-run's arguments (argv without the program name). Throws errc::invalid_argument
-/// with a message that names the flag; `--help`/`--version` come back as command {"--help"} etc.
-inline launch_options parse_command_line(std::span<const std::string_view> args) {
-  launch_options o;
-  std::size_t i = 0;
-  auto value = [&](std::string_view flag) -> std::string_view {
-    if (i + 1 >= args.size()) throw error(errc::invalid_argument, fmt::format("{} needs a value", flag));
-    return args[++i];
-  };
-  auto nonempty = [](std::string_view flag, std::string_view v) -> std::string_view {
-    if (v.empty()) throw error(errc::invalid_argument, fmt::format("{} needs a value, got an empty one", flag));
-    return v;
-  };
-  for (; i < args.size(); ++i) {
-    std::string_view a = args[i];
-    std::optional<std::string> inline_value;
-    if (a == "--") {
-      ++i;
-      break;
-    }
-    if (a.rfind("--", 0) == 0) {
-      if (const auto eq = a.find('='); eq != std::string_view::npos) {  // --flag=value
-        inline_value = std::string(a.substr(eq + 1));
-        a = a.substr(0, eq);
-      }
-    }
-    auto val = [&](std::string_view flag) -> std::string_view {
-      return nonempty(flag, inline_value ? std::string_view(*inline_value) : value(flag));
-    };
-    if (a == "--help" || a == "-h" || a == "--version") {
-      o.command = {std::string(a)};
-      return o;
-    }
-    // torchrun spells some flags with underscores; accept both.
-    std::string flag(a);
-    std::replace(flag.begin(), flag.end(), '_', '-');
-    if (flag == "--nproc-per-node") {
-      o.nproc_per_node = detail::parse_count(flag, val(flag), 1, 4096);
-    } else if (flag == "--nnodes") {
-      const std::string_view v = val(flag);
-      const auto colon = v.find(':');
-      o.min_nodes = detail::parse_count(flag, v.substr(0, colon), 1, 65536);
-      o.max_nodes = colon == std::string_view::npos ? o.min_nodes : detail::parse_count(flag, v.substr(colon + 1), 1, 65536);
-      if (o.max_nodes < o.min_nodes) {
-        throw error(errc::invalid_argument, fmt::format("--nnodes {}: MAX must not be below MIN", v));
-      }
-    } else if (flag == "--min-ranks") {
-      o.min_ranks = detail::parse_count(flag, val(flag), 1, 1 << 20);
-    } else if (flag == "--rdzv" || flag == "--rdzv-endpoint") {
-      o.rdzv = std::string(val(flag));
-      (void)rendezvous::parse_store_url(o.rdzv);  // a bad URL is a bad command line
-    } else if (flag == "--host-addr" || flag == "--local-addr") {
-      o.host_addr = std::string(val(flag));
-      if (o.host_addr.empty() || o.host_addr.find_first_of(" \t\n/") != std::string::npos) {
-        throw error(errc::invalid_argument, fmt::format("{} wants an IP address or host name, got '{}'", flag, o.host_addr));
-      }
-    } else if (flag == "--run-id") {
-      o.run_id = std::string(val(flag));
-      detail::check_run_id(o.run_id, "--run-id");
-    } else if (flag == "--max-restarts") {
-      o.max_restarts = detail::parse_count(flag, val(flag), 0, 1'000'000);
-    } else if (flag == "--step-timeout") {
-      o.step_timeout = detail::parse_seconds(flag, val(flag));
-    } else if (flag == "--grace") {
-      o.grace = detail::parse_seconds(flag, val(flag));
-    } else if (flag == "--log-dir") {
-      o.log_dir = std::string(val(flag));
-    } else if (flag == "--events") {
-      o.events = std::string(val(flag));
-    } else if (flag == "--preempt-signal") {
-      const std::string_view v = val(flag);
-      for (std::size_t start = 0; start <= v.size();) {
-        const auto comma = std::min(v.find(',', start), v.size());
-        o.preempt_signals.push_back(detail::parse_signal(flag, nonempty(flag, v.substr(start, comma - start))));
-        start = comma + 1;
-      }
-    } else if (flag == "--quiet") {
-      if (inline_value) throw error(errc::invalid_argument, "--quiet takes no value");
-      o.quiet = true;
-    } else if (a.rfind("-", 0) == 0) {
-      throw error(errc::invalid_argument, fmt::format("unknown option '{}' (see --help)", a));
-    } else {
-      break;  // the program, without a "--" before it
-    }
+/// What a command line asks for: a run (then `options` hold it), or the help or the version.
+struct command_line {
+  enum class request { run, help, version };
+  request asks = request::run;
+  launch_options options;
+  std::string help;                ///< the generated help text, for --help and after a refusal
+  std::vector<std::string> notes;  ///< torchrun flags accepted that change nothing here, said why
+};
+
+/// Parses elastic-run's arguments (argv without the program name) with CLI11. Everything after
+/// `--`, or from the first argument that is not an option, is the program and its arguments:
+/// `elastic-run -- --help` runs a program named --help. torchrun's spellings are accepted (see
+/// README: "torchrun's command line"). Throws errc::invalid_argument with the reason, naming
+/// the flag; `help()` has the text to show beside it.
+inline command_line parse_command_line(std::span<const std::string_view> args) {
+  command_line out;
+  launch_options& o = out.options;
+  std::string nproc, nnodes, rdzv, rdzv_backend, rdzv_endpoint, host_addr, monitor_interval, redirects, tee;
+  std::vector<std::string> signals;
+  bool standalone = false, no_python = false, version = false;
+
+  CLI::App app(
+      "Starts PROGRAM once per worker slot on this host, hosts the watchdog, restarts workers that fail (the others "
+      "keep running and the group rebuilds around them), forwards a preemption notice (SIGTERM, SIGINT, SIGUSR1, ...) "
+      "to the workers as SIGTERM and keeps every worker's log. torchrun's spellings of the flags are accepted too.",
+      "elastic-run");
+  app.formatter(std::make_shared<detail::help_formatter>());
+  app.get_formatter()->column_width(40);
+  app.prefix_command();  // the first positional starts the program: the rest is its arguments
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  app.set_help_flag("-h,--help", "print this help and exit");
+  app.add_flag("--version", version, "print the version and exit");
+
+  app.add_option("--nproc-per-node,--nproc_per_node", nproc,
+                 "workers on this host: a number from 1 to 4096, gpu (one per visible GPU), cpu (one per CPU "
+                 "core) or auto (default: one per GPU, else one per CPU core)")
+      ->check(detail::check("N|gpu|cpu|auto", [](std::string_view v) {
+        return v == "gpu" || v == "cpu" || v == "auto" || detail::to_count(v, 1, 4096)
+                   ? std::string()
+                   : fmt::format("wants a whole number from 1 to 4096, gpu, cpu or auto, got '{}'", v);
+      }));
+  app.add_option("--nnodes", nnodes, "hosts in the job, as torchrun counts them (default 1)")
+      ->check(detail::check("MIN[:MAX]", [](std::string_view v) {
+        const auto colon = v.find(':');
+        const auto lo = detail::to_count(v.substr(0, colon), 1, detail::max_nodes_allowed);
+        const auto hi = colon == std::string_view::npos ? lo : detail::to_count(v.substr(colon + 1), 1, detail::max_nodes_allowed);
+        if (!lo || !hi) return fmt::format("wants MIN or MIN:MAX, whole numbers from 1 to {}, got '{}'", detail::max_nodes_allowed, v);
+        if (*hi < *lo) return fmt::format("{}: MAX must not be below MIN", v);
+        return std::string();
+      }));
+  app.add_option("--min-ranks", o.min_ranks, "fewest workers the group trains with (default MIN * nproc-per-node)")
+      ->check(detail::whole_number(1, 1 << 20));
+  app.add_option("--rdzv", rdzv,
+                 "store: shm://NAME (one host) or etcd://HOST:PORT[,HOST:PORT] (default shm://elastic-RUN_ID, this "
+                 "launcher's own: a second elastic-run of the same run on this host is refused)")
+      ->check(detail::check("URL", [](std::string_view v) {
+        try {
+          (void)rendezvous::parse_store_url(v);
+          return std::string();
+        } catch (const error& e) {
+          return e.message();
+        }
+      }));
+  app.add_option("--rdzv-backend,--rdzv_backend", rdzv_backend,
+                 "torchrun's: c10d or static (this host's own store, as --rdzv shm://), etcd or etcd-v2 (with "
+                 "--rdzv-endpoint)")
+      ->check(detail::check("BACKEND", [](std::string_view v) {
+        return v == "c10d" || v == "static" || v == "etcd" || v == "etcd-v2"
+                   ? std::string()
+                   : fmt::format("'{}' is not a backend elastic-run has: c10d or static (one host), etcd or etcd-v2", v);
+      }));
+  app.add_option("--rdzv-endpoint,--rdzv_endpoint", rdzv_endpoint,
+                 "torchrun's: HOST:PORT[,HOST:PORT] of the etcd for --rdzv-backend etcd (a URL is taken as --rdzv)")
+      ->check(detail::any_text("HOST:PORT"));
+  app.add_flag("--standalone", standalone, "torchrun's: one host, this launcher's own store (the default)");
+  app.add_option("--host-addr,--local-addr,--local_addr", host_addr,
+                 "the address workers on other hosts reach this host's workers at, exported as ELASTIC_HOST_ADDR "
+                 "(default: $ELASTIC_HOST_ADDR, else loopback for shm://, else this host's address on the route to "
+                 "etcd)")
+      ->check(detail::check("ADDR", [](std::string_view v) {
+        return v.find_first_of(" \t\n/") == std::string_view::npos
+                   ? std::string()
+                   : fmt::format("wants an IP address or host name, got '{}'", v);
+      }));
+  app.add_option("--run-id,--run_id,--rdzv-id,--rdzv_id", o.run_id,
+                 "the job's name in the store, the logs and the events: 1 to 64 of A-Z a-z 0-9 . _ -, not starting "
+                 "with . or - (default $ELASTIC_RUN_ID, else random)")
+      ->check(detail::check("ID", detail::run_id_problem));
+  app.add_option("--max-restarts,--max_restarts", o.max_restarts,
+                 "failed workers restarted before giving up (default 3); a worker that exits 75 after a preemption "
+                 "notice is restarted without counting; one that exits 75 on its own is restarted after a backoff "
+                 "(0.1 s doubling to 30 s), and more than K such exits of a slot in a row with no checkpoint committed "
+                 "end the run (exit 3)")
+      ->check(detail::whole_number(0, 1'000'000));
+  app.add_option("--step-timeout", "a step longer than S seconds is killed by the watchdog (exported as "
+                                   "ELASTIC_STEP_TIMEOUT; default: the trainer's own)")
+      ->check(detail::seconds())
+      ->each([&](const std::string& v) { o.step_timeout = *detail::to_seconds(v); });
+  app.add_option("--grace", "after a notice, seconds the workers get to checkpoint and exit 75 before SIGKILL (default 25)")
+      ->check(detail::seconds())
+      ->each([&](const std::string& v) { o.grace = *detail::to_seconds(v); });
+  app.add_option("--preempt-signal", signals,
+                 "also treat SIG (a name such as USR2 or WINCH, or a number) as a preemption notice; repeat or "
+                 "separate with commas. Every signal that would end the launcher already is one; signals within 2 s "
+                 "of a notice are the same notice, a later one kills the workers now")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+      ->check(detail::check("SIG[,SIG]", [](std::string_view v) {
+        for (std::size_t start = 0; start <= v.size();) {
+          const auto comma = std::min(v.find(',', start), v.size());
+          int sig = 0;
+          if (comma == start) return std::string("needs a value, got an empty one");
+          if (auto why = detail::signal_problem(v.substr(start, comma - start), sig); !why.empty()) return why;
+          start = comma + 1;
+        }
+        return std::string();
+      }));
+  app.add_option("--log-dir,--log_dir", "worker logs go to DIR/RUN_ID/rank-N.log (default ./elastic-logs); DIR/RUN_ID "
+                                         "must be this user's (or root's) and writable by no other")
+      ->check(detail::any_text("DIR"))
+      ->each([&](const std::string& v) { o.log_dir = v; });
+  app.add_option("--events", "JSON-lines events (default DIR/RUN_ID/events.jsonl)")
+      ->check(detail::any_text("FILE"))
+      ->each([&](const std::string& v) { o.events = v; });
+  app.add_flag("--quiet", o.quiet, "worker output to the logs only, not the console");
+  app.add_option("--monitor-interval,--monitor_interval", monitor_interval,
+                 "torchrun's; accepted and unused: elastic-run learns of a worker's end at once")
+      ->check(detail::seconds());
+  app.add_flag("--no-python,--no_python", no_python, "torchrun's; accepted: elastic-run always runs PROGRAM itself");
+  app.add_option("-r,--redirects", redirects,
+                 "torchrun's: 3 (every rank's output to its log only) is --quiet; other values are accepted and "
+                 "unused: the output always goes to the console and to the per-rank logs")
+      ->check(detail::any_text("0-3|RANK:0-3,..."));
+  app.add_option("-t,--tee", tee, "torchrun's; accepted: the output always goes to the console and to the logs")
+      ->check(detail::any_text("0-3|RANK:0-3,..."));
+  app.footer(
+      "Exit: 0 every worker finished; 75 preempted (run the same command again: it resumes from the newest committed "
+      "checkpoint); 1 failed (restarts used up, a worker could not start, this run already has a launcher on this "
+      "host); 2 a bad command line or path; 3 a crash loop (workers kept exiting 75 with no notice and no progress: "
+      "do not requeue).");
+  tools::name_values_in_help(app);
+  out.help = app.help();
+
+  // The options part first, with the app's own options: an empty `--flag=` must not take the
+  // next argument as its value, and an unknown option must not pass as the program.
+  const auto scan = tools::scan_options(app, args);
+  if (scan.asked != nullptr) {
+    out.asks = scan.asked == app.get_help_ptr() ? command_line::request::help : command_line::request::version;
+    return out;
   }
-  for (; i < args.size(); ++i) o.command.emplace_back(args[i]);
+  if (!scan.problem.empty()) throw error(errc::invalid_argument, scan.problem);
+
+  std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 takes them last first
+  try {
+    app.parse(std::move(reversed));
+  } catch (const CLI::CallForHelp&) {
+    out.asks = command_line::request::help;
+    return out;
+  } catch (const CLI::ParseError& e) {
+    throw error(errc::invalid_argument, e.what());
+  }
+  if (version) {
+    out.asks = command_line::request::version;
+    return out;
+  }
+  o.command = app.remaining();
+  if (!o.command.empty() && o.command.front() == "--") o.command.erase(o.command.begin());
   if (o.command.empty()) throw error(errc::invalid_argument, "no program to run: elastic-run [options] -- PROGRAM [ARGS...]");
-  if (o.nproc_per_node == 0) {
-    const std::size_t gpus = detail::gpu_count();
-    o.nproc_per_node = gpus > 0 ? gpus : std::max<std::size_t>(1, std::thread::hardware_concurrency());
+
+  // Workers per host, as torchrun reads --nproc-per-node.
+  if (nproc == "gpu") {
+    o.nproc_per_node = detail::visible_gpu_count();
+    if (o.nproc_per_node == 0) {
+      throw error(errc::invalid_argument,
+                  "--nproc-per-node gpu: no GPU is visible (CUDA_VISIBLE_DEVICES, /proc/driver/nvidia/gpus): give a "
+                  "number, or cpu");
+    }
+  } else if (nproc == "cpu") {
+    o.nproc_per_node = detail::cpu_count();
+  } else if (nproc.empty() || nproc == "auto") {
+    const std::size_t gpus = detail::visible_gpu_count();
+    o.nproc_per_node = gpus > 0 ? gpus : detail::cpu_count();
+  } else {
+    o.nproc_per_node = *detail::to_count(nproc, 1, 4096);
   }
+  if (!nnodes.empty()) {
+    const auto colon = nnodes.find(':');
+    o.min_nodes = *detail::to_count(std::string_view(nnodes).substr(0, colon), 1, detail::max_nodes_allowed);
+    o.max_nodes = colon == std::string::npos
+                      ? o.min_nodes
+                      : *detail::to_count(std::string_view(nnodes).substr(colon + 1), 1, detail::max_nodes_allowed);
+  }
+  if (!host_addr.empty()) o.host_addr = host_addr;
+  for (const auto& list : signals) {
+    for (std::size_t start = 0; start <= list.size();) {
+      const auto comma = std::min(list.find(',', start), list.size());
+      int sig = 0;
+      (void)detail::signal_problem(std::string_view(list).substr(start, comma - start), sig);
+      o.preempt_signals.push_back(sig);
+      start = comma + 1;
+    }
+  }
+
+  // Where the hosts meet: --rdzv, or torchrun's backend and endpoint.
+  const bool torchrun_rdzv = !rdzv_backend.empty() || !rdzv_endpoint.empty();
+  if (!rdzv.empty() && torchrun_rdzv) {
+    throw error(errc::invalid_argument,
+                "--rdzv and --rdzv-backend/--rdzv-endpoint both name the store: give one (--rdzv etcd://HOST:PORT is "
+                "--rdzv-backend etcd --rdzv-endpoint HOST:PORT)");
+  }
+  if (rdzv_backend == "etcd" || rdzv_backend == "etcd-v2") {
+    if (rdzv_endpoint.empty()) {
+      throw error(errc::invalid_argument, fmt::format("--rdzv-backend {} needs --rdzv-endpoint HOST:PORT", rdzv_backend));
+    }
+    rdzv = rdzv_endpoint.find("://") == std::string::npos ? "etcd://" + rdzv_endpoint : rdzv_endpoint;
+  } else if (rdzv_backend.empty() && rdzv_endpoint.find("://") != std::string::npos) {
+    rdzv = rdzv_endpoint;  // elastic-run's own spelling: --rdzv-endpoint URL
+  } else if (!rdzv_endpoint.empty()) {
+    out.notes.push_back(fmt::format(
+        "--rdzv-endpoint {} is not used: with --rdzv-backend {} the workers meet in this launcher's own store on this "
+        "host (for several hosts: --rdzv-backend etcd --rdzv-endpoint HOST:PORT)",
+        rdzv_endpoint, rdzv_backend.empty() ? "static" : rdzv_backend));
+  }
+  if (!rdzv.empty()) {
+    try {
+      (void)rendezvous::parse_store_url(rdzv);
+    } catch (const error& e) {
+      throw error(errc::invalid_argument, fmt::format("--rdzv-endpoint: {}", e.message()));
+    }
+  }
+  const bool one_host_store = rdzv.empty() || rendezvous::parse_store_url(rdzv).scheme == rendezvous::store_url::kind::shm;
+  if (standalone && !one_host_store) {
+    throw error(errc::invalid_argument, fmt::format("--standalone is one host with its own store, but the store is {}", rdzv));
+  }
+  if (o.max_nodes > 1 && one_host_store) {
+    throw error(errc::invalid_argument,
+                fmt::format("--nnodes {}: more than one host cannot meet in {}, a store on this host alone; give an "
+                            "etcd store: --rdzv etcd://HOST:PORT (torchrun's --rdzv-backend etcd --rdzv-endpoint "
+                            "HOST:PORT)",
+                            nnodes, rdzv.empty() ? "this launcher's own shm:// store" : rdzv));
+  }
+  o.rdzv = rdzv;
+
+  // torchrun's flags that change nothing here: said, so nobody wonders.
+  if (!monitor_interval.empty()) {
+    out.notes.push_back(fmt::format("--monitor-interval {} is not used: elastic-run learns of a worker's end at once",
+                                    monitor_interval));
+  }
+  if (redirects == "3") {
+    o.quiet = true;
+  } else if (!redirects.empty()) {
+    out.notes.push_back(fmt::format("--redirects {} is not used: every worker's output goes to the console and to its "
+                                    "log (--quiet, or --redirects 3: to the logs only)",
+                                    redirects));
+  }
+  if (!tee.empty()) {
+    out.notes.push_back(fmt::format("--tee {} is not needed: every worker's output already goes to the console and to "
+                                    "its log",
+                                    tee));
+  }
+
   const std::size_t max_ranks = o.max_nodes * o.nproc_per_node;
   if (o.min_ranks == 0) o.min_ranks = o.min_nodes * o.nproc_per_node;
   if (o.min_ranks > max_ranks) {
@@ -290,7 +486,7 @@ inline launch_options parse_command_line(std::span<const std::string_view> args)
                 fmt::format("--min-ranks {} is more than the {} workers --nnodes and --nproc-per-node allow", o.min_ranks,
                             max_ranks));
   }
-  return o;
+  return out;
 }
 
 }  // namespace elastic::agent
