@@ -177,6 +177,27 @@ TEST_CASE("elastic-watchdog refuses bad arguments with usage and exit code 2") {
   CHECK(child_process::spawn({tool, "--poll", "soon", "--name", "x"}).exit_code(10s) == 2);
   CHECK(child_process::spawn({tool, "--bogus"}).exit_code(10s) == 2);
   CHECK(child_process::spawn({tool, "--name", "x", "--signal", "NOPE"}).exit_code(10s) == 2);
+  CHECK(child_process::spawn({tool, "--name", "x", "stray"}).exit_code(10s) == 2);
+  CHECK(child_process::spawn({tool, "--name", "x", "--keep=yes"}).exit_code(10s) == 2);
+  // An empty --events= is refused, naming the flag: it does not take the next argument as the file.
+  const std::string name = elastic::test::unique_name("emptyval");
+  expect_usage_exit(run_tool({"--events=", "--name", name}), "--events needs a value, got an empty one", name);
+  expect_usage_exit(run_tool({"--name", name, "--poll", "0"}), "--poll: wants a whole number from 1 to 60000, got '0'", name);
+}
+
+TEST_CASE("elastic-watchdog --help lists its flags and exit codes, and --version its version") {
+  const std::string tool = ELASTIC_WATCHDOG_TOOL;
+  if (tool.empty()) return;
+  const auto help = run_tool({"--help"});
+  CHECK(help.exit_code() == 0);
+  for (const char* flag : {"--name", "--events", "--poll", "--capacity", "--signal", "--escalate-after", "--keep",
+                           "--version", "Exit status: 0"}) {
+    INFO(flag);
+    CHECK(help.output.find(flag) != std::string::npos);
+  }
+  const auto version = run_tool({"--version"});
+  CHECK(version.exit_code() == 0);
+  CHECK(version.output.rfind("elastic-watchdog ", 0) == 0);
 }
 
 TEST_CASE("elastic-watchdog with ELASTIC_EVENTS naming a directory says so and exits 2") {
