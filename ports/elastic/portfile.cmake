@@ -37,9 +37,14 @@ vcpkg_check_features(OUT_FEATURE_OPTIONS FEATURE_OPTIONS
         cuda  CMAKE_DISABLE_FIND_PACKAGE_CUDAToolkit
         etcd  CMAKE_DISABLE_FIND_PACKAGE_CURL
         nccl  CMAKE_DISABLE_FIND_PACKAGE_NCCL
+        gloo  CMAKE_DISABLE_FIND_PACKAGE_Gloo
 )
-# Gloo: vcpkg's gloo port has a Find module, elastic looks for GlooConfig.cmake and then for the
-# header and library directly, which finds vcpkg's copy. Nothing to pass.
+# Gloo: elastic looks for GlooConfig.cmake, then for the header and library directly (which finds
+# vcpkg's copy). Without the feature the direct search is skipped too: a cache variable set to a
+# value that is false but not *-NOTFOUND stops find_path/find_library from searching.
+if(NOT "gloo" IN_LIST FEATURES)
+    list(APPEND FEATURE_OPTIONS -DELASTIC_GLOO_INCLUDE_DIR=OFF -DELASTIC_GLOO_LIBRARY=OFF)
+endif()
 
 vcpkg_cmake_configure(
     SOURCE_PATH "${SOURCE_PATH}"
@@ -50,14 +55,19 @@ vcpkg_cmake_configure(
         -DELASTIC_INSTALL=ON
         ${FEATURE_OPTIONS}
     MAYBE_UNUSED_VARIABLES
-        # elastic does not call find_package(NCCL) yet: harmless until it does.
+        # find_package(NCCL) runs only when the CUDA toolkit was found, Gloo's lookup only once.
         CMAKE_DISABLE_FIND_PACKAGE_NCCL
+        CMAKE_DISABLE_FIND_PACKAGE_Gloo
+        ELASTIC_GLOO_INCLUDE_DIR
+        ELASTIC_GLOO_LIBRARY
 )
 vcpkg_cmake_install()
 
 # A feature that was asked for must have produced its target.
 foreach(_feature_file IN ITEMS "cuda|elasticCudaTargets.cmake|the CUDA toolkit"
-                               "etcd|elasticEtcdTargets.cmake|libcurl")
+                               "etcd|elasticEtcdTargets.cmake|libcurl"
+                               "gloo|elasticGlooTargets.cmake|Gloo"
+                               "nccl|elasticNcclTargets.cmake|NCCL >= 2.18")
     string(REPLACE "|" ";" _feature_file "${_feature_file}")
     list(GET _feature_file 0 _feature)
     list(GET _feature_file 1 _file)
@@ -72,6 +82,8 @@ endforeach()
 # The fixup moves it to share/elastic and points the imported tool targets
 # (elasticToolsTargets-release.cmake: ${_IMPORT_PREFIX}/bin/...) at tools/elastic.
 vcpkg_cmake_config_fixup(CONFIG_PATH share/cmake/elastic)
+# elastic.pc (share/pkgconfig) finds its prefix from its own place; the fixup checks it.
+vcpkg_fixup_pkgconfig()
 
 if("tools" IN_LIST FEATURES)
     set(_elastic_tools elastic-watchdog)
