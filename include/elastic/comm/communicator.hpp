@@ -43,9 +43,11 @@ concept reducible = std::same_as<T, float> || std::same_as<T, double> || std::sa
 /// - `broadcast(buf, root)`: in place; every rank ends with root's buffer.
 /// - `barrier()`: returns once every rank has entered it.
 /// - Each collective is bounded by the communicator's timeout: a collective that cannot finish
-///   (a peer died or hangs) throws elastic::error (errc::timeout when the time ran out) and leaves
-///   `ok()` false; every later call throws at once.
-/// - `abort()`: gives the communicator up; every later call throws at once. Never throws.
+///   (a peer died or hangs) throws elastic::error (errc::timeout when the time ran out,
+///   errc::peer_lost when a peer or its connection went away) and leaves `ok()` false; every
+///   later call throws at once, with the same code.
+/// - `abort()`: gives the communicator up; every later call throws errc::aborted at once.
+///   Never throws.
 template <class C>
 concept communicator = requires(C& c, const C& cc, std::span<float> f32, std::span<double> f64,
                                 std::span<std::int32_t> i32, std::span<std::int64_t> i64, std::span<bfloat16> bf16,

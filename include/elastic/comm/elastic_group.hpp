@@ -152,9 +152,10 @@ class elastic_group final : public group_hook {
   /// The current round's communicator; throws when the group is failed or not joined.
   Comm& comm() {
     if (!comm_) {
-      throw error(errc::invalid_argument, failed_ ? "elastic_group: the communicator failed; it is rebuilt at the "
-                                                    "next safe_point()"
-                                                  : "elastic_group: join() first");
+      if (failed_) {  // retired (aborted) on failure, not the caller's mistake
+        throw error(errc::aborted, "elastic_group: the communicator failed; it is rebuilt at the next safe_point()");
+      }
+      throw error(errc::invalid_argument, "elastic_group: join() first");
     }
     return *comm_;
   }

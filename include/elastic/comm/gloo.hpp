@@ -238,17 +238,20 @@ class gloo_communicator {
 
   void check_usable(std::string_view what) const {
     if (aborted_.load(std::memory_order_acquire)) {
-      throw error(errc::invalid_argument,
+      throw error(errc::aborted,
                   fmt::format("gloo {} on rank {}: the communicator under '{}' was aborted; build a new one for "
                               "the next round",
                               what, rank_, prefix_));
     }
     if (failed_.load(std::memory_order_acquire)) {
       std::lock_guard lk(mu_);
-      const errc code = last_error_ ? last_error_->code() : errc::os_error;
-      throw error(code, fmt::format("gloo {} on rank {}: the communicator under '{}' is broken by an earlier "
-                                    "failure ({}); build a new one for the next round",
-                                    what, rank_, prefix_, last_error_ ? last_error_->what() : "unknown"));
+      // run() sets last_error_ before failed_, so the fallbacks are for form's sake.
+      const errc code = last_error_ ? last_error_->code() : errc::peer_lost;
+      throw error(code,
+                  fmt::format("gloo {} on rank {}: the communicator under '{}' is broken by an earlier failure ({}); "
+                              "build a new one for the next round",
+                              what, rank_, prefix_, last_error_ ? last_error_->message() : "unknown"),
+                  last_error_ ? last_error_->os_code() : std::error_code());
     }
   }
 
@@ -281,22 +284,23 @@ class gloo_communicator {
     try {
       std::rethrow_exception(ep);
     } catch (const error& e) {
-      return error(e.code(), fmt::format("{} failed: {}", where, e.what()), e.os_code());
+      return error(e.code(), fmt::format("{} failed: {}", where, e.message()), e.os_code());
     } catch (const ::gloo::IoException& e) {
       if (says_timeout(e.what())) {
         return error(errc::timeout, fmt::format("{} timed out: a peer did not answer in time, it may have died or "
                                                 "hung ({})", where, e.what()));
       }
-      return error(errc::os_error,
+      return error(errc::peer_lost,
                    fmt::format("{} failed: a connection to a peer broke, it probably died ({})", where, e.what()));
     } catch (const ::gloo::EnforceNotMet& e) {
       return error(errc::corrupt, fmt::format("{} failed: a peer sent data that does not fit, ranks may disagree "
                                               "on sizes or the connection broke ({})", where, e.what()));
     } catch (const std::exception& e) {
+      // Gloo's other failures come from its transport too; either way this communicator is lost.
       if (says_timeout(e.what())) return error(errc::timeout, fmt::format("{} timed out ({})", where, e.what()));
-      return error(errc::os_error, fmt::format("{} failed ({})", where, e.what()));
+      return error(errc::peer_lost, fmt::format("{} failed ({})", where, e.what()));
     } catch (...) {
-      return error(errc::os_error, fmt::format("{} failed with an unknown exception", where));
+      return error(errc::peer_lost, fmt::format("{} failed with an unknown exception", where));
     }
   }
 

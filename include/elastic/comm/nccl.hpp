@@ -119,15 +119,17 @@ inline std::pair<errc, std::string_view> classify(ncclResult_t r) noexcept {
     case ncclInvalidArgument:
     case ncclInvalidUsage:
       return {errc::invalid_argument, "a call was malformed (a bad pointer, count, rank or device): fix the caller"};
+    // NCCL gives no errno, and reports a peer's death as a system (socket) or internal error as
+    // often as a remote one: to the caller all three mean the same, this communicator is lost.
     case ncclRemoteError:
-      return {errc::os_error, "a peer failed or went away: give this communicator up and build the next one "
-                              "(shrink() without the dead ranks, or a new nccl_unique_id())"};
+      return {errc::peer_lost, "a peer failed or went away: give this communicator up and build the next one "
+                               "(shrink() without the dead ranks, or a new nccl_unique_id())"};
     case ncclSystemError:
-      return {errc::os_error, "a system call or the network failed: give this communicator up and build the next one"};
+      return {errc::peer_lost, "a system call or the network failed: give this communicator up and build the next one"};
     case ncclUnhandledCudaError:
-      return {errc::os_error, "a CUDA call failed inside NCCL: check the device with nvidia-smi, then rebuild"};
+      return {errc::device_error, "a CUDA call failed inside NCCL: check the device with nvidia-smi, then rebuild"};
     default:
-      return {errc::os_error, "give this communicator up and build the next one"};
+      return {errc::peer_lost, "give this communicator up and build the next one"};
   }
 }
 
@@ -140,7 +142,7 @@ inline error nccl_failure(ncclResult_t r, std::string_view where, ncclComm_t com
 }
 
 inline error cuda_failure(cudaError_t rc, std::string_view where) {
-  return error(errc::os_error,
+  return error(errc::device_error,
                fmt::format("{} failed: CUDA {}: {}", where, cudaGetErrorName(rc), cudaGetErrorString(rc)));
 }
 
@@ -382,8 +384,8 @@ class nccl_communicator {
     return nullptr;  // not reached
 #else
     if (aborted_.load(std::memory_order_acquire)) {
-      throw error(errc::invalid_argument, where("shrink") + ": the communicator was aborted; shrink before abort(), "
-                                                            "or build a new one from a fresh nccl_unique_id()");
+      throw error(errc::aborted, where("shrink") + ": the communicator was aborted; shrink before abort(), "
+                                                   "or build a new one from a fresh nccl_unique_id()");
     }
     std::vector<int> excluded(excluded_ranks.begin(), excluded_ranks.end());
     std::sort(excluded.begin(), excluded.end());
@@ -417,7 +419,7 @@ class nccl_communicator {
     {
       std::unique_lock lk(comm_mu_);
       if (comm_ == nullptr) {
-        throw error(errc::invalid_argument, where("shrink") + ": the communicator was aborted");
+        throw error(errc::aborted, where("shrink") + ": the communicator was aborted");
       }
       // A revoked communicator is ready for management once NCCL says it is quiescent.
       while (revoked_) {
@@ -430,7 +432,7 @@ class nccl_communicator {
         lk.unlock();
         std::this_thread::sleep_for(std::chrono::microseconds(200));
         lk.lock();
-        if (comm_ == nullptr) throw error(errc::invalid_argument, where("shrink") + ": the communicator was aborted");
+        if (comm_ == nullptr) throw error(errc::aborted, where("shrink") + ": the communicator was aborted");
       }
       // A broken communicator may still have work in flight: once revoked (NCCL >= 2.28) it is
       // stopped already; otherwise NCCL_SHRINK_ABORT stops it before shrinking.
@@ -563,7 +565,7 @@ class nccl_communicator {
   }
 
   error no_shrink() const {
-    return error(errc::invalid_argument,
+    return error(errc::not_supported,
                  fmt::format("nccl shrink on rank {}: ncclCommShrink needs NCCL 2.27; this program was built against "
                              "{} and runs with {}: abort and build a new communicator from a fresh nccl_unique_id()",
                              rank_, NCCL_VERSION_CODE, detail::nccl_runtime_version()));
@@ -578,19 +580,21 @@ class nccl_communicator {
 
   void check_usable(std::string_view what) const {
     if (aborted_.load(std::memory_order_acquire)) {
-      throw error(errc::invalid_argument,
-                  where(what) + ": the communicator was aborted; build a new one for the next round");
+      throw error(errc::aborted, where(what) + ": the communicator was aborted; build a new one for the next round");
     }
     if (failed_.load(std::memory_order_acquire)) {
       std::lock_guard lk(error_mu_);
       if (!last_error_ && revoked_by_caller_.load(std::memory_order_acquire)) {
-        throw error(errc::invalid_argument,
+        throw error(errc::aborted,
                     where(what) + ": the communicator was revoked; shrink() it or build a new one for the next round");
       }
-      const errc code = last_error_ ? last_error_->code() : errc::os_error;
-      throw error(code, fmt::format("{}: the communicator is broken by an earlier failure ({}); build a new one "
-                                    "for the next round (or shrink() it)",
-                                    where(what), last_error_ ? last_error_->what() : "unknown"));
+      // record() sets last_error_ before failed_, so the fallbacks are for form's sake.
+      const errc code = last_error_ ? last_error_->code() : errc::peer_lost;
+      throw error(code,
+                  fmt::format("{}: the communicator is broken by an earlier failure ({}); build a new one "
+                              "for the next round (or shrink() it)",
+                              where(what), last_error_ ? last_error_->message() : "unknown"),
+                  last_error_ ? last_error_->os_code() : std::error_code());
     }
   }
 
