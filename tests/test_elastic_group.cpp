@@ -353,7 +353,7 @@ TEST_CASE("etcd gone for good: a rebuild fails with a clear error after the stor
     CHECK(exit_code_of(f[i].status) == 3);
     const auto err = f.find(i, "error ");
     REQUIRE(err);
-    CHECK(field(*err, "code") == "timeout");
+    CHECK(field(*err, "code") == "unavailable");
     CHECK(err->find(etcd.endpoint()) != std::string::npos);  // says which store did not answer
   }
   CHECK_FALSE(elastic::checkpoint::storage::list_steps(s.ckpt).empty());

@@ -22,7 +22,8 @@
 //
 // When no endpoint answers, each call retries, moving to the next endpoint and backing off
 // (50 ms doubling to 1 s), for up to etcd_options::unavailable_timeout; then it throws
-// errc::timeout naming the endpoints and each one's last error. So etcd may die and come back
+// errc::unavailable (errc::timeout when the call's own deadline comes first) naming the
+// endpoints and each one's last error. So etcd may die and come back
 // within that time without the caller noticing. A write whose reply was lost because etcd died
 // just after applying it is retried too: set and revoke do the same again; erase then returns
 // false; compare_set reports a mismatch whose `actual` is its own `desired`; add() may count
@@ -33,6 +34,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <charconv>
 #include <chrono>
 #include <cstdint>
@@ -67,7 +69,7 @@ struct etcd_options {
   std::chrono::milliseconds request_timeout = std::chrono::seconds(5);
   /// Longest a TCP (and TLS) connect may take before the next endpoint is tried.
   std::chrono::milliseconds connect_timeout = std::chrono::seconds(1);
-  /// How long a call keeps retrying while no endpoint answers before it throws errc::timeout.
+  /// How long a call keeps retrying while no endpoint answers before it throws errc::unavailable.
   std::chrono::milliseconds unavailable_timeout = std::chrono::seconds(30);
   /// etcd user and password, when etcd has authentication on (empty user: none).
   std::string user;
@@ -156,7 +158,10 @@ inline std::string prefix_end(std::string prefix) {
 inline void curl_global() {
   static const CURLcode rc = ::curl_global_init(CURL_GLOBAL_DEFAULT);
   if (rc != CURLE_OK) {
-    throw error(errc::os_error, fmt::format("libcurl cannot initialize: {}", ::curl_easy_strerror(rc)));
+    const std::string why = fmt::format("libcurl cannot initialize: {}", ::curl_easy_strerror(rc));
+    // Short of memory, or its SSL library would not start in this process.
+    if (rc == CURLE_OUT_OF_MEMORY) throw os_error(why, ENOMEM);
+    throw error(errc::not_supported, why);
   }
 }
 
@@ -169,15 +174,6 @@ struct curl_slist_free {
   void operator()(curl_slist* l) const noexcept { ::curl_slist_free_all(l); }
 };
 using curl_headers = std::unique_ptr<curl_slist, curl_slist_free>;
-
-/// What `e` says, without the "elastic: " and " [code]" that what() adds: for a message that
-/// quotes another.
-inline std::string bare_message(const error& e) {
-  std::string_view m = e.what();
-  if (m.starts_with("elastic: ")) m.remove_prefix(9);
-  if (const auto open = m.rfind(" ["); open != std::string_view::npos && m.ends_with("]")) m = m.substr(0, open);
-  return std::string(m);
-}
 
 /// An int64 field of a gateway reply: proto3 JSON writes them as strings and leaves zeros out.
 inline std::int64_t int_field(const elastic::detail::json& obj, std::string_view name) {
@@ -339,7 +335,7 @@ class etcd_store final : public store {
       } catch (const error& e) {
         if (e.code() != errc::timeout || clock::now() < deadline) throw;
         throw error(errc::timeout, fmt::format("waited {} ms for {} key(s) while etcd did not answer: {}",
-                                               timeout.count(), keys.size(), detail::bare_message(e)));
+                                               timeout.count(), keys.size(), e.message()));
       }
       if (missing.empty()) return;
       const auto now = clock::now();
@@ -563,7 +559,7 @@ class etcd_store final : public store {
       }
     }
     detail::curl_ptr h(::curl_easy_init());
-    if (!h) throw error(errc::os_error, "libcurl cannot make a handle (out of memory?)");
+    if (!h) throw os_error("libcurl cannot make a handle", ENOMEM);  // its only reason to fail
     CURL* c = h.get();
     ::curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);  // no SIGALRM for timeouts: we live among threads
     ::curl_easy_setopt(c, CURLOPT_HTTP_VERSION, static_cast<long>(CURL_HTTP_VERSION_1_1));  // the gateway
@@ -601,7 +597,7 @@ class etcd_store final : public store {
       std::lock_guard lk(token_mutex_);
       if (!token_.empty()) l = ::curl_slist_append(l, ("Authorization: " + token_).c_str());
     }
-    if (!l) throw error(errc::os_error, "libcurl cannot make a header list (out of memory?)");
+    if (!l) throw os_error("libcurl cannot make a header list", ENOMEM);  // its only reason to fail
     return detail::curl_headers(l);
   }
 
@@ -763,7 +759,7 @@ class etcd_store final : public store {
         } catch (const error& e) {
           if (e.code() != errc::corrupt) throw;
           throw error(errc::corrupt, fmt::format("store {}: {} sent a reply to {} we cannot read ({}): '{}'", url_,
-                                                 endpoint_name(ep), path, e.what(),
+                                                 endpoint_name(ep), path, e.message(),
                                                  elastic::detail::printable(r->dump().substr(0, 200))));
         }
       }
@@ -776,12 +772,15 @@ class etcd_store final : public store {
       last[ep] = std::move(down.what);
       const auto now = clock::now();
       if (!failing_since) failing_since = now;
-      if (now - *failing_since >= options_.unavailable_timeout || now >= give_up_by) {
+      const bool out_of_patience = now - *failing_since >= options_.unavailable_timeout;
+      if (out_of_patience || now >= give_up_by) {
         std::string errors;
         for (std::size_t i = 0; i < endpoints_.size(); ++i) {
           if (!last[i].empty()) errors += fmt::format("{}{}: {}", errors.empty() ? "" : "; ", endpoint_name(i), last[i]);
         }
-        throw error(errc::timeout,
+        // Unreachable for all of unavailable_timeout is an outage; the caller's own deadline
+        // coming first is only its wait running out (callers that poll retry on that).
+        throw error(out_of_patience ? errc::unavailable : errc::timeout,
                     fmt::format("store {}: no etcd endpoint answered {} for {} ms ({}): check that etcd runs there "
                                 "and is reachable, or raise etcd_options::unavailable_timeout ({} ms)",
                                 url_, path,

@@ -69,7 +69,7 @@ inline std::string host_address_for(const store_url& url) {
     try {
       return host_address_towards(ep);
     } catch (const error& e) {
-      why += (why.empty() ? "" : "; ") + std::string(e.what());
+      why += (why.empty() ? "" : "; ") + e.message();
     }
   }
   throw error(errc::not_found, fmt::format("cannot tell this host's address for its peers ({}): give it with "

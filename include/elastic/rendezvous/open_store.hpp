@@ -29,7 +29,7 @@ inline std::unique_ptr<store> open_store(std::string_view url, const etcd_option
 inline std::unique_ptr<store> open_store(std::string_view url) {
   const store_url u = parse_store_url(url);
   if (u.scheme == store_url::kind::shm) return std::make_unique<shm_store>(u.name);
-  throw error(errc::invalid_argument,
+  throw error(errc::not_supported,
               "store URL '" + std::string(url) + "' needs the etcd store, which this program was built without: link "
               "elastic::etcd (libcurl)");
 }
