@@ -254,7 +254,7 @@ class checkpointer {
                   fmt::format("checkpoint directory {} cannot be made or opened by this process (uid {}): {}; "
                               "create it with read, write and search permission for this user, or choose another "
                               "directory",
-                              dir.string(), uid, detail::plain_message(e)),
+                              dir.string(), uid, e.message()),
                   e.os_code());
     }
     // Unique among the processes that may probe at once (every rank of a group, on any host).
@@ -273,7 +273,7 @@ class checkpointer {
                   fmt::format("checkpoint directory {} is not writable by this process (uid {}), so no checkpoint "
                               "could be saved: {}; give this user write permission on it, make room, or choose "
                               "another directory",
-                              dir.string(), uid, detail::plain_message(e)),
+                              dir.string(), uid, e.message()),
                   e.os_code());
     }
     return d;

@@ -32,23 +32,6 @@
 
 namespace elastic::checkpoint {
 
-namespace detail {
-
-/// The message of `e` without the decoration error::what() adds ("elastic: ", the os error in
-/// parentheses, " [code]"), to be put inside another message without repeating it.
-inline std::string plain_message(const error& e) {
-  std::string_view msg = e.what();
-  if (msg.substr(0, 9) == "elastic: ") msg.remove_prefix(9);
-  if (const auto tag = msg.rfind(" ["); tag != std::string_view::npos) msg = msg.substr(0, tag);
-  if (e.os_code()) {
-    const std::string os = " (" + e.os_code().message() + ")";
-    if (msg.size() >= os.size() && msg.substr(msg.size() - os.size()) == os) msg.remove_suffix(os.size());
-  }
-  return std::string(msg);
-}
-
-}  // namespace detail
-
 /// The format this build writes; it reads this one and older.
 inline constexpr std::int64_t format_version = 1;
 /// Checksummed unit of a data file: small enough to verify a resharded read without reading
@@ -223,8 +206,8 @@ auto naming_errors(const std::string& what, F&& decode) {
   try {
     return decode();
   } catch (const error& e) {
-    if (std::string_view(e.what()).find(what) != std::string_view::npos) throw;
-    throw error(e.code(), what + ": " + detail::plain_message(e), e.os_code());
+    if (e.message().find(what) != std::string::npos) throw;
+    throw error(e.code(), what + ": " + e.message(), e.os_code());
   }
 }
 

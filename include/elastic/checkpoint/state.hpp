@@ -77,9 +77,9 @@ class state {
   template <class T>
   state& add(std::string name, device_span<T> data, std::vector<std::uint64_t> shape = {}) {
     if constexpr (!ELASTIC_WITH_CUDA) {
-      throw error(errc::invalid_argument, "checkpoint entry '" + name +
-                                              "' is device memory, but this build has no CUDA: "
-                                              "link elastic::cuda (ELASTIC_WITH_CUDA=1)");
+      throw error(errc::not_supported, "checkpoint entry '" + name +
+                                           "' is device memory, but this build has no CUDA: "
+                                           "link elastic::cuda (ELASTIC_WITH_CUDA=1)");
     }
     return add_buffer<T>(std::move(name), data.data, data.count, location::device, std::move(shape), {});
   }

@@ -601,7 +601,8 @@ class training_loop {
       throw error(e.code(), fmt::format("ELASTIC_WATCHDOG='{}' cannot be attached ({}), so the step timeout of {} ms "
                                         "would not be enforced: start the watchdog (elastic-run hosts one), fix "
                                         "ELASTIC_WATCHDOG, or unset it to run unwatched",
-                                        elastic::detail::printable(*name), e.what(), opts_.step_timeout.count()));
+                                        elastic::detail::printable(*name), e.message(), opts_.step_timeout.count()),
+                  e.os_code());
     }
   }
 

@@ -22,8 +22,8 @@ using event_t = cudaEvent_t;
 
 inline void check(cudaError_t rc, const char* what) {
   if (rc != cudaSuccess) {
-    throw error(errc::os_error, std::string("CUDA: ") + what + " failed: " + cudaGetErrorName(rc) + ": " +
-                                    cudaGetErrorString(rc));
+    throw error(errc::device_error, std::string("CUDA: ") + what + " failed: " + cudaGetErrorName(rc) + ": " +
+                                        cudaGetErrorString(rc));
   }
 }
 #else
@@ -31,7 +31,7 @@ using stream_t = void*;
 using event_t = void*;
 
 [[noreturn]] inline void unavailable(const char* what) {
-  throw error(errc::invalid_argument,
+  throw error(errc::not_supported,
               std::string("CUDA: ") + what + " needs a build with CUDA (link elastic::cuda, ELASTIC_WITH_CUDA=1)");
 }
 #endif
