@@ -416,8 +416,8 @@ TEST_CASE("torchrun's spellings parse to the same options as elastic-run's") {
   // --nproc-per-node: a number, cpu, or auto/gpu from the GPUs this process may see.
   CHECK(parse({"--nproc-per-node", "cpu", "x"}).options.nproc_per_node >= 1);
   CHECK(parse({"--nproc-per-node", "auto", "x"}).options.nproc_per_node == parse({"x"}).options.nproc_per_node);
-  if (elastic::agent::detail::visible_gpu_count() > 0) {
-    CHECK(parse({"--nproc-per-node", "gpu", "x"}).options.nproc_per_node == elastic::agent::detail::visible_gpu_count());
+  if (elastic::agent::internal::visible_gpu_count() > 0) {
+    CHECK(parse({"--nproc-per-node", "gpu", "x"}).options.nproc_per_node == elastic::agent::internal::visible_gpu_count());
   } else {
     CHECK(contains(refusal({"--nproc-per-node", "gpu", "x"}), "no GPU is visible"));
   }

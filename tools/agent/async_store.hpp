@@ -37,11 +37,11 @@
 
 namespace elastic::agent {
 
-namespace detail {
+namespace internal {
 /// Set once a store thread was left running at exit: the program should end with _Exit, not
 /// run static destructors under a thread still inside a library call.
 inline std::atomic<bool> store_thread_abandoned{false};
-}  // namespace detail
+}  // namespace internal
 
 /// Per-call bounds for an etcd store: the loop never waits for them, but the end of the run does
 /// (boundedly), and a queue must not fall minutes behind.
@@ -130,7 +130,7 @@ class async_store {
     if (ended) {
       thread_.join();
     } else {
-      detail::store_thread_abandoned.store(true);
+      internal::store_thread_abandoned.store(true);
       thread_.detach();
     }
   }

@@ -47,7 +47,7 @@
 
 namespace elastic::agent {
 
-namespace detail {
+namespace internal {
 
 inline constexpr std::size_t guardian_max_groups = 8192;
 inline constexpr std::size_t guardian_max_names = 16;
@@ -223,7 +223,7 @@ struct guardian_state {
   state.run(in);
 }
 
-}  // namespace detail
+}  // namespace internal
 
 /// The launcher's handle on its guardian. Sending never blocks: lines wait in a buffer while
 /// the pipe is full. Destroying it ends the guardian (closes the pipe, waits a bounded while,
@@ -244,7 +244,7 @@ class guardian {
     if (pid < 0) throw os_error("cannot fork the guardian");
     if (pid == 0) {
       wr.reset();
-      detail::guardian_main(rd.get(), g.marker_.c_str(), g.marker_.size());
+      internal::guardian_main(rd.get(), g.marker_.c_str(), g.marker_.size());
     }
     g.pid_ = pid;
     ::fcntl(wr.get(), F_SETFL, ::fcntl(wr.get(), F_GETFL) | O_NONBLOCK);

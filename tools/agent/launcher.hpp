@@ -88,7 +88,7 @@ struct run_report {
   double seconds_lost = 0;           ///< from each failure to the group training again
 };
 
-namespace detail {
+namespace internal {
 
 /// Within this window after a notice, further signals are the same notice.
 inline constexpr std::chrono::milliseconds same_notice_window{2000};
@@ -149,7 +149,7 @@ inline error bad_path(std::string_view flag, const std::filesystem::path& p, con
                fmt::format("{} {}: {}", flag, p.string(), plain(e)));
 }
 
-}  // namespace detail
+}  // namespace internal
 
 class launcher {
  public:
@@ -161,19 +161,19 @@ class launcher {
     }
     if (opts_.run_id.empty()) {
       opts_.run_id = elastic::detail::env_string("ELASTIC_RUN_ID").value_or("");
-      if (!opts_.run_id.empty()) detail::check_run_id(opts_.run_id, "ELASTIC_RUN_ID");
+      if (!opts_.run_id.empty()) internal::check_run_id(opts_.run_id, "ELASTIC_RUN_ID");
     }
-    if (opts_.run_id.empty()) opts_.run_id = detail::random_run_id();
-    detail::check_run_id(opts_.run_id, "run id");
+    if (opts_.run_id.empty()) opts_.run_id = internal::random_run_id();
+    internal::check_run_id(opts_.run_id, "run id");
     const bool own_default_store = opts_.rdzv.empty();
     if (own_default_store) opts_.rdzv = "shm://elastic-" + opts_.run_id;
     const auto url = rendezvous::parse_store_url(opts_.rdzv);  // a bad URL fails before anything starts
-    host_ = detail::host_name();
+    host_ = internal::host_name();
 
     // Children we had before we started anything are not ours to end: a shell running
     // `elastic-run ... > >(tee log) &` forks `tee` and then execs us, making `tee` our child.
     // Killing it with the workers would cut the console before the summary.
-    detail::for_each_process([&](const detail::proc_info& p) {
+    internal::for_each_process([&](const internal::proc_info& p) {
       if (p.ppid != ::getpid()) return;
       try {
         inherited_children_.push_back(p.pid);
@@ -183,7 +183,7 @@ class launcher {
 
     // First, before any thread exists: the signal mask (inherited by every thread) and the
     // guardian (single-threaded, holding no lock of ours).
-    signals_ = detail::launcher_signals(opts_.preempt_signals);
+    signals_ = internal::launcher_signals(opts_.preempt_signals);
     ::signal(SIGPIPE, SIG_IGN);
     ::pthread_sigmask(SIG_BLOCK, &signals_, nullptr);
     guardian_ = guardian::start(fmt::format("ELASTIC_PARTICIPANT_ID={}.{}:", host_, ::getpid()));
@@ -288,7 +288,7 @@ class launcher {
     /// otherwise erase the new worker's key, which has the same name), or after retire_by.
     async_store::ticket retire = 0;
     clock::time_point retire_by{};
-    std::chrono::milliseconds backoff = detail::first_backoff;
+    std::chrono::milliseconds backoff = internal::first_backoff;
     std::chrono::milliseconds delay{0};  ///< the backoff the pending restart waits
     std::size_t tempfail_streak = 0;  ///< exits 75 with no notice in a row, with no progress between
     std::size_t checkpoints_at_start = 0;
@@ -306,13 +306,13 @@ class launcher {
     try {
       run_dir_ = elastic::detail::private_dir::open(opts_.log_dir).subdir(opts_.run_id);
     } catch (const error& e) {
-      throw detail::bad_path("--log-dir", opts_.log_dir, e);
+      throw internal::bad_path("--log-dir", opts_.log_dir, e);
     }
     for (std::size_t i = 0; i < opts_.nproc_per_node; ++i) {
       try {
         log_fds_.push_back(run_dir_.open_file(fmt::format("rank-{}.log", i), O_WRONLY | O_APPEND | O_CREAT));
       } catch (const error& e) {
-        throw detail::bad_path("--log-dir", opts_.log_dir, e);
+        throw internal::bad_path("--log-dir", opts_.log_dir, e);
       }
     }
     constexpr int events_flags = O_RDWR | O_APPEND | O_CREAT;  // we read it back too
@@ -321,7 +321,7 @@ class launcher {
       try {
         events_fd_ = run_dir_.open_file("events.jsonl", events_flags);
       } catch (const error& e) {
-        throw detail::bad_path("--log-dir", opts_.log_dir, e);
+        throw internal::bad_path("--log-dir", opts_.log_dir, e);
       }
     } else {
       const auto name = opts_.events.filename();
@@ -333,7 +333,7 @@ class launcher {
         events_fd_ = elastic::detail::private_dir::open(parent.empty() ? std::filesystem::path(".") : parent)
                          .open_file(name.string(), events_flags);
       } catch (const error& e) {
-        throw detail::bad_path("--events", opts_.events, e);
+        throw internal::bad_path("--events", opts_.events, e);
       }
     }
     // A retried run appends to the same file: only what comes after this point is ours.
@@ -391,9 +391,9 @@ class launcher {
     try {
       s.proc = worker_process::spawn(opts_.command, environment(s));
     } catch (const error& e) {
-      s.log->note(fmt::format("worker {} could not start: {}", s.index, detail::plain(e)));
+      s.log->note(fmt::format("worker {} could not start: {}", s.index, internal::plain(e)));
       events_.emit("worker_start_failed", {{"slot", s.index}, {"message", e.what()}});
-      report_.outcome = fmt::format("failed: {}", detail::plain(e));
+      report_.outcome = fmt::format("failed: {}", internal::plain(e));
       begin_shutdown(ending::failed);
       s.done = true;
       return false;
@@ -555,7 +555,7 @@ class launcher {
         reap();
         continue;
       }
-      const std::string name = detail::signal_display_name(sig);
+      const std::string name = internal::signal_display_name(sig);
       if (ending_ == ending::none) {
         events_.emit("launcher_signal", {{"signal", name}, {"sender_pid", static_cast<std::int64_t>(si.ssi_pid)},
                                          {"grace_ms", opts_.grace.count()}});
@@ -563,7 +563,7 @@ class launcher {
                         running_count(), opts_.grace.count() / 1e3));
         report_.outcome = "preempted";
         begin_shutdown(ending::preempted);
-      } else if (clock::now() - shutdown_at_ < detail::same_notice_window) {
+      } else if (clock::now() - shutdown_at_ < internal::same_notice_window) {
         // Slurm, systemd and time limits signal every process, sometimes with several signals:
         // one notice, not an order to kill.
         events_.emit("launcher_signal", {{"signal", name}, {"sender_pid", static_cast<std::int64_t>(si.ssi_pid)},
@@ -633,7 +633,7 @@ class launcher {
     s.last_code = code;
     std::string how;
     if (signaled) {
-      how = fmt::format("killed by {}{}", detail::signal_display_name(-code),
+      how = fmt::format("killed by {}{}", internal::signal_display_name(-code),
                         by_watchdog ? " (the watchdog: a timer scope expired)" : "");
     } else if (code == exit_preempted) {
       how = seen_.saved_final_checkpoint(pid)                ? fmt::format("exited with code {} (preempted, state saved)", code)
@@ -648,7 +648,7 @@ class launcher {
     events_.emit("worker_exit", {{"slot", s.index},
                                  {"worker_pid", pid},
                                  {"code", signaled ? event_value(nullptr) : event_value(code)},
-                                 {"signal", signaled ? event_value(detail::signal_display_name(-code)) : event_value(nullptr)},
+                                 {"signal", signaled ? event_value(internal::signal_display_name(-code)) : event_value(nullptr)},
                                  {"watchdog", by_watchdog}});
     if (by_watchdog) ++report_.watchdog_kills;
     retire_alive_key(s);
@@ -668,7 +668,7 @@ class launcher {
       return;
     }
     ++report_.failures;
-    if (!by_watchdog) failures_at_.push_back(detail::wall_now());  // a hang's cost starts with the hang
+    if (!by_watchdog) failures_at_.push_back(internal::wall_now());  // a hang's cost starts with the hang
     if (report_.failures > opts_.max_restarts) {
       report_.outcome = fmt::format("failed: worker {} {}, and all {} restarts are used up", s.index, how, opts_.max_restarts);
       say(fmt::format("worker {} {}; {} restarts used up: stopping the others", s.index, how, opts_.max_restarts));
@@ -686,7 +686,7 @@ class launcher {
   void tempfail(slot& s, const std::string& how) {
     if (seen_.checkpoints() > s.checkpoints_at_start) {  // progress: a new row begins
       s.tempfail_streak = 0;
-      s.backoff = detail::first_backoff;
+      s.backoff = internal::first_backoff;
     }
     ++s.tempfail_streak;
     if (s.tempfail_streak > opts_.max_restarts) {
@@ -702,7 +702,7 @@ class launcher {
       return;
     }
     restart(s, s.backoff);
-    s.backoff = std::min(s.backoff * 2, detail::max_backoff);
+    s.backoff = std::min(s.backoff * 2, internal::max_backoff);
     ++report_.backoff_restarts;
     say(fmt::format("worker {} {}: restarting it in {:.1f} s ({} of {} such exits in a row without a checkpoint)",
                     s.index, how, s.delay.count() / 1e3, s.tempfail_streak, opts_.max_restarts));
@@ -779,9 +779,9 @@ class launcher {
         if (si.si_pid == guardian_.pid()) guardian_.reaped();
       }
       bool left = false;
-      detail::for_each_process([&](const detail::proc_info& p) {
+      internal::for_each_process([&](const internal::proc_info& p) {
         if (p.pid == self || p.pid == guardian_.pid() || p.state == 'Z' || p.state == 'X' || inherited(p.pid)) return;
-        if (p.ppid == self || (p.uid == ::geteuid() && detail::environ_has_prefix(p.pid, mark.c_str(), mark.size()))) {
+        if (p.ppid == self || (p.uid == ::geteuid() && internal::environ_has_prefix(p.pid, mark.c_str(), mark.size()))) {
           left = true;
           ::kill(p.pid, SIGKILL);
         }

@@ -49,7 +49,7 @@ struct launch_options {
   std::vector<std::string> command;  ///< the program and its arguments
 };
 
-namespace detail {
+namespace internal {
 
 /// `v` as a whole number from `lo` to `hi` (digits only: no sign, no spaces), or nothing.
 inline std::optional<std::size_t> to_count(std::string_view v, std::size_t lo, std::size_t hi) {
@@ -216,7 +216,7 @@ inline CLI::Validator any_text(std::string what) {
 
 inline constexpr std::size_t max_nodes_allowed = 65536;
 
-}  // namespace detail
+}  // namespace internal
 
 /// What a command line asks for: a run (then `options` hold it), or the help or the version.
 struct command_line {
@@ -244,7 +244,7 @@ inline command_line parse_command_line(std::span<const std::string_view> args) {
       "keep running and the group rebuilds around them), forwards a preemption notice (SIGTERM, SIGINT, SIGUSR1, ...) "
       "to the workers as SIGTERM and keeps every worker's log. torchrun's spellings of the flags are accepted too.",
       "elastic-run");
-  app.formatter(std::make_shared<detail::help_formatter>());
+  app.formatter(std::make_shared<internal::help_formatter>());
   app.get_formatter()->column_width(40);
   app.prefix_command();  // the first positional starts the program: the rest is its arguments
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
@@ -254,26 +254,26 @@ inline command_line parse_command_line(std::span<const std::string_view> args) {
   app.add_option("--nproc-per-node,--nproc_per_node", nproc,
                  "workers on this host: a number from 1 to 4096, gpu (one per visible GPU), cpu (one per CPU "
                  "core) or auto (default: one per GPU, else one per CPU core)")
-      ->check(detail::check("N|gpu|cpu|auto", [](std::string_view v) {
-        return v == "gpu" || v == "cpu" || v == "auto" || detail::to_count(v, 1, 4096)
+      ->check(internal::check("N|gpu|cpu|auto", [](std::string_view v) {
+        return v == "gpu" || v == "cpu" || v == "auto" || internal::to_count(v, 1, 4096)
                    ? std::string()
                    : fmt::format("wants a whole number from 1 to 4096, gpu, cpu or auto, got '{}'", v);
       }));
   app.add_option("--nnodes", nnodes, "hosts in the job, as torchrun counts them (default 1)")
-      ->check(detail::check("MIN[:MAX]", [](std::string_view v) {
+      ->check(internal::check("MIN[:MAX]", [](std::string_view v) {
         const auto colon = v.find(':');
-        const auto lo = detail::to_count(v.substr(0, colon), 1, detail::max_nodes_allowed);
-        const auto hi = colon == std::string_view::npos ? lo : detail::to_count(v.substr(colon + 1), 1, detail::max_nodes_allowed);
-        if (!lo || !hi) return fmt::format("wants MIN or MIN:MAX, whole numbers from 1 to {}, got '{}'", detail::max_nodes_allowed, v);
+        const auto lo = internal::to_count(v.substr(0, colon), 1, internal::max_nodes_allowed);
+        const auto hi = colon == std::string_view::npos ? lo : internal::to_count(v.substr(colon + 1), 1, internal::max_nodes_allowed);
+        if (!lo || !hi) return fmt::format("wants MIN or MIN:MAX, whole numbers from 1 to {}, got '{}'", internal::max_nodes_allowed, v);
         if (*hi < *lo) return fmt::format("{}: MAX must not be below MIN", v);
         return std::string();
       }));
   app.add_option("--min-ranks", o.min_ranks, "fewest workers the group trains with (default MIN * nproc-per-node)")
-      ->check(detail::whole_number(1, 1 << 20));
+      ->check(internal::whole_number(1, 1 << 20));
   app.add_option("--rdzv", rdzv,
                  "store: shm://NAME (one host) or etcd://HOST:PORT[,HOST:PORT] (default shm://elastic-RUN_ID, this "
                  "launcher's own: a second elastic-run of the same run on this host is refused)")
-      ->check(detail::check("URL", [](std::string_view v) {
+      ->check(internal::check("URL", [](std::string_view v) {
         try {
           (void)rendezvous::parse_store_url(v);
           return std::string();
@@ -284,20 +284,20 @@ inline command_line parse_command_line(std::span<const std::string_view> args) {
   app.add_option("--rdzv-backend,--rdzv_backend", rdzv_backend,
                  "torchrun's: c10d or static (this host's own store, as --rdzv shm://), etcd or etcd-v2 (with "
                  "--rdzv-endpoint)")
-      ->check(detail::check("BACKEND", [](std::string_view v) {
+      ->check(internal::check("BACKEND", [](std::string_view v) {
         return v == "c10d" || v == "static" || v == "etcd" || v == "etcd-v2"
                    ? std::string()
                    : fmt::format("'{}' is not a backend elastic-run has: c10d or static (one host), etcd or etcd-v2", v);
       }));
   app.add_option("--rdzv-endpoint,--rdzv_endpoint", rdzv_endpoint,
                  "torchrun's: HOST:PORT[,HOST:PORT] of the etcd for --rdzv-backend etcd (a URL is taken as --rdzv)")
-      ->check(detail::any_text("HOST:PORT"));
+      ->check(internal::any_text("HOST:PORT"));
   app.add_flag("--standalone", standalone, "torchrun's: one host, this launcher's own store (the default)");
   app.add_option("--host-addr,--local-addr,--local_addr", host_addr,
                  "the address workers on other hosts reach this host's workers at, exported as ELASTIC_HOST_ADDR "
                  "(default: $ELASTIC_HOST_ADDR, else loopback for shm://, else this host's address on the route to "
                  "etcd)")
-      ->check(detail::check("ADDR", [](std::string_view v) {
+      ->check(internal::check("ADDR", [](std::string_view v) {
         return v.find_first_of(" \t\n/") == std::string_view::npos
                    ? std::string()
                    : fmt::format("wants an IP address or host name, got '{}'", v);
@@ -305,54 +305,54 @@ inline command_line parse_command_line(std::span<const std::string_view> args) {
   app.add_option("--run-id,--run_id,--rdzv-id,--rdzv_id", o.run_id,
                  "the job's name in the store, the logs and the events: 1 to 64 of A-Z a-z 0-9 . _ -, not starting "
                  "with . or - (default $ELASTIC_RUN_ID, else random)")
-      ->check(detail::check("ID", detail::run_id_problem));
+      ->check(internal::check("ID", internal::run_id_problem));
   app.add_option("--max-restarts,--max_restarts", o.max_restarts,
                  "failed workers restarted before giving up (default 3); a worker that exits 75 after a preemption "
                  "notice is restarted without counting; one that exits 75 on its own is restarted after a backoff "
                  "(0.1 s doubling to 30 s), and more than K such exits of a slot in a row with no checkpoint committed "
                  "end the run (exit 3)")
-      ->check(detail::whole_number(0, 1'000'000));
+      ->check(internal::whole_number(0, 1'000'000));
   app.add_option("--step-timeout", "a step longer than S seconds is killed by the watchdog (exported as "
                                    "ELASTIC_STEP_TIMEOUT; default: the trainer's own)")
-      ->check(detail::seconds())
-      ->each([&](const std::string& v) { o.step_timeout = *detail::to_seconds(v); });
+      ->check(internal::seconds())
+      ->each([&](const std::string& v) { o.step_timeout = *internal::to_seconds(v); });
   app.add_option("--grace", "after a notice, seconds the workers get to checkpoint and exit 75 before SIGKILL (default 25)")
-      ->check(detail::seconds())
-      ->each([&](const std::string& v) { o.grace = *detail::to_seconds(v); });
+      ->check(internal::seconds())
+      ->each([&](const std::string& v) { o.grace = *internal::to_seconds(v); });
   app.add_option("--preempt-signal", signals,
                  "also treat SIG (a name such as USR2 or WINCH, or a number) as a preemption notice; repeat or "
                  "separate with commas. Every signal that would end the launcher already is one; signals within 2 s "
                  "of a notice are the same notice, a later one kills the workers now")
       ->expected(1)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
-      ->check(detail::check("SIG[,SIG]", [](std::string_view v) {
+      ->check(internal::check("SIG[,SIG]", [](std::string_view v) {
         for (std::size_t start = 0; start <= v.size();) {
           const auto comma = std::min(v.find(',', start), v.size());
           int sig = 0;
           if (comma == start) return std::string("needs a value, got an empty one");
-          if (auto why = detail::signal_problem(v.substr(start, comma - start), sig); !why.empty()) return why;
+          if (auto why = internal::signal_problem(v.substr(start, comma - start), sig); !why.empty()) return why;
           start = comma + 1;
         }
         return std::string();
       }));
   app.add_option("--log-dir,--log_dir", "worker logs go to DIR/RUN_ID/rank-N.log (default ./elastic-logs); DIR/RUN_ID "
                                          "must be this user's (or root's) and writable by no other")
-      ->check(detail::any_text("DIR"))
+      ->check(internal::any_text("DIR"))
       ->each([&](const std::string& v) { o.log_dir = v; });
   app.add_option("--events", "JSON-lines events (default DIR/RUN_ID/events.jsonl)")
-      ->check(detail::any_text("FILE"))
+      ->check(internal::any_text("FILE"))
       ->each([&](const std::string& v) { o.events = v; });
   app.add_flag("--quiet", o.quiet, "worker output to the logs only, not the console");
   app.add_option("--monitor-interval,--monitor_interval", monitor_interval,
                  "torchrun's; accepted and unused: elastic-run learns of a worker's end at once")
-      ->check(detail::seconds());
+      ->check(internal::seconds());
   app.add_flag("--no-python,--no_python", no_python, "torchrun's; accepted: elastic-run always runs PROGRAM itself");
   app.add_option("-r,--redirects", redirects,
                  "torchrun's: 3 (every rank's output to its log only) is --quiet; other values are accepted and "
                  "unused: the output always goes to the console and to the per-rank logs")
-      ->check(detail::any_text("0-3|RANK:0-3,..."));
+      ->check(internal::any_text("0-3|RANK:0-3,..."));
   app.add_option("-t,--tee", tee, "torchrun's; accepted: the output always goes to the console and to the logs")
-      ->check(detail::any_text("0-3|RANK:0-3,..."));
+      ->check(internal::any_text("0-3|RANK:0-3,..."));
   app.footer(
       "Exit: 0 every worker finished; 75 preempted (run the same command again: it resumes from the newest committed "
       "checkpoint); 1 failed (restarts used up, a worker could not start, this run already has a launcher on this "
@@ -389,33 +389,33 @@ inline command_line parse_command_line(std::span<const std::string_view> args) {
 
   // Workers per host, as torchrun reads --nproc-per-node.
   if (nproc == "gpu") {
-    o.nproc_per_node = detail::visible_gpu_count();
+    o.nproc_per_node = internal::visible_gpu_count();
     if (o.nproc_per_node == 0) {
       throw error(errc::invalid_argument,
                   "--nproc-per-node gpu: no GPU is visible (CUDA_VISIBLE_DEVICES, /proc/driver/nvidia/gpus): give a "
                   "number, or cpu");
     }
   } else if (nproc == "cpu") {
-    o.nproc_per_node = detail::cpu_count();
+    o.nproc_per_node = internal::cpu_count();
   } else if (nproc.empty() || nproc == "auto") {
-    const std::size_t gpus = detail::visible_gpu_count();
-    o.nproc_per_node = gpus > 0 ? gpus : detail::cpu_count();
+    const std::size_t gpus = internal::visible_gpu_count();
+    o.nproc_per_node = gpus > 0 ? gpus : internal::cpu_count();
   } else {
-    o.nproc_per_node = *detail::to_count(nproc, 1, 4096);
+    o.nproc_per_node = *internal::to_count(nproc, 1, 4096);
   }
   if (!nnodes.empty()) {
     const auto colon = nnodes.find(':');
-    o.min_nodes = *detail::to_count(std::string_view(nnodes).substr(0, colon), 1, detail::max_nodes_allowed);
+    o.min_nodes = *internal::to_count(std::string_view(nnodes).substr(0, colon), 1, internal::max_nodes_allowed);
     o.max_nodes = colon == std::string::npos
                       ? o.min_nodes
-                      : *detail::to_count(std::string_view(nnodes).substr(colon + 1), 1, detail::max_nodes_allowed);
+                      : *internal::to_count(std::string_view(nnodes).substr(colon + 1), 1, internal::max_nodes_allowed);
   }
   if (!host_addr.empty()) o.host_addr = host_addr;
   for (const auto& list : signals) {
     for (std::size_t start = 0; start <= list.size();) {
       const auto comma = std::min(list.find(',', start), list.size());
       int sig = 0;
-      (void)detail::signal_problem(std::string_view(list).substr(start, comma - start), sig);
+      (void)internal::signal_problem(std::string_view(list).substr(start, comma - start), sig);
       o.preempt_signals.push_back(sig);
       start = comma + 1;
     }

@@ -17,7 +17,7 @@
 #include <cstdint>
 #include <cstring>
 
-namespace elastic::agent::detail {
+namespace elastic::agent::internal {
 
 /// Writes "/proc/PID/<file>" into `out` (48 bytes) without snprintf, which may allocate.
 inline void proc_path(char* out, pid_t pid, const char* file) noexcept {
@@ -144,4 +144,4 @@ inline bool environ_has_prefix(pid_t pid, const char* prefix, std::size_t len) n
   return found;
 }
 
-}  // namespace elastic::agent::detail
+}  // namespace elastic::agent::internal

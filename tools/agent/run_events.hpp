@@ -24,7 +24,7 @@
 
 namespace elastic::agent {
 
-namespace detail {
+namespace internal {
 
 /// Seconds since the epoch of an events line's "ts" (RFC 3339, UTC, microseconds).
 inline double parse_ts(std::string_view ts) {
@@ -39,7 +39,7 @@ inline double parse_ts(std::string_view ts) {
   return static_cast<double>(::timegm(&tm)) + us / 1e6;
 }
 
-}  // namespace detail
+}  // namespace internal
 
 class run_events {
  public:
@@ -116,7 +116,7 @@ class run_events {
       } else if (ev == "watchdog_kill") {
         watchdog_targets_.insert(static_cast<pid_t>(j.at("target_pid").as_int64()));
         // The hang began when the expired scope was entered: the group stalled from then.
-        hangs_.push_back(detail::parse_ts(j.at("ts").as_string()) - j.at("held_ms").as_double() / 1e3);
+        hangs_.push_back(internal::parse_ts(j.at("ts").as_string()) - j.at("held_ms").as_double() / 1e3);
       } else if (ev == "loop_preempted") {
         const auto* saved = j.find("final_checkpoint");
         const bool yes = saved != nullptr && saved->is_bool() && saved->as_bool();
@@ -127,7 +127,7 @@ class run_events {
       } else if (ev == "group_rebuilt") {
         rebuilt_rounds_.insert(j.at("round").as_int64());
       } else if (ev == "group_resynced") {
-        resumed_.push_back(detail::parse_ts(j.at("ts").as_string()));
+        resumed_.push_back(internal::parse_ts(j.at("ts").as_string()));
       }
     } catch (const error&) {
       // a line we cannot read is left out of the figures

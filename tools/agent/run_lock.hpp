@@ -37,7 +37,7 @@
 
 namespace elastic::agent {
 
-namespace detail {
+namespace internal {
 
 /// "/dev/shm/NAME".
 inline std::string shm_path(std::string_view object) { return "/dev/shm/" + std::string(object); }
@@ -79,7 +79,7 @@ inline unsigned long long mapped_inode(std::string_view object) {
   return 0;
 }
 
-}  // namespace detail
+}  // namespace internal
 
 /// A name under /dev/shm that this launcher owns: the guardian knows it from construction on,
 /// and it is removed on destruction unless another process holds its lock (then it is not ours).
@@ -99,7 +99,7 @@ class owned_shm {
     if (guardian_ != nullptr) guardian_->own(object_);
   }
   [[nodiscard]] const std::string& object() const noexcept { return object_; }
-  [[nodiscard]] std::string path() const { return detail::shm_path(object_); }
+  [[nodiscard]] std::string path() const { return internal::shm_path(object_); }
 
   /// Takes `fd`, an open descriptor of the object holding its exclusive flock.
   void hold_lock(elastic::detail::unique_fd fd) noexcept { lock_ = std::move(fd); }
@@ -150,7 +150,7 @@ inline std::unique_ptr<rendezvous::shm_store> open_owned_store(const std::string
                                                                std::string_view run_id) {
   const std::string path = owned.path();
   auto refuse = [&](int fd) -> error {
-    const pid_t holder = detail::flock_holder(fd);
+    const pid_t holder = internal::flock_holder(fd);
     owned.release();
     return error(errc::already_running,
                  fmt::format("run '{}' is already running on this host: {} holds its store {}. Wait for it to end "
@@ -184,7 +184,7 @@ inline std::unique_ptr<rendezvous::shm_store> open_owned_store(const std::string
     struct stat st {};
     if (::fstat(fd.get(), &st) != 0) throw os_error("cannot stat " + path);
     // The lock must be on the object the store maps, not on one that replaced it meanwhile.
-    if (detail::mapped_inode(owned.object()) != static_cast<unsigned long long>(st.st_ino)) continue;
+    if (internal::mapped_inode(owned.object()) != static_cast<unsigned long long>(st.st_ino)) continue;
     owned.hold_lock(std::move(fd));
     return store;
   }
