@@ -223,7 +223,7 @@ struct command_line {
   enum class request { run, help, version };
   request asks = request::run;
   launch_options options;
-  std::string help;                ///< the generated help text, for --help and after a refusal
+  std::string help;                ///< the generated help text, for --help
   std::vector<std::string> notes;  ///< torchrun flags accepted that change nothing here, said why
 };
 
@@ -231,7 +231,7 @@ struct command_line {
 /// `--`, or from the first argument that is not an option, is the program and its arguments:
 /// `elastic-run -- --help` runs a program named --help. torchrun's spellings are accepted (see
 /// README: "torchrun's command line"). Throws errc::invalid_argument with the reason, naming
-/// the flag; `help()` has the text to show beside it.
+/// the flag.
 inline command_line parse_command_line(std::span<const std::string_view> args) {
   command_line out;
   launch_options& o = out.options;
