@@ -60,6 +60,8 @@ constexpr std::string_view to_string(errc code) noexcept {
   return "unknown";
 }
 
+namespace errors_internal {
+
 /// A sentence describing a code, for std::error_code::message().
 constexpr std::string_view describe(errc code) noexcept {
   switch (code) {
@@ -84,8 +86,6 @@ constexpr std::string_view describe(errc code) noexcept {
   }
   return "unknown elastic error";
 }
-
-namespace errors_internal {
 
 class category final : public std::error_category {
  public:
