@@ -92,7 +92,7 @@ def main(argv):
 
     features = m.get("features", {})
     check(isinstance(features, dict), "vcpkg.json: features is not an object")
-    expected = {"cuda": "cuda", "gloo": "gloo", "etcd": "curl", "nccl": None, "tools": None}
+    expected = {"cuda": "cuda", "gloo": "gloo", "etcd": "curl", "nccl": None, "tools": "cli11"}
     for name, dep in expected.items():
         f = features.get(name)
         if not check(isinstance(f, dict), f"vcpkg.json: no feature {name}"):
@@ -165,7 +165,7 @@ set(FEATURES {" ".join(features)})
 set(CURRENT_PACKAGES_DIR "{d}/pkg")
 set(ENV{{ELASTIC_SOURCE_DIR}} "{src}")
 foreach(fn vcpkg_from_github vcpkg_cmake_configure vcpkg_cmake_config_fixup
-           vcpkg_copy_tools vcpkg_install_copyright)
+           vcpkg_fixup_pkgconfig vcpkg_copy_tools vcpkg_install_copyright)
   cmake_language(EVAL CODE "function(${{fn}})\\n  set_property(GLOBAL APPEND PROPERTY calls ${{fn}})\\nendfunction()")
 endforeach()
 function(vcpkg_cmake_install)
@@ -188,7 +188,8 @@ message(STATUS "calls: ${{c}}")
                 return r.returncode, r.stdout + r.stderr, os.path.exists(os.path.join(d, "pkg", "share", "elastic", "usage"))
 
         rc, out, usage = walk(["core", "cuda", "etcd", "gloo", "nccl", "tools"],
-                              ["elasticCudaTargets.cmake", "elasticEtcdTargets.cmake"])
+                              ["elasticCudaTargets.cmake", "elasticEtcdTargets.cmake", "elasticGlooTargets.cmake",
+                               "elasticNcclTargets.cmake"])
         check(rc == 0, f"cmake -P with the portfile failed:\n{out}")
         calls = re.search(r"calls: (.*)", out)
         if check(calls, f"cmake -P: no call trace:\n{out}"):
