@@ -35,12 +35,12 @@ using namespace std::chrono_literals;
 
 void check(cudaError_t rc, const char* what) {
   if (rc != cudaSuccess) {
-    throw elastic::error(elastic::errc::os_error, std::string(what) + ": " + cudaGetErrorString(rc));
+    throw elastic::error(elastic::errc::device_error, std::string(what) + ": " + cudaGetErrorString(rc));
   }
 }
 void check(cublasStatus_t rc, const char* what) {
   if (rc != CUBLAS_STATUS_SUCCESS) {
-    throw elastic::error(elastic::errc::os_error, std::string(what) + ": cuBLAS status " + std::to_string(rc));
+    throw elastic::error(elastic::errc::device_error, std::string(what) + ": cuBLAS status " + std::to_string(rc));
   }
 }
 

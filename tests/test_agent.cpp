@@ -459,7 +459,7 @@ TEST_CASE("an empty --run-id= is refused with exit 2 and does not swallow the ne
   CHECK_FALSE(std::filesystem::exists(d.file("env.0")));
 }
 
-TEST_CASE("--run-id .. is refused with exit 2 and nothing is written outside --log-dir") {
+TEST_CASE("a run id of .. is refused with exit 2 and nothing is written outside --log-dir") {
   temp_dir d;
   std::filesystem::create_directories(d.file("out/logs"));
   for (const std::string id : {"..", ".", "../escape", "a/b", "/abs"}) {
@@ -492,7 +492,7 @@ TEST_CASE("elastic-run -- --help runs a program named --help") {
   CHECK_FALSE(contains(console, "usage: elastic-run"));
 }
 
-TEST_CASE("--help lists every flag, torchrun's spellings and the exit codes") {
+TEST_CASE("elastic-run --help lists every flag, torchrun's spellings and the exit codes") {
   auto p = child_process::spawn({ELASTIC_RUN_TOOL, "--help"});
   std::string text;
   while (auto l = p.read_line(10s)) text += *l + "\n";

@@ -23,10 +23,11 @@
 
 namespace {
 
-/// Errors that mean "fix the command": a bad value, a name we refuse, a path we may not use.
+/// Errors that mean "fix the command": a bad value, a name we refuse, a path we may not use, a
+/// store this build cannot speak (an etcd:// URL without elastic::etcd).
 bool usage_error(const elastic::error& e) {
   return e.code() == elastic::errc::invalid_argument || e.code() == elastic::errc::bad_name ||
-         e.code() == elastic::errc::unsafe_path;
+         e.code() == elastic::errc::unsafe_path || e.code() == elastic::errc::not_supported;
 }
 
 int run(int argc, char** argv) {

@@ -134,19 +134,15 @@ inline sigset_t launcher_signals(const std::vector<int>& extra) {
   return s;
 }
 
-/// An error's message (with its OS reason) without the "elastic: " prefix and the " [code]"
-/// suffix, to be quoted in another.
+/// An error's plain message and its OS reason, to be quoted in a log line or the summary.
 inline std::string plain(const error& e) {
-  std::string_view m = e.what();
-  if (m.rfind("elastic: ", 0) == 0) m.remove_prefix(9);
-  if (const auto b = m.rfind(" ["); b != std::string_view::npos && m.back() == ']') m = m.substr(0, b);
-  return std::string(m);
+  return e.os_code() ? fmt::format("{} ({})", e.message(), e.os_code().message()) : e.message();
 }
 
 /// A path given on the command line that cannot be used: exit 2 (unsafe_path keeps its code).
 inline error bad_path(std::string_view flag, const std::filesystem::path& p, const error& e) {
   return error(e.code() == errc::unsafe_path ? errc::unsafe_path : errc::invalid_argument,
-               fmt::format("{} {}: {}", flag, p.string(), plain(e)));
+               fmt::format("{} {}: {}", flag, p.string(), e.message()), e.os_code());
 }
 
 }  // namespace internal
