@@ -204,7 +204,7 @@ int predict(const float* p, const float* x) {
   return best;
 }
 
-/// The worker environment this program acts on (DESIGN.md), every value checked: a malformed
+/// The worker environment this program acts on (docs/design.md), every value checked: a malformed
 /// setting is an error naming it, never a silent default.
 struct settings {
   std::optional<std::string> rdzv;  // none: a world of one with a store of its own

@@ -1,4 +1,4 @@
-// The structured event log of DESIGN.md: one JSON object per line, appended with O_APPEND so
+// The structured event log of docs/design.md: one JSON object per line, appended with O_APPEND so
 // lines from many processes never interleave, so that a killed worker's story outlives it.
 //
 //   {"ts":"2026-11-22T20:28:00.123456Z","event":"watchdog_kill","run_id":"job7","host":"h1",

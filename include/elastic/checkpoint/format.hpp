@@ -1,4 +1,4 @@
-// The on-disk format of DESIGN.md: names, manifests and their JSON.
+// The on-disk format of docs/design.md: names, manifests and their JSON.
 //
 //   DIR/step-000000000100/         a committed step: visible only once complete and durable
 //       manifest.json              step, world size, run id, user metadata, the ranks' parts

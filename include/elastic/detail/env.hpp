@@ -1,4 +1,4 @@
-// Reading the worker environment of DESIGN.md (ELASTIC_RANK, ELASTIC_RUN_ID, ...).
+// Reading the worker environment of docs/design.md (ELASTIC_RANK, ELASTIC_RUN_ID, ...).
 //
 // A setting that is present but malformed or out of range is an error that names the variable,
 // its value and what is accepted: a typo must never silently become "unset" (a run without its

@@ -1,4 +1,4 @@
-// Store URLs (DESIGN.md): shm://NAME for one host, etcd://HOST:PORT[,HOST:PORT...] (or
+// Store URLs (docs/design.md): shm://NAME for one host, etcd://HOST:PORT[,HOST:PORT...] (or
 // etcds:// for TLS) across hosts.
 #pragma once
 
