@@ -260,3 +260,40 @@ TEST_CASE("the identity comes from the worker environment") {
   ::unsetenv("ELASTIC_RUN_ID");
   ::unsetenv("ELASTIC_RANK");
 }
+
+TEST_CASE("without ELASTIC_EVENTS only warnings reach stderr; the standalone watchdog keeps every event") {
+  using elastic::events::is_warning;
+  for (const char* w : {"watchdog_kill", "watchdog_kill_failed", "checkpoint_failed", "checkpoint_skipped",
+                        "checkpoint_quarantined", "rendezvous_timeout", "group_failure", "timer_unwatched",
+                        "launcher_crash_loop", "worker_grace_exceeded", "rendezvous_departure"}) {
+    INFO(w);
+    CHECK(is_warning(w));
+  }
+  for (const char* p : {"loop_start", "loop_end", "checkpoint_commit", "checkpoint_policy", "group_rebuilt",
+                        "rendezvous_join", "watchdog_start", "worker_start"}) {
+    INFO(p);
+    CHECK_FALSE(is_warning(p));
+  }
+  elastic::test::temp_dir dir;
+  const std::string out = dir.file("stderr");
+  ::unsetenv("ELASTIC_EVENTS");
+  // stderr into a file while the two logs write, then back.
+  const int saved = ::dup(STDERR_FILENO);
+  REQUIRE(saved >= 0);
+  const int file = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  REQUIRE(file >= 0);
+  ::dup2(file, STDERR_FILENO);
+  ::close(file);
+  const auto standalone = elastic::event_log::from_env();
+  standalone.emit("loop_start", {{"step", 0}});
+  standalone.emit("checkpoint_failed", {{"step", 5}});
+  const auto everything = elastic::event_log::from_env(true);
+  everything.emit("watchdog_start", {{"segment", "w"}});
+  ::dup2(saved, STDERR_FILENO);
+  ::close(saved);
+  std::ifstream in(out);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK(text.find("\"event\":\"loop_start\"") == std::string::npos);
+  CHECK(text.find("\"event\":\"checkpoint_failed\"") != std::string::npos);
+  CHECK(text.find("\"event\":\"watchdog_start\"") != std::string::npos);
+}

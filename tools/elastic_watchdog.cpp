@@ -190,7 +190,8 @@ int serve(int argc, char** argv) {
     throw usage_error{name_from + ": " + e.what()};
   }
   try {
-    opts.events = events_file.empty() ? elastic::event_log::from_env() : elastic::event_log::to_file(events_file);
+    opts.events = events_file.empty() ? elastic::event_log::from_env(/*everything_to_stderr=*/true)
+                                       : elastic::event_log::to_file(events_file);
   } catch (const elastic::error& e) {
     throw usage_error{e.what()};  // names the file, and ELASTIC_EVENTS when it came from there
   }

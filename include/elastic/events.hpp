@@ -130,6 +130,18 @@ class fd_sink final : public sink {
   int fd_;
 };
 
+/// Events that say something went wrong, was refused or was given up on: all that a console
+/// shows of a run without an events file (the rest, progress, would drown the trainer's output).
+inline bool is_warning(std::string_view event) noexcept {
+  constexpr std::string_view endings[] = {"_failed",     "_failure",    "_refused",  "_error",       "_exceeded",
+                                          "_full",       "_lost",       "_timeout",  "_unavailable", "_unagreed",
+                                          "_unacknowledged", "_skipped", "_quarantined", "_unwatched", "_kill",
+                                          "_escalate",   "_crash_loop", "_departure", "_interrupted"};
+  for (const auto e : endings)
+    if (event.ends_with(e)) return true;
+  return false;
+}
+
 }  // namespace events
 
 /// A value of an event field: integer, floating point, boolean, string or null.
@@ -266,14 +278,17 @@ class event_log {
     return event_log(std::make_shared<events::file_sink>(std::move(fd)), std::move(identity));
   }
 
-  /// Appends to the file named by ELASTIC_EVENTS; without it, writes to stderr. Throws
-  /// elastic::error, naming ELASTIC_EVENTS and the path, when that file is refused or cannot be
-  /// opened.
-  static event_log from_env() {
+  /// Appends every event to the file named by ELASTIC_EVENTS (elastic-run sets it). Without it,
+  /// writes to stderr only the warnings (events::is_warning), or every event with
+  /// `everything_to_stderr` (a program whose stderr is its log). Throws elastic::error, naming
+  /// ELASTIC_EVENTS and the path, when that file is refused or cannot be opened.
+  static event_log from_env(bool everything_to_stderr = false) {
     if (auto path = elastic::detail::env_string("ELASTIC_EVENTS")) {
       return event_log(std::make_shared<events::file_sink>(*path, "ELASTIC_EVENTS file"));
     }
-    return event_log(std::make_shared<events::fd_sink>(STDERR_FILENO));
+    event_log log(std::make_shared<events::fd_sink>(STDERR_FILENO));
+    if (!everything_to_stderr) log.keep_ = events::is_warning;
+    return log;
   }
 
   [[nodiscard]] bool enabled() const noexcept { return sink_ != nullptr; }
@@ -290,7 +305,7 @@ class event_log {
 
   /// Writes one event. Never throws: a failure to log is dropped, not turned into a crash.
   void emit(std::string_view event, std::initializer_list<event_field> fields = {}) const noexcept {
-    if (!sink_) return;
+    if (!sink_ || (keep_ != nullptr && !keep_(event))) return;
     try {
       fmt::memory_buffer buf;
       format_to(buf, event, fields);
@@ -331,6 +346,7 @@ class event_log {
 
   std::shared_ptr<events::sink> sink_;
   event_identity id_;
+  bool (*keep_)(std::string_view) noexcept = nullptr;  ///< nullptr: every event
 };
 
 }  // namespace elastic
