@@ -376,6 +376,56 @@ TEST_CASE("a group that never reaches min_nodes stops with a clear timeout") {
   }
 }
 
+TEST_CASE("the group's bounds come from ELASTIC_MIN_NODES and ELASTIC_MAX_NODES unless the code sets them") {
+  scratch_store st;
+  // Set before any participant exists and unset after: nothing else reads the environment then.
+  struct env_var {
+    const char* name;
+    env_var(const char* n, const char* v) : name(n) { ::setenv(n, v, 1); }
+    ~env_var() { ::unsetenv(name); }
+  };
+  auto bounds = [&](std::size_t min, std::size_t max) {
+    auto o = options("bounds", 1, 1, "p1");
+    o.min_nodes = min;
+    o.max_nodes = max;
+    rdzv::rendezvous r(st.s, o);
+    return std::pair{r.options().min_nodes, r.options().max_nodes};
+  };
+  CHECK(bounds(0, 0) == std::pair<std::size_t, std::size_t>{1, 1});  // alone, as before
+  {
+    env_var lo("ELASTIC_MIN_NODES", "2"), hi("ELASTIC_MAX_NODES", "8");
+    CHECK(bounds(0, 0) == std::pair<std::size_t, std::size_t>{2, 8});
+    CHECK(bounds(3, 0) == std::pair<std::size_t, std::size_t>{3, 8});
+    CHECK(bounds(1, 4) == std::pair<std::size_t, std::size_t>{1, 4});  // the code wins
+  }
+  {
+    env_var lo("ELASTIC_MIN_NODES", "3");
+    CHECK(bounds(0, 0) == std::pair<std::size_t, std::size_t>{3, 3});
+  }
+  {
+    env_var lo("ELASTIC_MIN_NODES", "4"), hi("ELASTIC_MAX_NODES", "2");
+    const auto e = error_of([&] { (void)bounds(0, 0); });
+    CHECK(e.code() == errc::invalid_argument);
+    CHECK(std::string(e.what()).find("ELASTIC_MIN_NODES") != std::string::npos);
+  }
+  {
+    env_var lo("ELASTIC_MIN_NODES", "two");
+    const auto e = error_of([&] { (void)bounds(0, 0); });
+    CHECK(e.code() == errc::invalid_argument);
+    CHECK(std::string(e.what()).find("ELASTIC_MIN_NODES") != std::string::npos);
+  }
+}
+
+TEST_CASE("alive_key names the key a participant's heartbeat lives in: erasing it retires the participant") {
+  scratch_store st;
+  rdzv::rendezvous r(st.s, options("alivekey", 1, 1, "host.42:0"));
+  r.join();
+  CHECK(rdzv::alive_key("/elastic", "alivekey", "host.42:0") == "/elastic/alivekey/alive/host.42:0");
+  CHECK(st.s.get(rdzv::alive_key("/elastic", "alivekey", "host.42:0")) == r.incarnation());
+  CHECK(st.s.erase(rdzv::alive_key("/elastic", "alivekey", "host.42:0")));
+  CHECK(r.poll().departed == std::vector<std::string>{"host.42:0"});  // what the others see
+}
+
 TEST_CASE("a participant of another run is refused while the run lives") {
   scratch_store t;
   std::optional<rdzv::rendezvous> a(std::in_place, t.s, options("job-a", 1, 1, "a0"));

@@ -85,8 +85,12 @@ namespace elastic::rendezvous {
 /// run_id, min_nodes and max_nodes; the timeouts are each participant's own.
 struct rendezvous_options {
   std::string run_id{};                  ///< empty: ELASTIC_RUN_ID; [A-Za-z0-9._-], 1..64
-  std::size_t min_nodes = 1;             ///< a round needs at least this many participants
-  std::size_t max_nodes = 1;             ///< a round closes at once at this many
+  /// A round needs at least this many participants. 0: ELASTIC_MIN_NODES (elastic-run's
+  /// --min-ranks), else 1.
+  std::size_t min_nodes = 0;
+  /// A round closes at once at this many. 0: ELASTIC_MAX_NODES (elastic-run's --nnodes MAX times
+  /// --nproc-per-node), else min_nodes.
+  std::size_t max_nodes = 0;
   std::chrono::milliseconds join_timeout{std::chrono::minutes(10)};   ///< for join(), next_round()
   std::chrono::milliseconds last_call_timeout{std::chrono::seconds(30)};  ///< wait past min_nodes
   std::chrono::milliseconds heartbeat_interval{std::chrono::seconds(5)};  ///< lease renewal period
@@ -266,6 +270,13 @@ inline std::string join_names(const std::vector<std::string>& ids) {
 
 }  // namespace detail
 
+/// The key that says participant `participant_id` of run `run_id` is alive (leased). Erasing it
+/// retires the participant at once: the others see a departure at their next poll instead of
+/// waiting out its heartbeat (elastic-run does so the moment it reaps a dead worker).
+inline std::string alive_key(std::string_view key_prefix, std::string_view run_id, std::string_view participant_id) {
+  return fmt::format("{}/{}/alive/{}", key_prefix, run_id, participant_id);
+}
+
 /// One participant of a run's rendezvous. Not thread-safe: one thread calls join(), poll(),
 /// next_round(); a background thread only renews the lease.
 class rendezvous {
@@ -298,9 +309,19 @@ class rendezvous {
                       "or ELASTIC_PARTICIPANT_ID)",
                       elastic::detail::printable(opts_.participant_id)));
     }
-    if (opts_.min_nodes < 1 || opts_.max_nodes < opts_.min_nodes) {
-      bad(fmt::format("min_nodes {} and max_nodes {}: need 1 <= min_nodes <= max_nodes", opts_.min_nodes,
-                      opts_.max_nodes));
+    // The group's bounds come from the launcher, as the run id does, unless the code sets them.
+    const bool min_from_env = opts_.min_nodes == 0, max_from_env = opts_.max_nodes == 0;
+    if (min_from_env) {
+      opts_.min_nodes = static_cast<std::size_t>(elastic::detail::env_int("ELASTIC_MIN_NODES", 1, 65536).value_or(1));
+    }
+    if (max_from_env) {
+      opts_.max_nodes = static_cast<std::size_t>(
+          elastic::detail::env_int("ELASTIC_MAX_NODES", 1, 65536).value_or(static_cast<long long>(opts_.min_nodes)));
+    }
+    if (opts_.max_nodes < opts_.min_nodes) {
+      bad(fmt::format("min_nodes {}{} and max_nodes {}{}: need min_nodes <= max_nodes", opts_.min_nodes,
+                      min_from_env ? " (ELASTIC_MIN_NODES, or the default 1)" : "", opts_.max_nodes,
+                      max_from_env ? " (ELASTIC_MAX_NODES)" : ""));
     }
     using std::chrono::milliseconds;
     if (opts_.join_timeout <= milliseconds(0) || opts_.last_call_timeout < milliseconds(0) ||
@@ -430,6 +451,8 @@ class rendezvous {
   /// The last round this participant was a member of (round 0: none yet).
   [[nodiscard]] const round_info& current() const noexcept { return current_; }
   [[nodiscard]] const std::string& participant_id() const noexcept { return opts_.participant_id; }
+  /// The options as resolved: run id, participant id and bounds filled in from the environment.
+  [[nodiscard]] const rendezvous_options& options() const noexcept { return opts_; }
   /// Random per lease: distinguishes this life of the participant id from a restarted one.
   [[nodiscard]] const std::string& incarnation() const noexcept { return incarnation_; }
   [[nodiscard]] const std::string& key_prefix() const noexcept { return prefix_; }
@@ -441,7 +464,9 @@ class rendezvous {
   std::string key_round(std::int64_t r, std::string_view leaf) const {
     return fmt::format("{}/round/{}/{}", prefix_, r, leaf);
   }
-  std::string key_alive(std::string_view id) const { return prefix_ + "/alive/" + std::string(id); }
+  std::string key_alive(std::string_view id) const {
+    return elastic::rendezvous::alive_key(opts_.key_prefix, opts_.run_id, id);
+  }
   std::string key_waiting() const { return prefix_ + "/waiting/" + opts_.participant_id; }
 
   detail::member self() const { return {opts_.participant_id, incarnation_}; }
