@@ -5,9 +5,12 @@
 
 #include <chrono>
 #include <filesystem>
+#include <mutex>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -85,6 +88,31 @@ TEST_CASE("a scope that expires kills its process and the kill is logged") {
   CHECK(kills[0].find("\"signal\":\"SIGKILL\"") != std::string::npos);
   CHECK(kills[0].find("\"target_rank\":3") != std::string::npos);
   CHECK(kills[0].find("\"limit_ms\":200") != std::string::npos);
+  CHECK(h.wd.stats().signals == 1);
+}
+
+TEST_CASE("whoever hosts the watchdog is told of each kill on the watchdog's thread") {
+  std::mutex mu;
+  std::vector<std::tuple<pid_t, int, std::string, int, double>> seen;  // pid, rank, scope, signal, limit ms
+  elastic::timer::watchdog_options o;
+  o.on_kill = [&](const elastic::timer::watchdog_kill_report& r) {
+    std::lock_guard lk(mu);
+    seen.emplace_back(r.pid, r.rank, std::string(r.scope), r.signal,
+                      std::chrono::duration<double, std::milli>(r.limit).count());
+    throw std::runtime_error("a callback that throws does not stop the watchdog");
+  };
+  hosted h(o);
+  auto w = h.worker("hang", {"200"}, {{"ELASTIC_RANK", "3"}});
+  REQUIRE(w.read_line() == "entered");
+  REQUIRE(w.killed_by(SIGKILL, 10s));
+  std::lock_guard lk(mu);
+  REQUIRE(seen.size() == 1);
+  CHECK(std::get<0>(seen[0]) == w.pid());
+  CHECK(std::get<1>(seen[0]) == 3);
+  CHECK(std::get<2>(seen[0]) == "hung-step");
+  CHECK(std::get<3>(seen[0]) == SIGKILL);
+  CHECK(std::get<4>(seen[0]) > 199.0);
+  CHECK(std::get<4>(seen[0]) < 201.0);
   CHECK(h.wd.stats().signals == 1);
 }
 

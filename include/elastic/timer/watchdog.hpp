@@ -38,12 +38,14 @@
 #include <chrono>
 #include <cstring>
 #include <cstdint>
+#include <functional>
 #include <iterator>
 #include <limits>
 #include <optional>
 #include <set>
 #include <stop_token>
 #include <string>
+#include <string_view>
 #include <system_error>
 #include <thread>
 #include <unordered_map>
@@ -61,6 +63,18 @@
 namespace elastic::timer {
 
 /// How a watchdog is set up. Only `name` is required.
+/// A signal the watchdog sent to a process whose scope expired (what `watchdog_kill` logs).
+struct watchdog_kill_report {
+  pid_t pid = 0;
+  pid_t tid = 0;
+  int rank = -1;                       ///< -1: the process declared none
+  std::string_view scope;              ///< valid during the call only
+  int signal = SIGKILL;
+  std::chrono::nanoseconds limit{0};   ///< the scope's time limit
+  std::chrono::nanoseconds held{0};    ///< how long the scope had been open when signalled
+  std::chrono::nanoseconds late{0};    ///< from the deadline to the signal
+};
+
 struct watchdog_options {
   std::string name{};  ///< segment name: what workers find in ELASTIC_WATCHDOG
   std::uint32_t capacity = detail::default_slot_count;  ///< threads watched at once (new segments)
@@ -81,6 +95,10 @@ struct watchdog_options {
   /// the watchdog is constructed, so a bad ELASTIC_EVENTS is its elastic::error, not an escape
   /// from a default member initializer.
   std::optional<event_log> events{};
+  /// Called on the scanning thread after each signal sent for an expired scope, so that whoever
+  /// hosts the watchdog (elastic-run) learns of its kills without reading its events back. Keep
+  /// it short and thread-safe; what it throws is dropped.
+  std::function<void(const watchdog_kill_report&)> on_kill{};
 };
 
 /// Counters since the watchdog started.
@@ -410,6 +428,15 @@ class watchdog {
                        {"limit_ms", static_cast<double>(e.deadline_ns - e.entered_ns) / 1e6},
                        {"held_ms", static_cast<double>(now - e.entered_ns) / 1e6},
                        {"late_ms", static_cast<double>(late) / 1e6}});
+    if (opts_.on_kill) {
+      try {
+        opts_.on_kill(watchdog_kill_report{pid, s.head.tid.load(std::memory_order_relaxed), rank,
+                                           std::string_view(e.name, ::strnlen(e.name, sizeof e.name)), sig,
+                                           std::chrono::nanoseconds(e.deadline_ns - e.entered_ns),
+                                           std::chrono::nanoseconds(now - e.entered_ns), std::chrono::nanoseconds(late)});
+      } catch (...) {
+      }
+    }
     return true;
   }
 
