@@ -315,6 +315,16 @@ TEST_CASE("the worker environment follows the contract") {
   CHECK(e1.find("ELASTIC_PARTICIPANT_ID=") != std::string::npos);
   CHECK(e1.find("ELASTIC_WATCHDOG=elastic-" + l.run + "-") != std::string::npos);
   CHECK(slurp(out.file("env.0")).find("ELASTIC_RANK=0\n") != std::string::npos);
+  // The launcher's own events, and its watchdog's, carry the run id it was given on the command
+  // line (not through its environment) and no rank.
+  const std::string ev = l.events();
+  for (const char* e : {"launcher_start", "watchdog_start", "launcher_end"}) {
+    INFO(e);
+    const auto at = ev.find(std::string("\"event\":\"") + e + "\",\"run_id\":\"" + l.run + "\"");
+    REQUIRE(at != std::string::npos);
+    const std::string line = ev.substr(at, ev.find('\n', at) - at);
+    CHECK(line.find("\"rank\":") == std::string::npos);
+  }
 }
 
 TEST_CASE("a dead worker's alive key is retired at once, so the group need not wait for its lease") {

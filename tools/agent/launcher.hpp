@@ -33,8 +33,10 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <random>
+#include <set>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -60,6 +62,7 @@
 #include <elastic/error.hpp>
 #include <elastic/events.hpp>
 #include <elastic/rendezvous/host_address.hpp>
+#include <elastic/rendezvous/rendezvous.hpp>
 #include <elastic/rendezvous/store_url.hpp>
 #include <elastic/timer/watchdog.hpp>
 
@@ -147,6 +150,32 @@ inline error bad_path(std::string_view flag, const std::filesystem::path& p, con
 
 }  // namespace internal
 
+/// What the watchdog this launcher hosts has killed, told by the watchdog's own thread.
+class watchdog_kills {
+ public:
+  void add(const timer::watchdog_kill_report& r) {
+    const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    std::lock_guard lk(mu_);
+    pids_.insert(r.pid);
+    // The hang began when the expired scope was entered: the group stalled from then.
+    hangs_.push_back(now - std::chrono::duration<double>(r.held).count());
+  }
+  [[nodiscard]] bool killed(pid_t pid) const {
+    std::lock_guard lk(mu_);
+    return pids_.count(pid) != 0;
+  }
+  /// When each hang the watchdog ended began, seconds since the epoch.
+  [[nodiscard]] std::vector<double> hangs() const {
+    std::lock_guard lk(mu_);
+    return hangs_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::set<pid_t> pids_;
+  std::vector<double> hangs_;
+};
+
 class launcher {
  public:
   explicit launcher(launch_options o) : opts_(std::move(o)), started_(std::chrono::steady_clock::now()) {
@@ -193,8 +222,11 @@ class launcher {
     elastic::detail::sweep_stale_shm("elastic-timer.elastic-");
 
     open_logs();
-    ::setenv("ELASTIC_RUN_ID", opts_.run_id.c_str(), 1);  // our events carry it
-    events_ = event_log(std::make_shared<events::fd_sink>(events_fd_.get()));
+    // Our events (and our watchdog's) carry the run id; the environment is left as we found it.
+    event_identity identity = event_identity::from_env();
+    identity.run_id = opts_.run_id;
+    identity.rank.reset();  // a launcher has no rank, even one started from inside a worker
+    events_ = event_log(std::make_shared<events::fd_sink>(events_fd_.get()), std::move(identity));
     seen_ = run_events(events_fd_.get(), events_offset_);
     out_.emplace(opts_.quiet ? -1 : STDOUT_FILENO);
     err_.emplace(STDERR_FILENO);
@@ -218,6 +250,7 @@ class launcher {
     timer::watchdog_options wo;
     wo.name = watchdog_name_;
     wo.events = events_;
+    wo.on_kill = [this](const timer::watchdog_kill_report& r) { watchdog_kills_.add(r); };
     watchdog_ = std::make_unique<timer::watchdog>(std::move(wo));
   }
 
@@ -624,7 +657,7 @@ class launcher {
     seen_.update();
     const bool signaled = WIFSIGNALED(st);
     const int code = signaled ? -WTERMSIG(st) : WEXITSTATUS(st);
-    const bool by_watchdog = signaled && seen_.killed_by_watchdog(pid);
+    const bool by_watchdog = signaled && watchdog_kills_.killed(pid);
     const bool noticed = code == exit_preempted && seen_.preempted(pid);
     s.last_code = code;
     std::string how;
@@ -710,7 +743,8 @@ class launcher {
   /// The group sees the death at once instead of after the heartbeat timeout. Queued: the store
   /// may not answer, and the loop must not wait for it.
   void retire_alive_key(slot& s) {
-    s.retire = store_->erase(fmt::format("/elastic/{}/alive/{}", opts_.run_id, participant(s)));
+    const rendezvous::rendezvous_options defaults;  // the workers' key prefix is the default one
+    s.retire = store_->erase(rendezvous::alive_key(defaults.key_prefix, opts_.run_id, participant(s)));
     s.retire_by = clock::now() + retire_wait;
   }
 
@@ -831,7 +865,8 @@ class launcher {
     report_.console_lines_dropped = out_->dropped_lines() + err_->dropped_lines();
     const auto resumed = seen_.resumed();
     std::vector<double> failures = failures_at_;
-    failures.insert(failures.end(), seen_.hangs().begin(), seen_.hangs().end());
+    const auto hangs = watchdog_kills_.hangs();
+    failures.insert(failures.end(), hangs.begin(), hangs.end());
     for (double t : failures) {
       const auto it = std::upper_bound(resumed.begin(), resumed.end(), t);
       if (it != resumed.end()) report_.seconds_lost += *it - t;
@@ -902,6 +937,7 @@ class launcher {
   std::optional<async_store> store_;
   std::string watchdog_name_;
   owned_shm watchdog_object_;
+  watchdog_kills watchdog_kills_;  ///< filled by the watchdog's thread: declared before it, outlives it
   std::unique_ptr<timer::watchdog> watchdog_;
   std::vector<slot> slots_;
   ending ending_ = ending::none;

@@ -1,5 +1,5 @@
-// What the launcher learns from its run's events file: the lines its workers, its watchdog and
-// itself appended since the run began (a retried run appends to the same file; what was there
+// What the launcher learns from its run's events file: the lines its workers and it
+// appended since the run began (a retried run appends to the same file; what was there
 // before is another run's). Read as it grows, through the descriptor the launcher opened (never
 // by path again: a path can be swapped for a link, a descriptor cannot).
 #pragma once
@@ -73,8 +73,6 @@ class run_events {
   [[nodiscard]] std::size_t checkpoints() const noexcept { return checkpoints_; }
   /// The newest committed step, or -1.
   [[nodiscard]] std::int64_t newest_checkpoint() const noexcept { return newest_checkpoint_; }
-  /// Whether the watchdog logged killing `pid`.
-  [[nodiscard]] bool killed_by_watchdog(pid_t pid) const { return watchdog_targets_.count(pid) != 0; }
   /// Whether `pid` logged loop_preempted (it stopped for a preemption notice it got).
   [[nodiscard]] bool preempted(pid_t pid) const { return preempted_.count(pid) != 0; }
   /// Whether `pid`'s loop_preempted said its final checkpoint was committed.
@@ -92,8 +90,6 @@ class run_events {
     std::sort(r.begin(), r.end());
     return r;
   }
-  /// When each hang the watchdog ended began (the expired scope's entry), seconds since the epoch.
-  [[nodiscard]] const std::vector<double>& hangs() const noexcept { return hangs_; }
 
  private:
   static bool is(std::string_view line, std::string_view event) {
@@ -103,7 +99,7 @@ class run_events {
   }
 
   void take(std::string_view line) {
-    if (!is(line, "checkpoint_commit") && !is(line, "watchdog_kill") && !is(line, "loop_preempted") &&
+    if (!is(line, "checkpoint_commit") && !is(line, "loop_preempted") &&
         !is(line, "rendezvous_round_closed") && !is(line, "group_rebuilt") && !is(line, "group_resynced")) {
       return;
     }
@@ -113,10 +109,6 @@ class run_events {
       if (ev == "checkpoint_commit") {
         ++checkpoints_;
         newest_checkpoint_ = std::max<std::int64_t>(newest_checkpoint_, j.at("step").as_int64());
-      } else if (ev == "watchdog_kill") {
-        watchdog_targets_.insert(static_cast<pid_t>(j.at("target_pid").as_int64()));
-        // The hang began when the expired scope was entered: the group stalled from then.
-        hangs_.push_back(internal::parse_ts(j.at("ts").as_string()) - j.at("held_ms").as_double() / 1e3);
       } else if (ev == "loop_preempted") {
         const auto* saved = j.find("final_checkpoint");
         const bool yes = saved != nullptr && saved->is_bool() && saved->as_bool();
@@ -139,13 +131,11 @@ class run_events {
   std::string partial_;
   std::size_t checkpoints_ = 0;
   std::int64_t newest_checkpoint_ = -1;
-  std::set<pid_t> watchdog_targets_;
   std::map<pid_t, bool> preempted_;
   bool final_confirmed_ = false;
   std::int64_t rounds_ = 0;
   std::set<std::int64_t> rebuilt_rounds_;
   std::vector<double> resumed_;
-  std::vector<double> hangs_;
 };
 
 }  // namespace elastic::agent
