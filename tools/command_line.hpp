@@ -6,15 +6,64 @@
 // Both tools call scan_options() before CLI::App::parse().
 #pragma once
 
+#include <chrono>
+#include <cmath>
 #include <cstddef>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <elastic/detail/env.hpp>
+
 namespace elastic::tools {
+
+/// `v` as a whole number from `lo` to `hi` (digits only), or nothing.
+inline std::optional<long long> to_count(std::string_view v, long long lo, long long hi) {
+  const auto n = elastic::detail::parse_integer(v);
+  if (!n || *n < lo || *n > hi || v.front() == '-') return std::nullopt;
+  return n;
+}
+
+/// `v` as seconds (30, 2.5; 0 to 10^7), in milliseconds, or nothing.
+inline std::optional<std::chrono::milliseconds> to_seconds(std::string_view v) {
+  const auto s = elastic::detail::parse_seconds(v);
+  if (!s || !(*s >= 0) || *s > 1e7) return std::nullopt;
+  return std::chrono::milliseconds(std::llround(*s * 1000));
+}
+
+/// A validator from `why(value)`: "" accepts, anything else is the reason (CLI11 puts the
+/// option's name before it). Empty values are refused first, by every option.
+template <class Why>
+CLI::Validator check(std::string what, Why why) {
+  return CLI::Validator(
+      [why = std::move(why)](std::string& v) -> std::string {
+        if (v.empty()) return "needs a value, got an empty one";
+        return why(std::string_view(v));
+      },
+      std::move(what));
+}
+
+inline CLI::Validator whole_number(long long lo, long long hi) {
+  return check(fmt::format("{}..{}", lo, hi), [lo, hi](std::string_view v) {
+    return to_count(v, lo, hi) ? std::string() : fmt::format("wants a whole number from {} to {}, got '{}'", lo, hi, v);
+  });
+}
+
+inline CLI::Validator seconds() {
+  return check("SECONDS", [](std::string_view v) {
+    return to_seconds(v) ? std::string() : fmt::format("wants a number of seconds (e.g. 30 or 2.5), got '{}'", v);
+  });
+}
+
+/// Any value but an empty one; `what` names it in the help.
+inline CLI::Validator any_text(std::string what) {
+  return check(std::move(what), [](std::string_view) { return std::string(); });
+}
 
 /// What scan_options() found.
 struct options_scan {

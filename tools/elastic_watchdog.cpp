@@ -52,17 +52,13 @@ struct usage_error {
   std::string message;
 };
 
-/// `v` as a whole number from `lo` to `hi`, or nothing.
-std::optional<long> to_number(std::string_view v, long lo, long hi) {
-  long n = 0;
-  const auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
-  if (ec != std::errc() || p != v.data() + v.size() || n < lo || n > hi) return std::nullopt;
-  return n;
-}
+using elastic::tools::any_text;
+using elastic::tools::to_count;
+using elastic::tools::whole_number;
 
 /// A signal by name (KILL, SIGTERM) or number, or 0.
 int to_signal(std::string_view s) {
-  if (!s.empty() && s.front() >= '0' && s.front() <= '9') return static_cast<int>(to_number(s, 1, NSIG - 1).value_or(0));
+  if (!s.empty() && s.front() >= '0' && s.front() <= '9') return static_cast<int>(to_count(s, 1, NSIG - 1).value_or(0));
   if (s.substr(0, 3) == "SIG") s.remove_prefix(3);
   for (int sig = 1; sig < NSIG; ++sig) {
     const char* abbrev = ::sigabbrev_np(sig);
@@ -72,23 +68,9 @@ int to_signal(std::string_view s) {
 }
 
 /// CLI11 validators, their reasons as before CLI11 (CLI11 puts the option's name first).
-CLI::Validator whole_number(long lo, long hi) {
-  return CLI::Validator(
-      [lo, hi](std::string& v) {
-        return to_number(v, lo, hi) ? std::string()
-                                    : fmt::format("wants a whole number from {} to {}, got '{}'", lo, hi, v);
-      },
-      fmt::format("{}..{}", lo, hi));
-}
-
 CLI::Validator signal_name() {
   return CLI::Validator(
       [](std::string& v) { return to_signal(v) != 0 ? std::string() : fmt::format("unknown signal '{}'", v); }, "SIG");
-}
-
-CLI::Validator non_empty(std::string what) {
-  return CLI::Validator([](std::string& v) { return v.empty() ? "needs a value, got an empty one" : std::string(); },
-                        std::move(what));
 }
 
 /// The command line, parsed with CLI11 into `opts` and `events_file`; throws usage_error.
@@ -104,25 +86,25 @@ bool parse_command_line(int argc, char** argv, elastic::timer::watchdog_options&
   bool version = false;  // answered by scan_options() below, before CLI11 parses
   app.add_flag("--version", version, "print the version and exit");
   app.add_option("--name", "segment name (default: $ELASTIC_WATCHDOG)")
-      ->check(non_empty("NAME"))
+      ->check(any_text("NAME"))
       ->each([&](const std::string& v) {
         opts.name = v;
         name_from = "--name";
       });
   app.add_option("--events", events_file, "append JSON-lines events to FILE (default: $ELASTIC_EVENTS, else stderr)")
-      ->check(non_empty("FILE"));
+      ->check(any_text("FILE"));
   app.add_option("--poll", "longest sleep between scans, in ms (default 20)")
       ->check(whole_number(1, 60'000))
-      ->each([&](const std::string& v) { opts.poll = std::chrono::milliseconds(*to_number(v, 1, 60'000)); });
+      ->each([&](const std::string& v) { opts.poll = std::chrono::milliseconds(*to_count(v, 1, 60'000)); });
   app.add_option("--capacity", "threads watched at once, for a new segment (default 4096)")
       ->check(whole_number(1, 1 << 20))
-      ->each([&](const std::string& v) { opts.capacity = static_cast<std::uint32_t>(*to_number(v, 1, 1 << 20)); });
+      ->each([&](const std::string& v) { opts.capacity = static_cast<std::uint32_t>(*to_count(v, 1, 1 << 20)); });
   app.add_option("--signal", "signal for scopes that name none: KILL, ABRT, TERM, ... or a number (default KILL)")
       ->check(signal_name())
       ->each([&](const std::string& v) { opts.signal = to_signal(v); });
   app.add_option("--escalate-after", "SIGKILL a process still alive this long (ms) after a softer signal (default 5000)")
       ->check(whole_number(0, 3'600'000))
-      ->each([&](const std::string& v) { opts.escalate_after = std::chrono::milliseconds(*to_number(v, 0, 3'600'000)); });
+      ->each([&](const std::string& v) { opts.escalate_after = std::chrono::milliseconds(*to_count(v, 0, 3'600'000)); });
   app.add_flag_callback("--keep", [&] { opts.remove_on_stop = false; },
                         "leave the segment in /dev/shm on exit (a new watchdog can adopt it)");
   app.footer(

@@ -27,6 +27,8 @@
 #include "../command_line.hpp"
 #include "exit_codes.hpp"
 #include <elastic/error.hpp>
+#include <elastic/detail/names.hpp>
+#include <elastic/rendezvous/rendezvous.hpp>
 #include <elastic/rendezvous/store_url.hpp>
 
 namespace elastic::agent {
@@ -51,35 +53,21 @@ struct launch_options {
 
 namespace internal {
 
-/// `v` as a whole number from `lo` to `hi` (digits only: no sign, no spaces), or nothing.
-inline std::optional<std::size_t> to_count(std::string_view v, std::size_t lo, std::size_t hi) {
-  std::size_t n = 0;
-  const auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
-  if (ec != std::errc() || p != v.data() + v.size() || n < lo || n > hi) return std::nullopt;
-  return n;
-}
-
-/// `v` as seconds (30, 2.5; 0 to 10^7), in milliseconds, or nothing.
-inline std::optional<std::chrono::milliseconds> to_seconds(std::string_view v) {
-  const std::string s(v);
-  char* end = nullptr;
-  const double x = std::strtod(s.c_str(), &end);
-  if (s.empty() || end != s.c_str() + s.size() || !(x >= 0) || x > 1e7) return std::nullopt;
-  return std::chrono::milliseconds(std::llround(x * 1000));
-}
+using elastic::tools::any_text;
+using elastic::tools::check;
+using elastic::tools::seconds;
+using elastic::tools::to_count;
+using elastic::tools::to_seconds;
+using elastic::tools::whole_number;
 
 /// Why `id` is not a run id, or "" when it is one: 1 to 64 characters of A-Z a-z 0-9 . _ -,
 /// not starting with '.' or '-' (so never ".", ".." or a path: it names a directory).
 inline std::string run_id_problem(std::string_view id) {
-  const bool chars_ok = std::all_of(id.begin(), id.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
-  });
+  const bool chars_ok = std::all_of(id.begin(), id.end(), rendezvous::detail::run_id_char);
   if (!id.empty() && id.size() <= 64 && chars_ok && id.front() != '.' && id.front() != '-') return {};
-  std::string shown;
-  for (char c : id) shown += (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f) ? '?' : c;
   return fmt::format("'{}' is not a run id: use 1 to 64 characters of A-Z a-z 0-9 . _ -, not starting with '.' or "
                      "'-' (it names a directory under --log-dir and the run's store)",
-                     shown);
+                     elastic::detail::printable(id));
 }
 
 /// Throws errc::invalid_argument unless `id` is a plain name (see run_id_problem); `where` says
@@ -185,34 +173,6 @@ class help_formatter : public CLI::Formatter {
     return "usage: elastic-run [options] [--] PROGRAM [ARGS...]\n";
   }
 };
-
-/// A validator from `why(value)`: "" accepts, anything else is the reason (CLI11 puts the
-/// option's name before it). Empty values are refused first, by every option.
-template <class Why>
-CLI::Validator check(std::string what, Why why) {
-  return CLI::Validator(
-      [why = std::move(why)](std::string& v) -> std::string {
-        if (v.empty()) return "needs a value, got an empty one";
-        return why(std::string_view(v));
-      },
-      std::move(what));
-}
-
-inline CLI::Validator whole_number(std::size_t lo, std::size_t hi) {
-  return check(fmt::format("{}..{}", lo, hi), [lo, hi](std::string_view v) {
-    return to_count(v, lo, hi) ? std::string() : fmt::format("wants a whole number from {} to {}, got '{}'", lo, hi, v);
-  });
-}
-
-inline CLI::Validator seconds() {
-  return check("SECONDS", [](std::string_view v) {
-    return to_seconds(v) ? std::string() : fmt::format("wants a number of seconds (e.g. 30 or 2.5), got '{}'", v);
-  });
-}
-
-inline CLI::Validator any_text(std::string what) {
-  return check(std::move(what), [](std::string_view) { return std::string(); });
-}
 
 inline constexpr std::size_t max_nodes_allowed = 65536;
 
