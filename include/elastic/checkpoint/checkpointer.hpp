@@ -33,7 +33,7 @@
 #include <thread>
 #include <vector>
 
-#include <elastic/checkpoint/detail/cuda.hpp>
+#include <elastic/detail/cuda.hpp>
 #include <elastic/checkpoint/detail/host_memory.hpp>
 #include <elastic/checkpoint/format.hpp>
 #include <elastic/checkpoint/state.hpp>
@@ -47,7 +47,7 @@
 namespace elastic::checkpoint {
 
 /// A CUDA stream as the caller has it (cudaStream_t), or the default stream.
-using stream_handle = detail::cuda::stream_t;
+using stream_handle = elastic::detail::cuda::stream_t;
 
 struct checkpointer_options {
   std::filesystem::path dir{};      ///< where steps are written (created if missing; must be ours, see private_dir)
@@ -87,7 +87,7 @@ class checkpointer {
     if (opts_.chunk_bytes == 0) throw error(errc::invalid_argument, "checkpointer: chunk_bytes must be positive");
     dir_ = open_dir(opts_.dir);
     allocate_slots();
-    if (st_.has_device_entries()) side_ = detail::cuda::stream::create();
+    if (st_.has_device_entries()) side_ = elastic::detail::cuda::stream::create();
     copier_ = std::jthread([this] { copy_loop(); });
     persister_ = std::jthread([this] { persist_loop(); });
   }
@@ -232,7 +232,7 @@ class checkpointer {
     bool has_host_copies = false;
     bool has_device_copies = false;
     bool device_fenced = false;
-    detail::cuda::event ready, copied;
+    elastic::detail::cuda::event ready, copied;
   };
 
   static event_log resolve_events(const checkpointer_options& o) { return o.events ? *o.events : event_log::from_env(); }
@@ -325,8 +325,8 @@ class checkpointer {
       auto& s = slots_.emplace_back(std::make_unique<slot>());
       s->memory = detail::host_memory(fixed, pinned);
       if (st_.has_device_entries()) {
-        s->ready = detail::cuda::event::create();
-        s->copied = detail::cuda::event::create();
+        s->ready = elastic::detail::cuda::event::create();
+        s->copied = elastic::detail::cuda::event::create();
       }
     }
   }
@@ -362,7 +362,7 @@ class checkpointer {
           s.ready.record(stream);
           s.ready.make_wait(side_.get());
         }
-        detail::cuda::copy_to_host_async(dst, e.data, e.bytes, side_.get());
+        elastic::detail::cuda::copy_to_host_async(dst, e.data, e.bytes, side_.get());
         s.has_device_copies = true;
       } else {
         s.has_host_copies = true;
@@ -551,7 +551,7 @@ class checkpointer {
   event_log events_;
   std::vector<std::size_t> offsets_;
   std::vector<std::unique_ptr<slot>> slots_;
-  detail::cuda::stream side_;
+  elastic::detail::cuda::stream side_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool stopping_ = false;

@@ -39,7 +39,7 @@
 
 #include <fmt/format.h>
 
-#include <elastic/checkpoint/detail/cuda.hpp>
+#include <elastic/detail/cuda.hpp>
 #include <elastic/checkpoint/detail/host_memory.hpp>
 #include <elastic/checkpoint/format.hpp>
 #include <elastic/checkpoint/state.hpp>
@@ -573,7 +573,7 @@ inline format::step_manifest load_step_at(int dirfd, const fs::path& dir, std::u
     if (e.kind == entry_kind::object) {
       e.load(staged[i]);
     } else if (e.where == location::device) {
-      detail::cuda::copy_to_device(e.data, staged[i].data(), staged[i].size());
+      elastic::detail::cuda::copy_to_device(e.data, staged[i].data(), staged[i].size());
     } else if (!staged[i].empty()) {
       std::memcpy(e.data, staged[i].data(), staged[i].size());
     }

@@ -10,7 +10,7 @@
 #include <string>
 #include <utility>
 
-#include <elastic/checkpoint/detail/cuda.hpp>
+#include <elastic/detail/cuda.hpp>
 #include <elastic/error.hpp>
 
 namespace elastic::checkpoint::detail {
@@ -23,7 +23,7 @@ class host_memory {
     if (bytes == 0) return;
 #if ELASTIC_WITH_CUDA
     if (pinned) {
-      cuda::check(cudaHostAlloc(&data_, bytes, cudaHostAllocDefault), "cudaHostAlloc of checkpoint staging");
+      elastic::detail::cuda::check(cudaHostAlloc(&data_, bytes, cudaHostAllocDefault), "cudaHostAlloc of checkpoint staging");
       pinned_ = true;
       return;
     }

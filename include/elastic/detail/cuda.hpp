@@ -1,6 +1,6 @@
-// The few CUDA runtime calls the checkpoint engine makes, as RAII types. In a build without
-// CUDA (ELASTIC_WITH_CUDA=0) the types exist with the same shape and the device operations
-// throw, so the engine compiles one way and the CPU path is what runs.
+// The CUDA runtime calls the library makes (checkpoint snapshots, NCCL groups), as RAII types.
+// In a build without CUDA (ELASTIC_WITH_CUDA=0) the types exist with the same shape and the
+// device operations throw, so the callers compile one way and the CPU path is what runs.
 #pragma once
 
 #include <cstddef>
@@ -14,7 +14,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
-namespace elastic::checkpoint::detail::cuda {
+namespace elastic::detail::cuda {
 
 #if ELASTIC_WITH_CUDA
 using stream_t = cudaStream_t;
@@ -142,4 +142,4 @@ inline void copy_to_device(void* dst, const void* src, std::size_t n) {
 #endif
 }
 
-}  // namespace elastic::checkpoint::detail::cuda
+}  // namespace elastic::detail::cuda
