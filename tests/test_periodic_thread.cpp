@@ -1,0 +1,68 @@
+// periodic_thread: ticks at its interval, wakes early on request, ends when its tick says so,
+// and is stopped and joined by its destructor.
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include <elastic/detail/periodic_thread.hpp>
+
+#include "support/catch.hpp"
+
+using namespace std::chrono_literals;
+using elastic::detail::periodic_thread;
+
+namespace {
+// Waits (bounded) until `pred` holds.
+template <class Pred>
+bool eventually(Pred pred, std::chrono::milliseconds limit = 10s) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(1ms);
+  }
+  return true;
+}
+}  // namespace
+
+TEST_CASE("periodic_thread ticks repeatedly and stops with its owner") {
+  std::atomic<int> ticks{0};
+  {
+    periodic_thread t(1ms, [&] {
+      ++ticks;
+      return true;
+    });
+    CHECK(t.started());
+    CHECK(eventually([&] { return ticks.load() >= 3; }));
+  }
+  const int after = ticks.load();
+  std::this_thread::sleep_for(20ms);
+  CHECK(ticks.load() == after);
+}
+
+TEST_CASE("periodic_thread wakes early when asked, long before its interval") {
+  std::atomic<int> ticks{0};
+  periodic_thread t(1h, [&] {
+    ++ticks;
+    return true;
+  });
+  t.wake();
+  CHECK(eventually([&] { return ticks.load() == 1; }));
+  t.wake();
+  CHECK(eventually([&] { return ticks.load() == 2; }));
+  t.stop();  // an hour-long interval still stops at once
+  CHECK_FALSE(t.started());
+}
+
+TEST_CASE("periodic_thread ends when its tick returns false, and survives a move") {
+  std::atomic<int> ticks{0};
+  periodic_thread t(1ms, [&] { return ++ticks < 2; });
+  periodic_thread moved = std::move(t);
+  CHECK_FALSE(t.started());
+  CHECK(eventually([&] { return ticks.load() == 2; }));
+  std::this_thread::sleep_for(20ms);
+  CHECK(ticks.load() == 2);
+  moved.wake();  // waking an ended thread is harmless
+  periodic_thread empty;
+  empty.wake();
+  empty.stop();
+}
