@@ -51,7 +51,7 @@
 #include <elastic/detail/clock.hpp>
 #include <elastic/detail/process.hpp>
 #include <elastic/timer/client.hpp>
-#include <elastic/timer/detail/futex.hpp>
+#include <elastic/detail/futex.hpp>
 #include <elastic/timer/expires.hpp>
 #include <elastic/timer/watchdog.hpp>
 
@@ -318,7 +318,7 @@ void BM_watchdog_idle_cpu(benchmark::State& state) {
     const std::int64_t t0 = now_ns();
     std::this_thread::sleep_for(2s);
     t.request_stop();
-    timer::detail::futex_ring(wd.table().header().doorbell);
+    elastic::detail::futex_ring(wd.table().header().doorbell);
     t.join();
     const double wall = static_cast<double>(now_ns() - t0) / 1e9;
     ::getrusage(RUSAGE_SELF, &pb);

@@ -12,9 +12,9 @@
 
 #include <cerrno>
 #include <cstdint>
+#include <cstdio>
 #include <ctime>
 #include <filesystem>
-#include <iterator>
 #include <initializer_list>
 #include <memory>
 #include <optional>
@@ -23,10 +23,9 @@
 #include <type_traits>
 #include <utility>
 
-#include <fmt/format.h>
-
 #include <elastic/detail/env.hpp>
 #include <elastic/detail/file.hpp>
+#include <elastic/detail/json_text.hpp>
 #include <elastic/detail/private_dir.hpp>
 #include <elastic/error.hpp>
 
@@ -164,7 +163,7 @@ class event_value {
   event_value(const std::string& s) noexcept : kind_(kind::string), s_(s) {}
 
   /// Appends this value as JSON.
-  void append_json(fmt::memory_buffer& out) const;
+  void append_json(std::string& out) const;
 
  private:
   kind kind_ = kind::null;
@@ -182,56 +181,34 @@ struct event_field {
 
 namespace detail {
 
-/// Appends `s` as a JSON string literal (quotes included), escaping what JSON requires.
-inline void append_json_string(fmt::memory_buffer& out, std::string_view s) {
-  out.push_back('"');
-  for (char c : s) {
-    auto u = static_cast<unsigned char>(c);
-    switch (c) {
-      case '"': out.append(std::string_view("\\\"")); break;
-      case '\\': out.append(std::string_view("\\\\")); break;
-      case '\n': out.append(std::string_view("\\n")); break;
-      case '\r': out.append(std::string_view("\\r")); break;
-      case '\t': out.append(std::string_view("\\t")); break;
-      default:
-        if (u < 0x20) {
-          fmt::format_to(std::back_inserter(out), "\\u{:04x}", static_cast<unsigned>(u));
-        } else {
-          out.push_back(c);
-        }
-    }
-  }
-  out.push_back('"');
-}
-
 /// The current UTC time as RFC 3339 with microseconds: 2026-11-22T20:28:00.123456Z.
-inline void append_rfc3339_now(fmt::memory_buffer& out) {
+inline void append_rfc3339_now(std::string& out) {
   timespec ts;
   ::clock_gettime(CLOCK_REALTIME, &ts);
   std::tm tm{};
   ::gmtime_r(&ts.tv_sec, &tm);
-  fmt::format_to(std::back_inserter(out), "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:06}Z",
-                 tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
-                 ts.tv_nsec / 1000);
+  char buf[40];
+  const int n = std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%06ldZ", tm.tm_year + 1900, tm.tm_mon + 1,
+                              tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<long>(ts.tv_nsec / 1000));
+  if (n > 0) out.append(buf, static_cast<std::size_t>(n) < sizeof buf ? static_cast<std::size_t>(n) : sizeof buf - 1);
+}
+
+/// The current UTC time as RFC 3339 with microseconds.
+inline std::string rfc3339_now() {
+  std::string out;
+  append_rfc3339_now(out);
+  return out;
 }
 
 }  // namespace detail
 
-inline void event_value::append_json(fmt::memory_buffer& out) const {
-  auto it = std::back_inserter(out);
+inline void event_value::append_json(std::string& out) const {
   switch (kind_) {
-    case kind::null: out.append(std::string_view("null")); break;
-    case kind::boolean: out.append(i_ ? std::string_view("true") : std::string_view("false")); break;
-    case kind::integer: fmt::format_to(it, "{}", i_); break;
-    case kind::unsigned_integer: fmt::format_to(it, "{}", u_); break;
-    case kind::floating:
-      // JSON has no NaN or infinity.
-      if (d_ != d_ || d_ - d_ != 0) {
-        out.append(std::string_view("null"));
-      } else {
-        fmt::format_to(it, "{}", d_);
-      }
-      break;
+    case kind::null: out += "null"; break;
+    case kind::boolean: out += i_ ? "true" : "false"; break;
+    case kind::integer: detail::append_json_integer(out, i_); break;
+    case kind::unsigned_integer: detail::append_json_integer(out, u_); break;
+    case kind::floating: detail::append_json_double(out, d_); break;  // JSON has no NaN: null
     case kind::string: detail::append_json_string(out, s_); break;
   }
 }
@@ -298,50 +275,51 @@ class event_log {
   /// The line `emit` would write, without its newline.
   [[nodiscard]] std::string format(std::string_view event,
                                    std::initializer_list<event_field> fields = {}) const {
-    fmt::memory_buffer buf;
-    format_to(buf, event, fields);
-    return std::string(buf.data(), buf.size());
+    std::string line;
+    format_to(line, event, fields);
+    return line;
   }
 
   /// Writes one event. Never throws: a failure to log is dropped, not turned into a crash.
   void emit(std::string_view event, std::initializer_list<event_field> fields = {}) const noexcept {
     if (!sink_ || (keep_ != nullptr && !keep_(event))) return;
     try {
-      fmt::memory_buffer buf;
-      format_to(buf, event, fields);
-      buf.push_back('\n');
-      sink_->write(std::string_view(buf.data(), buf.size()));
+      std::string line;
+      line.reserve(256);
+      format_to(line, event, fields);
+      line += '\n';
+      sink_->write(line);
     } catch (...) {
     }
   }
 
  private:
-  void format_to(fmt::memory_buffer& buf, std::string_view event,
+  void format_to(std::string& buf, std::string_view event,
                  std::initializer_list<event_field> fields) const {
     auto key = [&](std::string_view k) {
-      buf.push_back(',');
+      buf += ',';
       detail::append_json_string(buf, k);
-      buf.push_back(':');
+      buf += ':';
     };
-    buf.append(std::string_view("{\"ts\":\""));
+    buf += "{\"ts\":\"";
     detail::append_rfc3339_now(buf);
-    buf.append(std::string_view("\",\"event\":"));
+    buf += "\",\"event\":";
     detail::append_json_string(buf, event);
     key("run_id");
     detail::append_json_string(buf, id_.run_id);
     key("host");
     detail::append_json_string(buf, id_.host);
     key("pid");
-    fmt::format_to(std::back_inserter(buf), "{}", static_cast<long>(::getpid()));
+    detail::append_json_integer(buf, static_cast<long>(::getpid()));
     if (id_.rank) {
       key("rank");
-      fmt::format_to(std::back_inserter(buf), "{}", *id_.rank);
+      detail::append_json_integer(buf, *id_.rank);
     }
     for (const auto& f : fields) {
       key(f.key);
       f.value.append_json(buf);
     }
-    buf.push_back('}');
+    buf += '}';
   }
 
   std::shared_ptr<events::sink> sink_;

@@ -39,7 +39,7 @@
 
 #include <elastic/detail/clock.hpp>
 #include <elastic/timer/client.hpp>
-#include <elastic/timer/detail/futex.hpp>
+#include <elastic/detail/futex.hpp>
 #include <elastic/timer/expires.hpp>
 
 using namespace std::chrono_literals;
@@ -126,7 +126,7 @@ int main(int argc, char** argv) {
       std::uint32_t hw = h.slots_high_water.load();
       while (hw < index + 1 && !h.slots_high_water.compare_exchange_weak(hw, index + 1)) {
       }
-      td::futex_ring(h.doorbell);
+      elastic::detail::futex_ring(h.doorbell);
       // The watchdog frees the slot (whatever it decided); wait for that, bounded.
       const auto until = std::chrono::steady_clock::now() + 30s;
       while (s->head.owner.load() == pid && s->head.start_time.load() == start) {

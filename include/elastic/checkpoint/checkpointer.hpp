@@ -540,11 +540,7 @@ class checkpointer {
     cv_.notify_all();
   }
 
-  static std::string now_rfc3339() {
-    fmt::memory_buffer b;
-    elastic::detail::append_rfc3339_now(b);
-    return std::string(b.data(), b.size());
-  }
+  static std::string now_rfc3339() { return elastic::detail::rfc3339_now(); }
 
   state& st_;
   checkpointer_options opts_;

@@ -1,4 +1,4 @@
-// Files the checkpoint writer can trust: an owned descriptor, whole writes and reads that retry
+// Files the checkpoint writer can trust: whole writes and reads that retry
 // on EINTR and short counts, fsync of files and of the directories that name them, and reads
 // relative to a directory descriptor that never follow a symbolic link.
 #pragma once
@@ -19,37 +19,10 @@
 #include <utility>
 #include <vector>
 
+#include <elastic/detail/unique_fd.hpp>
 #include <elastic/error.hpp>
 
 namespace elastic::detail {
-
-/// An owned file descriptor; closes on destruction.
-class unique_fd {
- public:
-  unique_fd() noexcept = default;
-  explicit unique_fd(int fd) noexcept : fd_(fd) {}
-  unique_fd(unique_fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  unique_fd& operator=(unique_fd&& o) noexcept {
-    if (this != &o) {
-      reset();
-      fd_ = std::exchange(o.fd_, -1);
-    }
-    return *this;
-  }
-  unique_fd(const unique_fd&) = delete;
-  unique_fd& operator=(const unique_fd&) = delete;
-  ~unique_fd() { reset(); }
-
-  [[nodiscard]] int get() const noexcept { return fd_; }
-  explicit operator bool() const noexcept { return fd_ >= 0; }
-  void reset() noexcept {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-
- private:
-  int fd_ = -1;
-};
 
 /// Opens `path`, throwing an os_error that names the file and what we were doing.
 inline unique_fd open_file(const std::filesystem::path& path, int flags, mode_t mode = 0644) {

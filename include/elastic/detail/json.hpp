@@ -20,6 +20,7 @@
 
 #include <fmt/format.h>
 
+#include <elastic/detail/json_text.hpp>
 #include <elastic/error.hpp>
 
 namespace elastic::detail {
@@ -189,25 +190,7 @@ class json {
     throw error(errc::corrupt, fmt::format("expected {}, got {}", expected, type_name()));
   }
 
-  static void write_string(std::string& out, std::string_view s) {
-    out += '"';
-    for (const char c : s) {
-      switch (c) {
-        case '"': out += "\\\""; break;
-        case '\\': out += "\\\\"; break;
-        case '\n': out += "\\n"; break;
-        case '\r': out += "\\r"; break;
-        case '\t': out += "\\t"; break;
-        default:
-          if (static_cast<unsigned char>(c) < 0x20) {
-            fmt::format_to(std::back_inserter(out), "\\u{:04x}", static_cast<unsigned>(c));
-          } else {
-            out += c;
-          }
-      }
-    }
-    out += '"';
-  }
+  static void write_string(std::string& out, std::string_view s) { append_json_string(out, s); }
 
   void write(std::string& out, int indent, int depth) const {
     auto newline = [&](int d) {
@@ -215,21 +198,17 @@ class json {
       out += '\n';
       out.append(static_cast<std::size_t>(indent) * static_cast<std::size_t>(d), ' ');
     };
-    auto inserter = std::back_inserter(out);
     switch (v_.index()) {
       case 0: out += "null"; break;
       case 1: out += std::get<bool>(v_) ? "true" : "false"; break;
-      case 2: fmt::format_to(inserter, "{}", std::get<std::int64_t>(v_)); break;
-      case 3: fmt::format_to(inserter, "{}", std::get<std::uint64_t>(v_)); break;
+      case 2: append_json_integer(out, std::get<std::int64_t>(v_)); break;
+      case 3: append_json_integer(out, std::get<std::uint64_t>(v_)); break;
       case 4: {
-        const double d = std::get<double>(v_);
-        if (!std::isfinite(d)) {
-          out += "null";
-          break;
-        }
         const std::size_t start = out.size();
-        fmt::format_to(inserter, "{}", d);  // shortest round-trip form, locale-independent
-        if (out.find_first_of(".e", start) == std::string::npos) out += ".0";
+        // A whole number keeps a ".0" so that it reads back as a double, not an integer.
+        if (append_json_double(out, std::get<double>(v_)) && out.find_first_of(".e", start) == std::string::npos) {
+          out += ".0";
+        }
         break;
       }
       case 5: write_string(out, std::get<std::string>(v_)); break;

@@ -25,7 +25,7 @@
 #include <elastic/detail/process.hpp>
 #include <elastic/error.hpp>
 #include <elastic/events.hpp>
-#include <elastic/timer/detail/futex.hpp>
+#include <elastic/detail/futex.hpp>
 #include <elastic/timer/detail/segment.hpp>
 #include <elastic/timer/detail/table.hpp>
 

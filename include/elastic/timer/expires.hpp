@@ -62,7 +62,7 @@ class [[nodiscard]] scope {
     generation_ = g;
     index_ = b.depth - 1;
     if (deadline < b.header->next_wake_ns.load(std::memory_order_relaxed)) [[unlikely]] {
-      detail::futex_ring(b.header->doorbell);
+      elastic::detail::futex_ring(b.header->doorbell);
     }
   }
 

@@ -56,7 +56,7 @@
 #include <elastic/detail/process.hpp>
 #include <elastic/error.hpp>
 #include <elastic/events.hpp>
-#include <elastic/timer/detail/futex.hpp>
+#include <elastic/detail/futex.hpp>
 #include <elastic/timer/detail/segment.hpp>
 #include <elastic/timer/detail/table.hpp>
 
@@ -180,7 +180,7 @@ class watchdog {
     if (stopped_.exchange(true)) return;
     if (thread_.joinable()) {
       thread_.request_stop();
-      detail::futex_ring(segment_.table().header().doorbell);
+      elastic::detail::futex_ring(segment_.table().header().doorbell);
       thread_.join();
     }
     segment_.table().header().watchdog_pid.store(0, std::memory_order_release);
@@ -209,7 +209,7 @@ class watchdog {
       const std::int64_t wake = std::min({r.next_deadline_ns, now + ns(opts_.poll), next_sweep});
       h.next_wake_ns.store(wake, std::memory_order_release);
       if (stop.stop_requested()) break;
-      detail::futex_wait_until(h.doorbell, seen, wake);
+      elastic::detail::futex_wait_until(h.doorbell, seen, wake);
     }
   }
 
