@@ -18,16 +18,19 @@
 #include <initializer_list>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include <elastic/detail/env.hpp>
 #include <elastic/detail/file.hpp>
-#include <elastic/detail/json_text.hpp>
 #include <elastic/detail/private_dir.hpp>
+#include <elastic/detail/warning_hook.hpp>
 #include <elastic/error.hpp>
+#include <elastic/event_fields.hpp>
 
 namespace elastic {
 
@@ -129,106 +132,7 @@ class fd_sink final : public sink {
   int fd_;
 };
 
-/// Events that say something went wrong, was refused or was given up on: all that a console
-/// shows of a run without an events file (the rest, progress, would drown the trainer's output).
-inline bool is_warning(std::string_view event) noexcept {
-  constexpr std::string_view endings[] = {"_failed",     "_failure",    "_refused",  "_error",       "_exceeded",
-                                          "_full",       "_lost",       "_timeout",  "_unavailable", "_unagreed",
-                                          "_unacknowledged", "_skipped", "_quarantined", "_unwatched", "_kill",
-                                          "_escalate",   "_crash_loop", "_departure", "_interrupted"};
-  for (const auto e : endings)
-    if (event.ends_with(e)) return true;
-  return false;
-}
-
 }  // namespace events
-
-/// A value of an event field: integer, floating point, boolean, string or null.
-class event_value {
- public:
-  enum class kind { null, boolean, integer, unsigned_integer, floating, string };
-
-  event_value() noexcept = default;
-  event_value(std::nullptr_t) noexcept {}
-  event_value(bool b) noexcept : kind_(kind::boolean), i_(b) {}
-  template <class T>
-    requires(std::is_integral_v<T> && !std::is_same_v<T, bool> && std::is_signed_v<T>)
-  event_value(T v) noexcept : kind_(kind::integer), i_(v) {}
-  template <class T>
-    requires(std::is_integral_v<T> && !std::is_same_v<T, bool> && std::is_unsigned_v<T>)
-  event_value(T v) noexcept : kind_(kind::unsigned_integer), u_(v) {}
-  event_value(double v) noexcept : kind_(kind::floating), d_(v) {}
-  event_value(std::string_view s) noexcept : kind_(kind::string), s_(s) {}
-  event_value(const char* s) noexcept : kind_(kind::string), s_(s) {}
-  event_value(const std::string& s) noexcept : kind_(kind::string), s_(s) {}
-
-  /// Appends this value as JSON.
-  void append_json(std::string& out) const;
-
- private:
-  kind kind_ = kind::null;
-  std::int64_t i_ = 0;
-  std::uint64_t u_ = 0;
-  double d_ = 0;
-  std::string_view s_;
-};
-
-/// One `"key": value` pair of an event.
-struct event_field {
-  std::string_view key;
-  event_value value;
-};
-
-namespace detail {
-
-/// The current UTC time as RFC 3339 with microseconds: 2026-11-22T20:28:00.123456Z.
-inline void append_rfc3339_now(std::string& out) {
-  timespec ts;
-  ::clock_gettime(CLOCK_REALTIME, &ts);
-  std::tm tm{};
-  ::gmtime_r(&ts.tv_sec, &tm);
-  char buf[40];
-  const int n = std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%06ldZ", tm.tm_year + 1900, tm.tm_mon + 1,
-                              tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<long>(ts.tv_nsec / 1000));
-  if (n > 0) out.append(buf, static_cast<std::size_t>(n) < sizeof buf ? static_cast<std::size_t>(n) : sizeof buf - 1);
-}
-
-/// The current UTC time as RFC 3339 with microseconds.
-inline std::string rfc3339_now() {
-  std::string out;
-  append_rfc3339_now(out);
-  return out;
-}
-
-}  // namespace detail
-
-inline void event_value::append_json(std::string& out) const {
-  switch (kind_) {
-    case kind::null: out += "null"; break;
-    case kind::boolean: out += i_ ? "true" : "false"; break;
-    case kind::integer: detail::append_json_integer(out, i_); break;
-    case kind::unsigned_integer: detail::append_json_integer(out, u_); break;
-    case kind::floating: detail::append_json_double(out, d_); break;  // JSON has no NaN: null
-    case kind::string: detail::append_json_string(out, s_); break;
-  }
-}
-
-/// Who writes the events: the common fields of every line.
-struct event_identity {
-  std::string run_id;       ///< ELASTIC_RUN_ID, or empty
-  std::string host;         ///< gethostname()
-  std::optional<long> rank; ///< ELASTIC_RANK when set
-
-  /// Reads ELASTIC_RUN_ID and ELASTIC_RANK (a malformed rank is left out) and the host name.
-  static event_identity from_env() {
-    event_identity id;
-    id.run_id = elastic::detail::env_string("ELASTIC_RUN_ID").value_or("");
-    id.rank = elastic::detail::env_index_or_none("ELASTIC_RANK");
-    char host[256] = {};
-    if (::gethostname(host, sizeof host - 1) == 0) id.host = host;
-    return id;
-  }
-};
 
 /// A JSON-lines event log. Copies share the sink. Emitting is thread-safe and lock-free: each
 /// line is formatted in a local buffer and handed to the sink in one write.
@@ -276,12 +180,17 @@ class event_log {
   [[nodiscard]] std::string format(std::string_view event,
                                    std::initializer_list<event_field> fields = {}) const {
     std::string line;
-    format_to(line, event, fields);
+    format_to(line, event, std::span<const event_field>(fields.begin(), fields.size()));
     return line;
   }
 
   /// Writes one event. Never throws: a failure to log is dropped, not turned into a crash.
   void emit(std::string_view event, std::initializer_list<event_field> fields = {}) const noexcept {
+    emit(event, std::span<const event_field>(fields.begin(), fields.size()));
+  }
+
+  /// Writes one event whose fields were gathered at run time.
+  void emit(std::string_view event, std::span<const event_field> fields) const noexcept {
     if (!sink_ || (keep_ != nullptr && !keep_(event))) return;
     try {
       std::string line;
@@ -294,37 +203,36 @@ class event_log {
   }
 
  private:
-  void format_to(std::string& buf, std::string_view event,
-                 std::initializer_list<event_field> fields) const {
-    auto key = [&](std::string_view k) {
-      buf += ',';
-      detail::append_json_string(buf, k);
-      buf += ':';
-    };
-    buf += "{\"ts\":\"";
-    detail::append_rfc3339_now(buf);
-    buf += "\",\"event\":";
-    detail::append_json_string(buf, event);
-    key("run_id");
-    detail::append_json_string(buf, id_.run_id);
-    key("host");
-    detail::append_json_string(buf, id_.host);
-    key("pid");
-    detail::append_json_integer(buf, static_cast<long>(::getpid()));
-    if (id_.rank) {
-      key("rank");
-      detail::append_json_integer(buf, *id_.rank);
-    }
-    for (const auto& f : fields) {
-      key(f.key);
-      f.value.append_json(buf);
-    }
-    buf += '}';
+  void format_to(std::string& buf, std::string_view event, std::span<const event_field> fields) const {
+    detail::append_event_line(buf, event, id_, fields);
   }
 
   std::shared_ptr<events::sink> sink_;
   event_identity id_;
   bool (*keep_)(std::string_view) noexcept = nullptr;  ///< nullptr: every event
 };
+
+namespace detail {
+
+/// The event log's route for warnings from light headers (warning_hook.hpp): each becomes an
+/// event of event_log::from_env(), or a line on stderr when that log cannot be opened.
+inline void warn_through_event_log(std::string_view event, std::span<const event_field> fields) noexcept {
+  try {
+    event_log log;
+    try {
+      log = event_log::from_env();
+    } catch (...) {
+      log = event_log(std::make_shared<events::fd_sink>(STDERR_FILENO));
+    }
+    log.emit(event, fields);
+  } catch (...) {
+  }
+}
+
+/// Installed by every program that includes the event log, before main() runs.
+inline const bool event_log_takes_warnings =
+    (warning_route.store(&warn_through_event_log, std::memory_order_release), true);
+
+}  // namespace detail
 
 }  // namespace elastic

@@ -20,6 +20,7 @@
 #include <boost/interprocess/permissions.hpp>
 #include <boost/interprocess/shared_memory_object.hpp>
 
+#include <elastic/detail/shm_owner.hpp>
 #include <elastic/error.hpp>
 
 namespace elastic::detail {
@@ -47,18 +48,6 @@ boost::interprocess::shared_memory_object create_or_open_shm(const std::string& 
     } catch (const bip::interprocess_exception& e) {
       if (e.get_native_error() != ENOENT || attempt > 100) throw on_error(e);
     }
-  }
-}
-
-/// Throws errc::owner_mismatch unless the object open on `fd` belongs to this process's
-/// effective uid. `what` names it ("watchdog segment 'x'"), `remedy` says what to do instead.
-inline void check_shm_owner(int fd, const std::string& what, std::string_view remedy) {
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) throw os_error("cannot stat " + what);
-  if (st.st_uid != ::geteuid()) {
-    throw error(errc::owner_mismatch, what + " belongs to uid " + std::to_string(st.st_uid) +
-                                          ", not to this process's uid " + std::to_string(::geteuid()) + ": " +
-                                          std::string(remedy));
   }
 }
 

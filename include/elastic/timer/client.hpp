@@ -13,7 +13,6 @@
 #include <atomic>
 #include <cstdint>
 #include <list>
-#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -21,12 +20,12 @@
 
 #include <elastic/detail/clock.hpp>
 #include <elastic/detail/env.hpp>
+#include <elastic/detail/futex.hpp>
 #include <elastic/detail/no_destroy.hpp>
 #include <elastic/detail/process.hpp>
+#include <elastic/detail/warning_hook.hpp>
 #include <elastic/error.hpp>
-#include <elastic/events.hpp>
-#include <elastic/detail/futex.hpp>
-#include <elastic/timer/detail/segment.hpp>
+#include <elastic/timer/detail/attached_segment.hpp>
 #include <elastic/timer/detail/table.hpp>
 
 namespace elastic::timer {
@@ -72,7 +71,7 @@ class client {
     std::lock_guard lock(r.mutex);
     client* cur = current_.load(std::memory_order_acquire);
     if (cur != nullptr && cur->name() == name) return *cur;
-    client& c = r.clients.emplace_back(detail::segment::open(name));
+    client& c = r.clients.emplace_back(detail::attached_segment::open(name));
     install_fork_handler();
     current_.store(&c, std::memory_order_release);
     env_checked_.store(true, std::memory_order_release);
@@ -153,11 +152,11 @@ class client {
     b.owner = this;  // remembered only to rate-limit the next search
     b.retry_after_ns = now + 1'000'000'000;
     if (!warned_full_.exchange(true, std::memory_order_relaxed)) {
-      log().emit("timer_table_full",
-                 {{"segment", name()},
-                  {"slots", t.slot_count()},
-                  {"effect", "scopes of threads without a slot are not watched until one frees up"},
-                  {"fix", "start the watchdog with a larger --capacity"}});
+      elastic::detail::warn("timer_table_full",
+                            {{"segment", name()},
+                             {"slots", t.slot_count()},
+                             {"effect", "scopes of threads without a slot are not watched until one frees up"},
+                             {"fix", "start the watchdog with a larger --capacity"}});
     }
     return false;
   }
@@ -167,14 +166,14 @@ class client {
   void note_stack_full(detail::thread_binding& b) noexcept {
     b.held->head.dropped.fetch_add(1, std::memory_order_relaxed);
     if (!warned_depth_.exchange(true, std::memory_order_relaxed)) {
-      log().emit("timer_stack_full",
-                 {{"segment", name()},
-                  {"depth", detail::scopes_per_slot},
-                  {"effect", "scopes nested deeper than this are not watched; outer ones still are"}});
+      elastic::detail::warn("timer_stack_full",
+                            {{"segment", name()},
+                             {"depth", detail::scopes_per_slot},
+                             {"effect", "scopes nested deeper than this are not watched; outer ones still are"}});
     }
   }
 
-  explicit client(detail::segment seg)
+  explicit client(detail::attached_segment seg)
       : segment_(std::move(seg)),
         rank_(static_cast<int>(elastic::detail::env_index_or_none("ELASTIC_RANK").value_or(-1))) {}
   client(const client&) = delete;
@@ -190,17 +189,6 @@ class client {
     return r.get();
   }
 
-  const event_log& log() noexcept {
-    std::call_once(log_once_, [this] {
-      try {
-        log_ = event_log::from_env();
-      } catch (...) {
-        log_ = event_log(std::make_shared<events::fd_sink>(STDERR_FILENO));
-      }
-    });
-    return log_;
-  }
-
   static client* attach_from_env() noexcept {
     auto& r = registry();
     std::lock_guard lock(r.mutex);
@@ -211,7 +199,7 @@ class client {
     try {
       name = elastic::detail::env_string("ELASTIC_WATCHDOG");
       if (name) {
-        out = &r.clients.emplace_back(detail::segment::open(*name));
+        out = &r.clients.emplace_back(detail::attached_segment::open(*name));
         install_fork_handler();
       } else {
         why = "ELASTIC_WATCHDOG is not set";
@@ -220,13 +208,9 @@ class client {
       why = e.what();
     }
     if (out == nullptr) {
-      try {
-        event_log::from_env().emit(
-            "timer_unwatched", {{"segment", name.value_or("")},
-                                {"reason", why},
-                                {"effect", "timer scopes are not enforced in this process"}});
-      } catch (...) {
-      }
+      elastic::detail::warn("timer_unwatched", {{"segment", name.value_or("")},
+                                                {"reason", why},
+                                                {"effect", "timer scopes are not enforced in this process"}});
     }
     current_.store(out, std::memory_order_release);
     env_checked_.store(true, std::memory_order_release);
@@ -248,12 +232,10 @@ class client {
     });
   }
 
-  detail::segment segment_;
+  detail::attached_segment segment_;
   std::atomic<int> rank_;
   std::atomic<bool> warned_full_{false};
   std::atomic<bool> warned_depth_{false};
-  std::once_flag log_once_;
-  event_log log_;
 
   static inline std::atomic<client*> current_{nullptr};
   static inline std::atomic<bool> env_checked_{false};

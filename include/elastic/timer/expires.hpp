@@ -18,6 +18,7 @@
 #include <string_view>
 
 #include <elastic/detail/clock.hpp>
+#include <elastic/detail/futex.hpp>
 #include <elastic/timer/client.hpp>
 #include <elastic/timer/detail/table.hpp>
 

@@ -1,5 +1,6 @@
-// Creating, adopting and opening the watchdog's shared-memory segment, with every check that
-// keeps a wrong segment from being used or overwritten.
+// The watchdog's side of its shared-memory segment: creating or adopting it, with every check
+// that keeps a wrong segment from being overwritten. Workers attach with attached_segment.hpp;
+// both sides check the same things (segment_checks.hpp).
 //
 // The serving watchdog holds an exclusive flock on the segment for as long as it lives; the
 // kernel drops it when the watchdog dies, however it dies. So "is a watchdog serving this
@@ -19,39 +20,23 @@
 #include <boost/interprocess/mapped_region.hpp>
 #include <boost/interprocess/shared_memory_object.hpp>
 
-#include <chrono>
 #include <cstdint>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <utility>
 #include <vector>
 
-#include <elastic/detail/names.hpp>
 #include <elastic/detail/shm_object.hpp>
 #include <elastic/detail/process.hpp>
 #include <elastic/error.hpp>
+#include <elastic/timer/detail/segment_checks.hpp>
 #include <elastic/timer/detail/table.hpp>
 
 namespace elastic::timer::detail {
 
 namespace bip = boost::interprocess;
 
-/// Longest segment name accepted (the shm name adds a prefix; NAME_MAX is 255).
-inline constexpr std::size_t max_segment_name = elastic::detail::max_shm_name;
-
-/// Throws errc::bad_name unless `name` is a valid shared-memory name (see detail/names.hpp).
-inline void validate_segment_name(std::string_view name) { elastic::detail::validate_shm_name("watchdog segment", name); }
-
-/// What every segment's shared-memory object name starts with.
-inline constexpr std::string_view shm_object_prefix = "elastic-timer.";
-
-/// The POSIX shared-memory object behind a segment name (/dev/shm/elastic-timer.NAME).
-inline std::string shm_object_name(std::string_view name) {
-  return std::string(shm_object_prefix) + std::string(name);
-}
-
-/// A mapped watchdog segment. Move-only; unmaps and closes on destruction (and so releases the
+/// The watchdog's mapped segment. Move-only; unmaps and closes on destruction (and so releases the
 /// watchdog's lock); it unlinks the name only when asked with remove().
 class segment {
  public:
@@ -111,37 +96,6 @@ class segment {
     return s;
   }
 
-  /// For a worker: opens an existing segment and checks it. Waits up to `ready_timeout` for a
-  /// watchdog that is still initializing it.
-  static segment open(std::string_view name,
-                      std::chrono::milliseconds ready_timeout = std::chrono::milliseconds(2000)) {
-    validate_segment_name(name);
-    segment s;
-    s.name_ = std::string(name);
-    const std::string obj = shm_object_name(name);
-    try {
-      s.shm_ = bip::shared_memory_object(bip::open_only, obj.c_str(), bip::read_write);
-    } catch (const bip::interprocess_exception& e) {
-      throw open_error(name, e);
-    }
-    s.check_owner();
-    const auto until = std::chrono::steady_clock::now() + ready_timeout;
-    for (;;) {
-      if (s.file_size() >= sizeof(segment_header)) {
-        if (!s.region_.get_address()) s.map();
-        if (s.table().header().magic.load(std::memory_order_acquire) != 0) break;
-      }
-      if (std::chrono::steady_clock::now() >= until) {
-        throw error(errc::corrupt, "watchdog segment '" + s.name_ +
-                                       "' was never initialized: its watchdog died while creating "
-                                       "it; restart the watchdog");
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
-    s.validate();
-    return s;
-  }
-
   [[nodiscard]] table_view table() const noexcept { return table_view(region_.get_address()); }
   [[nodiscard]] const std::string& name() const noexcept { return name_; }
   /// True when create_or_adopt() found the segment of a dead watchdog and took it over.
@@ -167,20 +121,7 @@ class segment {
 
  private:
   static error open_error(std::string_view name, const bip::interprocess_exception& e) {
-    const int err = e.get_native_error();
-    const std::string n(name);
-    if (err == ENOENT) {
-      return error(errc::not_found, "no watchdog segment '" + n + "': start `elastic-watchdog --name " + n +
-                                        "` (or run under elastic-run), or unset ELASTIC_WATCHDOG");
-    }
-    if (err == EACCES || err == EPERM) {
-      return error(errc::owner_mismatch,
-                   "watchdog segment '" + n + "' belongs to another user (mode 0600): run as that "
-                   "user or choose another --name",
-                   std::error_code(err, std::generic_category()));
-    }
-    return error(errc::os_error, "cannot open watchdog segment '" + n + "': " + e.what(),
-                 std::error_code(err, std::generic_category()));
+    return segment_open_error(name, e.get_native_error(), e.what());
   }
 
   [[nodiscard]] std::uint64_t file_size() const {
@@ -221,36 +162,7 @@ class segment {
     h.magic.store(segment_magic, std::memory_order_release);
   }
 
-  /// Checks a published header against this build; throws without writing anything.
-  void validate() const {
-    const auto& h = table().header();
-    const std::string path = "/dev/shm/" + shm_object_name(name_);
-    const std::uint64_t magic = h.magic.load(std::memory_order_acquire);
-    if (magic != segment_magic) {
-      throw error(errc::corrupt, "'" + path + "' is not an elastic watchdog segment (bad magic): "
-                                 "remove it if it is stale, or choose another --name");
-    }
-    if (h.layout_version != layout_version) {
-      throw error(errc::version_mismatch,
-                  "watchdog segment '" + name_ + "' was created by layout v" +
-                      std::to_string(h.layout_version) + ", this build reads v" +
-                      std::to_string(layout_version) +
-                      ": stop the old watchdog and workers, or choose another --name");
-    }
-    if (h.owner_uid != ::geteuid()) {
-      throw error(errc::owner_mismatch, "watchdog segment '" + name_ + "' records owner uid " +
-                                            std::to_string(h.owner_uid) + ", this process runs as uid " +
-                                            std::to_string(::geteuid()) + ": choose another --name");
-    }
-    if (h.scopes_per_slot != scopes_per_slot || h.slot_bytes != sizeof(slot) || h.slot_count == 0 ||
-        h.total_bytes != segment_bytes(h.slot_count) || file_size() < h.total_bytes ||
-        region_.get_size() < h.total_bytes) {
-      throw error(errc::corrupt, "watchdog segment '" + name_ + "' has an inconsistent header (" +
-                                     std::to_string(file_size()) + " bytes for " +
-                                     std::to_string(h.slot_count) + " slots): remove " + path +
-                                     " if it is stale, or choose another --name");
-    }
-  }
+  void validate() const { validate_segment(table().header(), name_, file_size(), region_.get_size()); }
 
   /// " (pid N)" when the header names the serving watchdog, for messages.
   [[nodiscard]] std::string peek_watchdog_pid() {

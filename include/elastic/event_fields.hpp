@@ -1,0 +1,163 @@
+// What one event says and how it is written: the field values, who writes it, and the JSON
+// line itself. The event log (events.hpp) and the warnings of light headers (warning_hook.hpp)
+// both write lines with this, so every line has the same shape wherever it comes from.
+//
+//   {"ts":"2026-11-22T20:28:00.123456Z","event":"watchdog_kill","run_id":"job7","host":"h1",
+//    "pid":4242,"rank":0,"target_pid":4300,"scope":"allreduce",...}
+#pragma once
+
+#include <time.h>
+#include <unistd.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <ctime>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+#include <elastic/detail/env.hpp>
+#include <elastic/detail/json_text.hpp>
+
+namespace elastic {
+
+namespace events {
+
+/// Events that say something went wrong, was refused or was given up on: all that a console
+/// shows of a run without an events file (the rest, progress, would drown the trainer's output).
+inline bool is_warning(std::string_view event) noexcept {
+  constexpr std::string_view endings[] = {"_failed",     "_failure",    "_refused",  "_error",       "_exceeded",
+                                          "_full",       "_lost",       "_timeout",  "_unavailable", "_unagreed",
+                                          "_unacknowledged", "_skipped", "_quarantined", "_unwatched", "_kill",
+                                          "_escalate",   "_crash_loop", "_departure", "_interrupted"};
+  for (const auto e : endings)
+    if (event.ends_with(e)) return true;
+  return false;
+}
+
+}  // namespace events
+
+/// A value of an event field: integer, floating point, boolean, string or null.
+class event_value {
+ public:
+  enum class kind { null, boolean, integer, unsigned_integer, floating, string };
+
+  event_value() noexcept = default;
+  event_value(std::nullptr_t) noexcept {}
+  event_value(bool b) noexcept : kind_(kind::boolean), i_(b) {}
+  template <class T>
+    requires(std::is_integral_v<T> && !std::is_same_v<T, bool> && std::is_signed_v<T>)
+  event_value(T v) noexcept : kind_(kind::integer), i_(v) {}
+  template <class T>
+    requires(std::is_integral_v<T> && !std::is_same_v<T, bool> && std::is_unsigned_v<T>)
+  event_value(T v) noexcept : kind_(kind::unsigned_integer), u_(v) {}
+  event_value(double v) noexcept : kind_(kind::floating), d_(v) {}
+  event_value(std::string_view s) noexcept : kind_(kind::string), s_(s) {}
+  event_value(const char* s) noexcept : kind_(kind::string), s_(s) {}
+  event_value(const std::string& s) noexcept : kind_(kind::string), s_(s) {}
+
+  /// Appends this value as JSON.
+  void append_json(std::string& out) const;
+
+ private:
+  kind kind_ = kind::null;
+  std::int64_t i_ = 0;
+  std::uint64_t u_ = 0;
+  double d_ = 0;
+  std::string_view s_;
+};
+
+/// One `"key": value` pair of an event.
+struct event_field {
+  std::string_view key;
+  event_value value;
+};
+
+namespace detail {
+
+/// The current UTC time as RFC 3339 with microseconds: 2026-11-22T20:28:00.123456Z.
+inline void append_rfc3339_now(std::string& out) {
+  timespec ts;
+  ::clock_gettime(CLOCK_REALTIME, &ts);
+  std::tm tm{};
+  ::gmtime_r(&ts.tv_sec, &tm);
+  char buf[40];
+  const int n = std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%06ldZ", tm.tm_year + 1900, tm.tm_mon + 1,
+                              tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<long>(ts.tv_nsec / 1000));
+  if (n > 0) out.append(buf, static_cast<std::size_t>(n) < sizeof buf ? static_cast<std::size_t>(n) : sizeof buf - 1);
+}
+
+/// The current UTC time as RFC 3339 with microseconds.
+inline std::string rfc3339_now() {
+  std::string out;
+  append_rfc3339_now(out);
+  return out;
+}
+
+}  // namespace detail
+
+inline void event_value::append_json(std::string& out) const {
+  switch (kind_) {
+    case kind::null: out += "null"; break;
+    case kind::boolean: out += i_ ? "true" : "false"; break;
+    case kind::integer: detail::append_json_integer(out, i_); break;
+    case kind::unsigned_integer: detail::append_json_integer(out, u_); break;
+    case kind::floating: detail::append_json_double(out, d_); break;  // JSON has no NaN: null
+    case kind::string: detail::append_json_string(out, s_); break;
+  }
+}
+
+/// Who writes the events: the common fields of every line.
+struct event_identity {
+  std::string run_id;       ///< ELASTIC_RUN_ID, or empty
+  std::string host;         ///< gethostname()
+  std::optional<long> rank; ///< ELASTIC_RANK when set
+
+  /// Reads ELASTIC_RUN_ID and ELASTIC_RANK (a malformed rank is left out) and the host name.
+  static event_identity from_env() {
+    event_identity id;
+    id.run_id = elastic::detail::env_string("ELASTIC_RUN_ID").value_or("");
+    id.rank = elastic::detail::env_index_or_none("ELASTIC_RANK");
+    char host[256] = {};
+    if (::gethostname(host, sizeof host - 1) == 0) id.host = host;
+    return id;
+  }
+};
+
+namespace detail {
+
+/// Appends the JSON line (without its newline) for `event` written by `id` with `fields`.
+inline void append_event_line(std::string& out, std::string_view event, const event_identity& id,
+                              std::span<const event_field> fields) {
+  auto key = [&](std::string_view k) {
+    out += ',';
+    append_json_string(out, k);
+    out += ':';
+  };
+  out += "{\"ts\":\"";
+  append_rfc3339_now(out);
+  out += "\",\"event\":";
+  append_json_string(out, event);
+  key("run_id");
+  append_json_string(out, id.run_id);
+  key("host");
+  append_json_string(out, id.host);
+  key("pid");
+  append_json_integer(out, static_cast<long>(::getpid()));
+  if (id.rank) {
+    key("rank");
+    append_json_integer(out, *id.rank);
+  }
+  for (const auto& f : fields) {
+    key(f.key);
+    f.value.append_json(out);
+  }
+  out += '}';
+}
+
+}  // namespace detail
+
+}  // namespace elastic
