@@ -19,17 +19,11 @@
 // pidfd (elastic::detail::signal_client). A process that fails is never signalled: its slots are
 // freed and one `watchdog_refused` event per process says why.
 //
-// Why not a registration handshake (SO_PEERCRED on a Unix socket when a client attaches)? The
-// list of registered clients would live in the watchdog, so a watchdog that dies takes it along,
-// and its successor, adopting the segment, could not enforce any deadline written before:
-// already-hung processes never register again. The kernel's account survives the watchdog, costs
-// the hot path nothing (no protocol, no syscall on entering a scope), and covers fork children,
-// which inherit the mapping and so are clients by right.
+// Why not a registration handshake instead: see docs/design.md, "Whom the watchdog may signal".
 #pragma once
 
 #include <pthread.h>
 #include <sched.h>
-
 #include <signal.h>
 #include <unistd.h>
 
@@ -38,10 +32,7 @@
 #include <chrono>
 #include <cstring>
 #include <cstdint>
-#include <functional>
 #include <iterator>
-#include <limits>
-#include <optional>
 #include <set>
 #include <stop_token>
 #include <string>
@@ -54,77 +45,21 @@
 
 #include <elastic/detail/clock.hpp>
 #include <elastic/detail/process.hpp>
+#include <elastic/detail/futex.hpp>
 #include <elastic/error.hpp>
 #include <elastic/events.hpp>
-#include <elastic/detail/futex.hpp>
 #include <elastic/timer/detail/segment.hpp>
 #include <elastic/timer/detail/table.hpp>
+#include <elastic/timer/watchdog_options.hpp>
 
 namespace elastic::timer {
-
-/// How a watchdog is set up. Only `name` is required.
-/// A signal the watchdog sent to a process whose scope expired (what `watchdog_kill` logs).
-struct watchdog_kill_report {
-  pid_t pid = 0;
-  pid_t tid = 0;
-  int rank = -1;                       ///< -1: the process declared none
-  std::string_view scope;              ///< valid during the call only
-  int signal = SIGKILL;
-  std::chrono::nanoseconds limit{0};   ///< the scope's time limit
-  std::chrono::nanoseconds held{0};    ///< how long the scope had been open when signalled
-  std::chrono::nanoseconds late{0};    ///< from the deadline to the signal
-};
-
-struct watchdog_options {
-  std::string name{};  ///< segment name: what workers find in ELASTIC_WATCHDOG
-  std::uint32_t capacity = detail::default_slot_count;  ///< threads watched at once (new segments)
-  std::chrono::milliseconds poll{20};  ///< longest sleep between two scans
-  int signal = SIGKILL;                ///< for scopes that name no signal
-  /// After a scope's signal other than SIGKILL (say SIGABRT, for a core dump), a process still
-  /// alive this much later gets SIGKILL.
-  std::chrono::milliseconds escalate_after{5000};
-  std::chrono::milliseconds reclaim_interval{1000};  ///< how often slots of dead processes are freed
-  bool remove_on_stop = true;  ///< unlink the segment when the watchdog stops cleanly
-  bool start_thread = true;    ///< false: the owner calls scan_once()/run() itself
-  /// SCHED_FIFO priority for the scanning thread (0: stay at normal priority). It sleeps almost
-  /// always and scans in microseconds; real-time priority keeps a loaded machine from delaying
-  /// a kill by a scheduler tick or more. Without the privilege (CAP_SYS_NICE or RLIMIT_RTPRIO)
-  /// it logs `watchdog_priority` once and runs at normal priority.
-  int realtime_priority = 1;
-  /// Where events go; nothing: event_log::from_env() (ELASTIC_EVENTS, else stderr), opened when
-  /// the watchdog is constructed, so a bad ELASTIC_EVENTS is its elastic::error, not an escape
-  /// from a default member initializer.
-  std::optional<event_log> events{};
-  /// Called on the scanning thread after each signal sent for an expired scope, so that whoever
-  /// hosts the watchdog (elastic-run) learns of its kills without reading its events back. Keep
-  /// it short and thread-safe; what it throws is dropped.
-  std::function<void(const watchdog_kill_report&)> on_kill{};
-};
-
-/// Counters since the watchdog started.
-struct watchdog_stats {
-  std::uint64_t scans = 0;
-  std::uint64_t signals = 0;      ///< scope signals sent (first signal per expiry)
-  std::uint64_t escalations = 0;  ///< SIGKILLs sent after a grace
-  std::uint64_t reclaimed = 0;    ///< slots freed after their process died
-  std::int64_t max_late_ns = 0;   ///< worst delay from a deadline to its signal
-  std::uint64_t refused = 0;      ///< signals not sent: the process was not a client
-};
-
-/// What one scan saw.
-struct scan_result {
-  std::int64_t next_deadline_ns = std::numeric_limits<std::int64_t>::max();
-  std::uint32_t owned_slots = 0;
-  std::uint32_t live_scopes = 0;
-  std::uint32_t signals_sent = 0;
-};
 
 class watchdog {
  public:
   /// Creates the segment (or adopts the one of a dead watchdog) and, unless
   /// `start_thread` is false, starts scanning on its own thread. Throws elastic::error.
   explicit watchdog(watchdog_options opts)
-      : opts_(checked(std::move(opts))),
+      : opts_(std::move(opts).checked()),
         events_(opts_.events ? std::move(*opts_.events) : event_log::from_env()),
         segment_(detail::segment::create_or_adopt(opts_.name, opts_.capacity)),
         segment_id_(segment_.identity()) {
@@ -223,7 +158,7 @@ class watchdog {
       const std::uint32_t depth = std::min(s.head.depth.load(std::memory_order_acquire), detail::scopes_per_slot);
       for (std::uint32_t j = 0; j < depth; ++j) {
         detail::entry_snapshot e;
-        if (!read_stable(s.scopes[j], e)) continue;
+        if (!detail::read_entry_stable(s.scopes[j], e)) continue;
         ++r.live_scopes;
         if (e.deadline_ns > now) {
           r.next_deadline_ns = std::min(r.next_deadline_ns, e.deadline_ns);
@@ -309,19 +244,6 @@ class watchdog {
 
   static std::int64_t ns(std::chrono::milliseconds ms) noexcept { return ms.count() * 1'000'000; }
 
-  /// `o`, once its values are known good: checked before the segment exists, so a refusal
-  /// leaves nothing behind.
-  static watchdog_options checked(watchdog_options o) {
-    if (o.poll <= std::chrono::milliseconds(0)) {
-      throw error(errc::invalid_argument, "watchdog poll interval must be positive, got " +
-                                              std::to_string(o.poll.count()) + " ms");
-    }
-    if (o.signal <= 0 || o.signal >= NSIG) {
-      throw error(errc::invalid_argument, "watchdog signal " + std::to_string(o.signal) + " is not a signal number");
-    }
-    return o;
-  }
-
   /// run(), kept going through anything it throws (memory exhaustion in a bookkeeping map): an
   /// exception must neither end the process through std::terminate nor stop enforcement.
   void run_guarded(std::stop_token stop) noexcept {
@@ -362,15 +284,6 @@ class watchdog {
                                       {"stage", stage},
                                       {"reason", reason},
                                       {"effect", "not signalled; its slots were freed"}});
-  }
-
-  /// read_entry, retried a few times when the owner is rewriting the entry right now.
-  static bool read_stable(const detail::scope_entry& e, detail::entry_snapshot& out) noexcept {
-    for (int attempt = 0; attempt < 4; ++attempt) {
-      if (detail::read_entry(e, out)) return true;
-      if (e.generation.load(std::memory_order_relaxed) == 0) return false;
-    }
-    return false;
   }
 
   std::uint32_t count_owned() const noexcept {

@@ -171,6 +171,15 @@ inline bool read_entry(const scope_entry& e, entry_snapshot& out) noexcept {
   return true;
 }
 
+/// read_entry, retried a few times when the owner is rewriting the entry right now.
+inline bool read_entry_stable(const scope_entry& e, entry_snapshot& out) noexcept {
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    if (read_entry(e, out)) return true;
+    if (e.generation.load(std::memory_order_relaxed) == 0) return false;
+  }
+  return false;
+}
+
 /// A mapped table: the header and its slots. Cheap to copy; owns nothing.
 class table_view {
  public:

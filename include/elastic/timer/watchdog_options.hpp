@@ -1,0 +1,94 @@
+// How a watchdog is set up, and what it reports: its options, the report of each kill, its
+// counters and what one scan saw.
+#pragma once
+
+#include <signal.h>
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <elastic/error.hpp>
+#include <elastic/events.hpp>
+#include <elastic/timer/detail/table.hpp>
+
+namespace elastic::timer {
+
+/// A signal the watchdog sent to a process whose scope expired (what `watchdog_kill` logs).
+struct watchdog_kill_report {
+  pid_t pid = 0;
+  pid_t tid = 0;
+  int rank = -1;                       ///< -1: the process declared none
+  std::string_view scope;              ///< valid during the call only
+  int signal = SIGKILL;
+  std::chrono::nanoseconds limit{0};   ///< the scope's time limit
+  std::chrono::nanoseconds held{0};    ///< how long the scope had been open when signalled
+  std::chrono::nanoseconds late{0};    ///< from the deadline to the signal
+};
+
+/// How a watchdog is set up. Only `name` is required.
+struct watchdog_options {
+  std::string name{};  ///< segment name: what workers find in ELASTIC_WATCHDOG
+  std::uint32_t capacity = detail::default_slot_count;  ///< threads watched at once (new segments)
+  std::chrono::milliseconds poll{20};  ///< longest sleep between two scans
+  int signal = SIGKILL;                ///< for scopes that name no signal
+  /// After a scope's signal other than SIGKILL (say SIGABRT, for a core dump), a process still
+  /// alive this much later gets SIGKILL.
+  std::chrono::milliseconds escalate_after{5000};
+  std::chrono::milliseconds reclaim_interval{1000};  ///< how often slots of dead processes are freed
+  bool remove_on_stop = true;  ///< unlink the segment when the watchdog stops cleanly
+  bool start_thread = true;    ///< false: the owner calls scan_once()/run() itself
+  /// SCHED_FIFO priority for the scanning thread (0: stay at normal priority). It sleeps almost
+  /// always and scans in microseconds; real-time priority keeps a loaded machine from delaying
+  /// a kill by a scheduler tick or more. Without the privilege (CAP_SYS_NICE or RLIMIT_RTPRIO)
+  /// it logs `watchdog_priority` once and runs at normal priority.
+  int realtime_priority = 1;
+  /// Where events go; nothing: event_log::from_env() (ELASTIC_EVENTS, else stderr), opened when
+  /// the watchdog is constructed, so a bad ELASTIC_EVENTS is its elastic::error, not an escape
+  /// from a default member initializer.
+  std::optional<event_log> events{};
+  /// Called on the scanning thread after each signal sent for an expired scope, so that whoever
+  /// hosts the watchdog (elastic-run) learns of its kills without reading its events back. Keep
+  /// it short and thread-safe; what it throws is dropped.
+  std::function<void(const watchdog_kill_report&)> on_kill{};
+
+  /// These options, once their values are known good; errc::invalid_argument otherwise. The
+  /// watchdog checks them before its segment exists, so a refusal leaves nothing behind.
+  [[nodiscard]] watchdog_options checked() const& { return watchdog_options(*this).checked(); }
+  [[nodiscard]] watchdog_options checked() && {
+    if (poll <= std::chrono::milliseconds(0)) {
+      throw error(errc::invalid_argument, "watchdog poll interval must be positive, got " +
+                                              std::to_string(poll.count()) + " ms");
+    }
+    if (signal <= 0 || signal >= NSIG) {
+      throw error(errc::invalid_argument, "watchdog signal " + std::to_string(signal) + " is not a signal number");
+    }
+    return std::move(*this);
+  }
+};
+
+/// Counters since the watchdog started.
+struct watchdog_stats {
+  std::uint64_t scans = 0;
+  std::uint64_t signals = 0;      ///< scope signals sent (first signal per expiry)
+  std::uint64_t escalations = 0;  ///< SIGKILLs sent after a grace
+  std::uint64_t reclaimed = 0;    ///< slots freed after their process died
+  std::int64_t max_late_ns = 0;   ///< worst delay from a deadline to its signal
+  std::uint64_t refused = 0;      ///< signals not sent: the process was not a client
+};
+
+/// What one scan saw.
+struct scan_result {
+  std::int64_t next_deadline_ns = std::numeric_limits<std::int64_t>::max();
+  std::uint32_t owned_slots = 0;
+  std::uint32_t live_scopes = 0;
+  std::uint32_t signals_sent = 0;
+};
+
+}  // namespace elastic::timer
