@@ -11,6 +11,13 @@
 #define ELASTIC_VERSION_PATCH 0
 #define ELASTIC_VERSION_STRING "0.1.0"
 
+// The ABI version. Every declaration of the library lives in the inline namespace
+// elastic::v1 (each header opens `namespace elastic::inline v1`), so two builds whose layouts
+// differ link to different symbols instead of silently mixing; users still write `elastic::`.
+// Bump it with any change that breaks the ABI (tests/test_layout.py checks every header opens
+// the namespace this names).
+#define ELASTIC_ABI_VERSION v1
+
 #ifndef ELASTIC_WITH_CUDA
 #define ELASTIC_WITH_CUDA 0
 #endif
