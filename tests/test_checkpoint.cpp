@@ -15,6 +15,7 @@
 #include <vector>
 
 #include <elastic/checkpoint.hpp>
+#include <elastic/checkpoint/detail/interval_policy.hpp>
 
 #include "support/catch.hpp"
 #include "support/damage.hpp"
@@ -421,6 +422,60 @@ TEST_CASE("try_snapshot never waits for a slot: with none free it does nothing a
   ck::checkpointer r(b.st, opts(tmp.file("ckpt"), tmp.file("e")));
   REQUIRE(r.restore()->step == step);
   CHECK(b.same_as(a));
+}
+
+TEST_CASE("the interval policy keeps every_steps fixed without max_overhead, and guesses 10 with it") {
+  using elastic::checkpoint::detail::interval_policy;
+  CHECK(interval_policy(7, 0).interval() == 7);
+  CHECK_FALSE(interval_policy(7, 0).adaptive());
+  CHECK(interval_policy(0, 0).interval() == 0);
+  CHECK(interval_policy(0, 0.1).interval() == 10);
+  CHECK(interval_policy(4, 0.1).interval() == 4);
+  // A fixed interval never changes, whatever the checkpoints cost.
+  interval_policy fixed(5, 0);
+  fixed.on_step(1.0, [] { return std::uint64_t{0}; });
+  fixed.on_snapshot(10.0, 0);
+  fixed.on_step(2.0, [] { return std::uint64_t{1}; });
+  CHECK_FALSE(fixed.update_pending());
+  CHECK_FALSE(fixed.update(100.0));
+  CHECK(fixed.interval() == 5);
+}
+
+TEST_CASE("the interval policy charges a checkpoint its call and the excess of the steps it overlapped") {
+  elastic::checkpoint::detail::interval_policy p(2, 0.1);
+  p.on_step(1.0, [] { return std::uint64_t{0}; });  // undisturbed: the first step sets the average
+  p.on_step(1.0, [] { return std::uint64_t{0}; });
+  CHECK(p.step_seconds() == 1.0);
+  p.on_snapshot(0.5, 0);
+  p.on_snapshot(9.0, 1);  // a second snapshot while the first is tracked is not measured
+  CHECK(p.cost_seconds() == 0.5);
+  p.on_step(1.5, [] { return std::uint64_t{0}; });  // not done yet: 0.5 s excess
+  CHECK_FALSE(p.update_pending());
+  p.on_step(0.5, [] { return std::uint64_t{1}; });  // faster than usual: no negative charge; done now
+  CHECK(p.cost_seconds() == 1.0);
+  CHECK(p.step_seconds() == 1.0);  // steps during a checkpoint do not move the average
+  REQUIRE(p.update_pending());
+  // cost 1 s / (0.1 * 1 s) = every 10 steps, unless persistence is slower than that.
+  CHECK(p.update(3.0));
+  CHECK(p.interval() == 10);
+  CHECK_FALSE(p.update_pending());
+  CHECK_FALSE(p.update(3.0));  // nothing pending: no change
+}
+
+TEST_CASE("the interval policy checkpoints no more often than persistence keeps up with, and at least every step") {
+  elastic::checkpoint::detail::interval_policy p(10, 0.5);
+  p.on_step(2.0, [] { return std::uint64_t{0}; });
+  p.on_snapshot(0.01, 0);
+  p.on_step(2.0, [] { return std::uint64_t{1}; });
+  CHECK(p.update(30.0));  // persisting takes 15 steps
+  CHECK(p.interval() == 15);
+  p.on_snapshot(0.01, 1);
+  p.on_step(2.0, [] { return std::uint64_t{2}; });
+  CHECK(p.update(0.0));  // cheap: 0.01 / (0.5 * 2) rounds up to 1
+  CHECK(p.interval() == 1);
+  p.on_snapshot(0.01, 2);
+  p.on_step(2.0, [] { return std::uint64_t{3}; });
+  CHECK_FALSE(p.update(0.0));  // the same interval again is no change
 }
 
 namespace {

@@ -37,15 +37,11 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
-#include <condition_variable>
 #include <cstdint>
-#include <cstdlib>
 #include <exception>
 #include <filesystem>
 #include <iterator>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -55,6 +51,10 @@
 
 #include <elastic/checkpoint/checkpointer.hpp>
 #include <elastic/checkpoint/detail/final_step.hpp>
+#include <elastic/checkpoint/detail/grace_timer.hpp>
+#include <elastic/checkpoint/detail/interval_policy.hpp>
+#include <elastic/checkpoint/detail/loop_settings.hpp>
+#include <elastic/checkpoint/loop_options.hpp>
 #include <elastic/checkpoint/group_hook.hpp>
 #include <elastic/checkpoint/preemption.hpp>
 #include <elastic/checkpoint/state.hpp>
@@ -66,50 +66,6 @@
 #include <elastic/timer/expires.hpp>
 
 namespace elastic {
-
-/// Why a loop ended.
-enum class loop_reason { running, finished, preempted, stopped };
-
-constexpr std::string_view to_string(loop_reason r) noexcept {
-  switch (r) {
-    case loop_reason::running: return "running";
-    case loop_reason::finished: return "finished";
-    case loop_reason::preempted: return "preempted";
-    case loop_reason::stopped: return "stopped";
-  }
-  return "running";
-}
-
-struct loop_options {
-  std::filesystem::path dir{};               ///< checkpoint directory
-  std::uint64_t steps = 0;                   ///< total steps; 0: until preempted or stopped
-  std::uint64_t every_steps = 0;             ///< checkpoint every N steps (0: not by count)
-  std::chrono::seconds every_seconds{0};     ///< and/or every S seconds (0: not by time)
-  std::size_t keep_last = 3;                 ///< committed checkpoints kept
-  /// Each step runs in a timer scope of this; 0: ELASTIC_STEP_TIMEOUT (seconds, set by
-  /// elastic-run --step-timeout: 0 for none, or 0.001 to 1e6), else none. With a step timeout
-  /// and ELASTIC_WATCHDOG set, the constructor attaches to that watchdog and throws if it cannot
-  /// (a timeout that nobody enforces is a silent hang); ELASTIC_WATCHDOG unset: unwatched.
-  std::chrono::milliseconds step_timeout{0};
-  /// > 0: pick the checkpoint interval so that the time the loop is blocked by checkpoints
-  /// stays under this fraction of training time (CheckFreq); every_steps is the first guess.
-  double max_overhead = 0;
-  /// Final checkpoint budget after a notice; nothing: ELASTIC_GRACE (seconds, set by elastic-run
-  /// --grace: 0 to 86400), else 25 s.
-  std::optional<std::chrono::milliseconds> grace{};
-  bool checkpoint_at_end = true;             ///< a durable checkpoint of the last step
-  bool handle_signals = true;                ///< SIGTERM/SIGINT mean preemption
-  checkpoint::stream_handle stream = nullptr;  ///< the compute stream snapshots follow (CUDA)
-  std::size_t staging_budget = 0;            ///< see checkpointer_options
-  int rank = -1;                             ///< -1: ELASTIC_RANK (0 to world size - 1), else 0
-  int world_size = -1;                       ///< -1: ELASTIC_WORLD_SIZE (1 to 65536), else 1
-  std::string run_id{};                      ///< empty: ELASTIC_RUN_ID
-  std::chrono::milliseconds commit_timeout{std::chrono::minutes(2)};
-  std::optional<event_log> events{};         ///< nothing: event_log::from_env()
-  /// An elastic group the loop resyncs with at each safe point. The state is then replicated:
-  /// only the group's rank 0 writes checkpoints, as a world of one (rank/world_size are ignored).
-  group_hook* group = nullptr;
-};
 
 class training_loop {
  public:
@@ -153,7 +109,7 @@ class training_loop {
   /// Restores the newest valid checkpoint of `opts.dir` into `st` (if any). Throws
   /// errc::invalid_argument naming the option or variable that is malformed or out of range.
   training_loop(loop_options opts, checkpoint::state& st)
-      : opts_(resolve(std::move(opts))),
+      : opts_(checkpoint::detail::resolve_loop_options(std::move(opts))),
         events_(opts_.events ? *opts_.events : event_log::from_env()),
         state_(st),
         ckpt_(st, {.dir = opts_.dir,
@@ -165,9 +121,7 @@ class training_loop {
                    .commit_timeout = opts_.commit_timeout,
                    .events = events_}),
         ctx_(this) {
-    check_watchdog();
-    interval_ = opts_.every_steps;
-    if (opts_.max_overhead > 0 && interval_ == 0) interval_ = 10;
+    checkpoint::detail::check_watchdog(opts_.step_timeout);
     if (opts_.handle_signals) signals_.emplace();
     const auto m = ckpt_.restore();
     start_ = next_ = last_snapshot_step_ = m ? m->step : 0;
@@ -181,7 +135,7 @@ class training_loop {
     events_.emit("loop_start", {{"step", next_},
                                 {"resumed", m.has_value()},
                                 {"steps", opts_.steps},
-                                {"every_steps", interval_},
+                                {"every_steps", policy_.interval()},
                                 {"dir", opts_.dir.string()}});
   }
 
@@ -215,7 +169,7 @@ class training_loop {
   /// (both staging slots still being written); one snapshot put off three steps counts three.
   [[nodiscard]] std::uint64_t deferred_snapshots() const noexcept { return deferred_; }
   /// The checkpoint interval in steps now in force (the adaptive policy's choice, if enabled).
-  [[nodiscard]] std::uint64_t interval_steps() const noexcept { return interval_; }
+  [[nodiscard]] std::uint64_t interval_steps() const noexcept { return policy_.interval(); }
   [[nodiscard]] checkpoint::checkpointer& checkpointer() noexcept { return ckpt_; }
   /// Whether this process made the final step durable as its writer (standalone rank 0 after its
   /// commit, or the group's writer): what loop_preempted / loop_end report as final_checkpoint.
@@ -252,80 +206,70 @@ class training_loop {
   /// Ends the current step; false when the loop is over.
   bool end_step() {
     scope_.reset();
-    if (opts_.group && opts_.group->step_failed()) {
-      // The update of this step is not everywhere: run it again on the rebuilt group.
-      if (preemption_handler::requested() && signals_) {
-        final_checkpoint(loop_reason::preempted);
-        return false;
-      }
-      if (stop_requested_) {
-        final_checkpoint(loop_reason::stopped);
-        return false;
-      }
-      ++redone_;
-      if (!begin_step()) return false;
-      if (opts_.steps && next_ >= opts_.steps) {  // rank 0 had finished this step after all
-        scope_.reset();
-        final_checkpoint(loop_reason::finished);
-        return false;
-      }
-      return true;
-    }
+    if (opts_.group && opts_.group->step_failed()) return redo_failed_step();
     ++next_;
     const auto now = std::chrono::steady_clock::now();
-    const double step_s = std::chrono::duration<double>(now - step_started_).count();
-    // A checkpoint costs more than its stall: the copy and the write compete with training for
-    // cores, memory bandwidth and the disk. Steps run while one is in flight are charged their
-    // excess over the undisturbed step time (CheckFreq's measurement of interference).
-    if (in_flight_) {
-      inflight_cost_ += std::max(0.0, step_s - step_ema_);
+    policy_.on_step(std::chrono::duration<double>(now - step_started_).count(), [&] {
       const auto st = ckpt_.stats();
-      if (st.committed + st.failed > tracked_done_) {
-        in_flight_ = false;
-        pending_policy_update_ = opts_.max_overhead > 0;
-      }
-    } else {
-      step_ema_ = step_ema_ == 0 ? step_s : 0.9 * step_ema_ + 0.1 * step_s;
-    }
+      return st.committed + st.failed;
+    });
+    if (ended_after_step(now)) return false;
+    if (policy_.update_pending()) update_interval();  // the newest checkpoint is durable: its whole cost is known
+    if (due(now) && writer()) snapshot_due(now);
+    return begin_step();
+  }
 
-    if (agreed_final_) {
-      // Training on to the final step the ranks agreed on.
-      if (next_ >= *agreed_final_) {
-        finish_agreed();
-        return false;
-      }
-    } else if (const auto why = notice(now)) {
+  /// A step whose collective failed: its update is not everywhere, so it is run again on the
+  /// rebuilt group (unless a notice or stop() ends the loop). False when the loop is over.
+  bool redo_failed_step() {
+    if (preemption_handler::requested() && signals_) {
+      final_checkpoint(loop_reason::preempted);
+      return false;
+    }
+    if (stop_requested_) {
+      final_checkpoint(loop_reason::stopped);
+      return false;
+    }
+    ++redone_;
+    if (!begin_step()) return false;
+    if (opts_.steps && next_ >= opts_.steps) {  // rank 0 had finished this step after all
+      scope_.reset();
+      final_checkpoint(loop_reason::finished);
+      return false;
+    }
+    return true;
+  }
+
+  /// Ends the loop if it must end after the step just completed (see notice()), with its final
+  /// checkpoint, alone or at the step the ranks agreed on. True when the loop is over.
+  bool ended_after_step(std::chrono::steady_clock::time_point now) {
+    if (!agreed_final_) {
+      const auto why = notice(now);
+      if (!why) return false;
       if (!agreement_ || (*why != loop_reason::preempted && !opts_.checkpoint_at_end)) {
         final_checkpoint(*why);
-        return false;
+        return true;
       }
-      if (!agree_on_final_step(*why)) return false;
-      if (next_ >= *agreed_final_) {
-        finish_agreed();
-        return false;
-      }
+      if (!agree_on_final_step(*why)) return true;
     }
-    if (pending_policy_update_) {
-      // The newest checkpoint is durable: its whole cost is known.
-      update_policy();
-      pending_policy_update_ = false;
+    // Training on to the final step the ranks agreed on.
+    if (next_ < *agreed_final_) return false;
+    finish_agreed();
+    return true;
+  }
+
+  /// Takes the snapshot that is due; under the adaptive policy one that cannot be taken now is
+  /// deferred to the end of the next step.
+  void snapshot_due(std::chrono::steady_clock::time_point now) {
+    const auto before = ckpt_.stats();
+    const auto t0 = std::chrono::steady_clock::now();
+    if (!take_snapshot()) {
+      ++deferred_;  // due still: tried again at the end of the next step
+      return;
     }
-    if (due(now) && writer()) {
-      const auto before = ckpt_.stats();
-      const auto t0 = std::chrono::steady_clock::now();
-      if (take_snapshot()) {
-        if (!in_flight_) {  // the cost of one checkpoint at a time is tracked
-          inflight_cost_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-          tracked_done_ = before.snapshots;  // persisted in order: done once all before it and it are
-          in_flight_ = true;
-        }
-        last_snapshot_step_ = next_;
-        last_snapshot_time_ = now;
-      } else {
-        ++deferred_;  // due still: tried again at the end of the next step
-      }
-    }
-    return begin_step();
+    policy_.on_snapshot(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), before.snapshots);
+    last_snapshot_step_ = next_;
+    last_snapshot_time_ = now;
   }
 
   /// Why the loop must end after this step, if it must: a preemption notice (ours, or another
@@ -349,35 +293,28 @@ class training_loop {
   // little work a failure loses); under the adaptive policy it never waits on the disk: with no
   // slot free it takes nothing now, and the snapshot comes at the first step after one frees up.
   bool take_snapshot() {
-    if (opts_.max_overhead > 0) return ckpt_.try_snapshot(next_, {}, opts_.stream);
+    if (policy_.adaptive()) return ckpt_.try_snapshot(next_, {}, opts_.stream);
     ckpt_.snapshot(next_, {}, opts_.stream);
     return true;
   }
 
   bool due(std::chrono::steady_clock::time_point now) const {
-    if (interval_ && next_ - last_snapshot_step_ >= interval_) return true;
+    const auto interval = policy_.interval();
+    if (interval && next_ - last_snapshot_step_ >= interval) return true;
     if (opts_.every_seconds.count() > 0 && now - last_snapshot_time_ >= opts_.every_seconds) return true;
     return false;
   }
 
-  /// CheckFreq's rule: checkpoint every k steps where cost / (k * step) <= max_overhead, the
-  /// cost being the snapshot call plus the excess time of the steps it overlapped; and no
-  /// more often than persistence keeps up with.
-  void update_policy() {
+  /// The adaptive policy's new interval (detail/interval_policy.hpp), announced when it changes.
+  void update_interval() {
     const auto s = ckpt_.stats();
-    if (step_ema_ <= 0) return;
-    const double by_cost = inflight_cost_ / (opts_.max_overhead * step_ema_);
-    const double by_persist = s.last_persist_seconds / step_ema_;
-    const auto k = static_cast<std::uint64_t>(std::max(1.0, std::ceil(std::max(by_cost, by_persist))));
-    if (k != interval_) {
-      interval_ = k;
-      events_.emit("checkpoint_policy", {{"every_steps", k},
-                                         {"cost_ms", inflight_cost_ * 1e3},
-                                         {"stall_ms", s.last_stall_seconds * 1e3},
-                                         {"step_ms", step_ema_ * 1e3},
-                                         {"persist_ms", s.last_persist_seconds * 1e3},
-                                         {"max_overhead", opts_.max_overhead}});
-    }
+    if (!policy_.update(s.last_persist_seconds)) return;
+    events_.emit("checkpoint_policy", {{"every_steps", policy_.interval()},
+                                       {"cost_ms", policy_.cost_seconds() * 1e3},
+                                       {"stall_ms", s.last_stall_seconds * 1e3},
+                                       {"step_ms", policy_.step_seconds() * 1e3},
+                                       {"persist_ms", s.last_persist_seconds * 1e3},
+                                       {"max_overhead", opts_.max_overhead}});
   }
 
   /// The final checkpoint of a loop that ends alone (no agreement needed): the writer
@@ -553,85 +490,6 @@ class training_loop {
                   {"durable_step", s.last_durable_step ? static_cast<long long>(*s.last_durable_step) : -1LL}});
   }
 
-  /// Options with what the environment fills in, every value checked.
-  static loop_options resolve(loop_options o) {
-    namespace env = elastic::detail;
-    using std::chrono::milliseconds;
-    if (o.max_overhead < 0 || o.max_overhead >= 1) {
-      throw error(errc::invalid_argument, "training_loop: max_overhead is a fraction in [0, 1)");
-    }
-    if (o.step_timeout.count() < 0) {
-      throw error(errc::invalid_argument, "training_loop: step_timeout is negative; use 0 for no timeout");
-    }
-    if (o.step_timeout.count() == 0) {
-      o.step_timeout = env::env_seconds_in("ELASTIC_STEP_TIMEOUT", milliseconds(1), milliseconds(1'000'000'000),
-                                           "no timeout")
-                           .value_or(milliseconds(0));
-    }
-    if (o.grace && o.grace->count() < 0) throw error(errc::invalid_argument, "training_loop: grace is negative");
-    if (!o.grace) {
-      o.grace = env::env_seconds_in("ELASTIC_GRACE", milliseconds(1), std::chrono::hours(24), "no final checkpoint")
-                    .value_or(std::chrono::seconds(25));
-    }
-    if (o.group) return o;  // rank and world size are the group's
-    const bool rank_from_env = o.rank < 0, world_from_env = o.world_size < 0;
-    if (world_from_env) o.world_size = static_cast<int>(env::env_int("ELASTIC_WORLD_SIZE", 1, 65536).value_or(1));
-    if (rank_from_env) o.rank = static_cast<int>(env::env_int("ELASTIC_RANK", 0, 65535).value_or(0));
-    if (o.world_size < 1 || o.rank >= o.world_size) {
-      auto shown = [](bool from_env, const char* var, const char* opt, int v) {
-        return from_env ? fmt::format("{}={}", var, v) : fmt::format("loop_options::{} {}", opt, v);
-      };
-      throw error(errc::invalid_argument,
-                  fmt::format("training_loop: {} is not below {}: a rank is 0 to the world size - 1; fix either",
-                              shown(rank_from_env, "ELASTIC_RANK", "rank", o.rank),
-                              shown(world_from_env, "ELASTIC_WORLD_SIZE", "world_size", o.world_size)));
-    }
-    return o;
-  }
-
-  /// A step timeout nobody enforces is a silent hang: with ELASTIC_WATCHDOG set, the watchdog
-  /// must be there. (Unset: scopes are no-ops, and one timer_unwatched event says so.)
-  void check_watchdog() const {
-    if (opts_.step_timeout.count() <= 0) return;
-    const auto name = elastic::detail::env_string("ELASTIC_WATCHDOG");
-    if (!name || timer::client::current() != nullptr) return;
-    try {
-      timer::client::attach(*name);
-    } catch (const error& e) {
-      throw error(e.code(), fmt::format("ELASTIC_WATCHDOG='{}' cannot be attached ({}), so the step timeout of {} ms "
-                                        "would not be enforced: start the watchdog (elastic-run hosts one), fix "
-                                        "ELASTIC_WATCHDOG, or unset it to run unwatched",
-                                        elastic::detail::printable(*name), e.message(), opts_.step_timeout.count()),
-                  e.os_code());
-    }
-  }
-
-  /// Exits 75 if the final checkpoint is not durable within the grace: the orchestrator's
-  /// SIGKILL is coming, and an orderly exit keeps the logs; the previous step stays committed.
-  class grace_timer {
-   public:
-    grace_timer(std::chrono::nanoseconds left, const event_log& events, std::uint64_t step)
-        : thread_([this, left, events, step](std::stop_token) {
-            std::unique_lock lk(mu_);
-            if (cv_.wait_for(lk, left, [&] { return done_; })) return;
-            events.emit("checkpoint_grace_exceeded", {{"step", step}, {"grace_ms", left.count() / 1e6}});
-            std::_Exit(exit_preempted);
-          }) {}
-    ~grace_timer() {
-      {
-        std::lock_guard lk(mu_);
-        done_ = true;
-      }
-      cv_.notify_all();
-    }
-
-   private:
-    std::mutex mu_;
-    std::condition_variable cv_;
-    bool done_ = false;
-    std::jthread thread_;
-  };
-
   loop_options opts_;
   event_log events_;
   checkpoint::state& state_;
@@ -648,20 +506,16 @@ class training_loop {
   bool peer_notice_ = false;  // the notice was another rank's proposal, not our own
   // After a preemption notice: exits 75 when the grace runs out (see grace_timer).
   std::optional<std::chrono::steady_clock::time_point> grace_deadline_;
-  std::optional<grace_timer> grace_;
+  std::optional<checkpoint::detail::grace_timer> grace_;
   // The outcome of the final checkpoint (see emit_end); the failure is kept only to rethrow it.
   bool final_written_ = false;
   std::string final_error_;
   std::exception_ptr final_failure_;
   loop_reason reason_ = loop_reason::running;
-  std::uint64_t start_ = 0, next_ = 0, interval_ = 0, last_snapshot_step_ = 0, redone_ = 0;
+  std::uint64_t start_ = 0, next_ = 0, last_snapshot_step_ = 0, redone_ = 0;
   std::uint64_t deferred_ = 0;  // steps at which a due snapshot was put off (adaptive policy)
   std::chrono::steady_clock::time_point step_started_{}, last_snapshot_time_{std::chrono::steady_clock::now()};
-  double step_ema_ = 0;       // undisturbed step time
-  double inflight_cost_ = 0;  // seconds the newest checkpoint has cost the loop so far
-  bool in_flight_ = false;
-  std::uint64_t tracked_done_ = 0;  // the tracked checkpoint is done when committed + failed exceed this
-  bool pending_policy_update_ = false;
+  checkpoint::detail::interval_policy policy_{opts_.every_steps, opts_.max_overhead};
   bool stop_requested_ = false;
 };
 

@@ -1,0 +1,70 @@
+// How a training_loop fills in and checks its options (from the environment elastic-run sets),
+// and the watchdog its step timeout needs.
+#pragma once
+
+#include <chrono>
+#include <string>
+
+#include <fmt/format.h>
+
+#include <elastic/checkpoint/loop_options.hpp>
+#include <elastic/detail/env.hpp>
+#include <elastic/error.hpp>
+#include <elastic/timer/client.hpp>
+
+namespace elastic::checkpoint::detail {
+
+/// Options with what the environment fills in, every value checked.
+inline loop_options resolve_loop_options(loop_options o) {
+  namespace env = elastic::detail;
+  using std::chrono::milliseconds;
+  if (o.max_overhead < 0 || o.max_overhead >= 1) {
+    throw error(errc::invalid_argument, "training_loop: max_overhead is a fraction in [0, 1)");
+  }
+  if (o.step_timeout.count() < 0) {
+    throw error(errc::invalid_argument, "training_loop: step_timeout is negative; use 0 for no timeout");
+  }
+  if (o.step_timeout.count() == 0) {
+    o.step_timeout = env::env_seconds_in("ELASTIC_STEP_TIMEOUT", milliseconds(1), milliseconds(1'000'000'000),
+                                         "no timeout")
+                         .value_or(milliseconds(0));
+  }
+  if (o.grace && o.grace->count() < 0) throw error(errc::invalid_argument, "training_loop: grace is negative");
+  if (!o.grace) {
+    o.grace = env::env_seconds_in("ELASTIC_GRACE", milliseconds(1), std::chrono::hours(24), "no final checkpoint")
+                  .value_or(std::chrono::seconds(25));
+  }
+  if (o.group) return o;  // rank and world size are the group's
+  const bool rank_from_env = o.rank < 0, world_from_env = o.world_size < 0;
+  if (world_from_env) o.world_size = static_cast<int>(env::env_int("ELASTIC_WORLD_SIZE", 1, 65536).value_or(1));
+  if (rank_from_env) o.rank = static_cast<int>(env::env_int("ELASTIC_RANK", 0, 65535).value_or(0));
+  if (o.world_size < 1 || o.rank >= o.world_size) {
+    auto shown = [](bool from_env, const char* var, const char* opt, int v) {
+      return from_env ? fmt::format("{}={}", var, v) : fmt::format("loop_options::{} {}", opt, v);
+    };
+    throw error(errc::invalid_argument,
+                fmt::format("training_loop: {} is not below {}: a rank is 0 to the world size - 1; fix either",
+                            shown(rank_from_env, "ELASTIC_RANK", "rank", o.rank),
+                            shown(world_from_env, "ELASTIC_WORLD_SIZE", "world_size", o.world_size)));
+  }
+  return o;
+}
+
+/// A step timeout nobody enforces is a silent hang: with ELASTIC_WATCHDOG set, the watchdog
+/// must be there. (Unset: scopes are no-ops, and one timer_unwatched event says so.)
+inline void check_watchdog(std::chrono::milliseconds step_timeout) {
+  if (step_timeout.count() <= 0) return;
+  const auto name = elastic::detail::env_string("ELASTIC_WATCHDOG");
+  if (!name || timer::client::current() != nullptr) return;
+  try {
+    timer::client::attach(*name);
+  } catch (const error& e) {
+    throw error(e.code(), fmt::format("ELASTIC_WATCHDOG='{}' cannot be attached ({}), so the step timeout of {} ms "
+                                      "would not be enforced: start the watchdog (elastic-run hosts one), fix "
+                                      "ELASTIC_WATCHDOG, or unset it to run unwatched",
+                                      elastic::detail::printable(*name), e.message(), step_timeout.count()),
+                e.os_code());
+  }
+}
+
+}  // namespace elastic::checkpoint::detail

@@ -1,0 +1,64 @@
+// What a training_loop is told (loop_options) and why it ended (loop_reason); the loop itself
+// is training_loop.hpp. Unset options are filled in from the environment elastic-run sets
+// (ELASTIC_RANK, ELASTIC_WORLD_SIZE, ELASTIC_STEP_TIMEOUT, ELASTIC_GRACE, ...).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <elastic/checkpoint/checkpointer.hpp>
+#include <elastic/checkpoint/group_hook.hpp>
+#include <elastic/events.hpp>
+
+namespace elastic {
+
+/// Why a loop ended.
+enum class loop_reason { running, finished, preempted, stopped };
+
+constexpr std::string_view to_string(loop_reason r) noexcept {
+  switch (r) {
+    case loop_reason::running: return "running";
+    case loop_reason::finished: return "finished";
+    case loop_reason::preempted: return "preempted";
+    case loop_reason::stopped: return "stopped";
+  }
+  return "running";
+}
+
+struct loop_options {
+  std::filesystem::path dir{};               ///< checkpoint directory
+  std::uint64_t steps = 0;                   ///< total steps; 0: until preempted or stopped
+  std::uint64_t every_steps = 0;             ///< checkpoint every N steps (0: not by count)
+  std::chrono::seconds every_seconds{0};     ///< and/or every S seconds (0: not by time)
+  std::size_t keep_last = 3;                 ///< committed checkpoints kept
+  /// Each step runs in a timer scope of this; 0: ELASTIC_STEP_TIMEOUT (seconds, set by
+  /// elastic-run --step-timeout: 0 for none, or 0.001 to 1e6), else none. With a step timeout
+  /// and ELASTIC_WATCHDOG set, the constructor attaches to that watchdog and throws if it cannot
+  /// (a timeout that nobody enforces is a silent hang); ELASTIC_WATCHDOG unset: unwatched.
+  std::chrono::milliseconds step_timeout{0};
+  /// > 0: pick the checkpoint interval so that the time the loop is blocked by checkpoints
+  /// stays under this fraction of training time (CheckFreq); every_steps is the first guess.
+  double max_overhead = 0;
+  /// Final checkpoint budget after a notice; nothing: ELASTIC_GRACE (seconds, set by elastic-run
+  /// --grace: 0 to 86400), else 25 s.
+  std::optional<std::chrono::milliseconds> grace{};
+  bool checkpoint_at_end = true;             ///< a durable checkpoint of the last step
+  bool handle_signals = true;                ///< SIGTERM/SIGINT mean preemption
+  checkpoint::stream_handle stream = nullptr;  ///< the compute stream snapshots follow (CUDA)
+  std::size_t staging_budget = 0;            ///< see checkpointer_options
+  int rank = -1;                             ///< -1: ELASTIC_RANK (0 to world size - 1), else 0
+  int world_size = -1;                       ///< -1: ELASTIC_WORLD_SIZE (1 to 65536), else 1
+  std::string run_id{};                      ///< empty: ELASTIC_RUN_ID
+  std::chrono::milliseconds commit_timeout{std::chrono::minutes(2)};
+  std::optional<event_log> events{};         ///< nothing: event_log::from_env()
+  /// An elastic group the loop resyncs with at each safe point. The state is then replicated:
+  /// only the group's rank 0 writes checkpoints, as a world of one (rank/world_size are ignored).
+  group_hook* group = nullptr;
+};
+
+}  // namespace elastic
