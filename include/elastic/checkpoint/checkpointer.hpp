@@ -34,7 +34,9 @@
 #include <vector>
 
 #include <elastic/detail/cuda.hpp>
+#include <elastic/checkpoint/detail/checkpoint_dir.hpp>
 #include <elastic/checkpoint/detail/host_memory.hpp>
+#include <elastic/checkpoint/detail/library_error.hpp>
 #include <elastic/checkpoint/format.hpp>
 #include <elastic/checkpoint/state.hpp>
 #include <elastic/checkpoint/storage.hpp>
@@ -85,7 +87,7 @@ class checkpointer {
                                               std::to_string(opts_.world_size) + " is impossible");
     }
     if (opts_.chunk_bytes == 0) throw error(errc::invalid_argument, "checkpointer: chunk_bytes must be positive");
-    dir_ = open_dir(opts_.dir);
+    dir_ = detail::open_checkpoint_dir(opts_.dir);
     allocate_slots();
     if (st_.has_device_entries()) side_ = elastic::detail::cuda::stream::create();
     copier_ = std::jthread([this] { copy_loop(); });
@@ -237,66 +239,6 @@ class checkpointer {
 
   static event_log resolve_events(const checkpointer_options& o) { return o.events ? *o.events : event_log::from_env(); }
 
-  /// Opens (creating) the checkpoint directory and proves that this process can write into it,
-  /// so that a run never trains for hours before learning that no checkpoint can be saved.
-  static elastic::detail::private_dir open_dir(const std::filesystem::path& dir) {
-    const auto uid = std::to_string(::geteuid());
-    elastic::detail::private_dir d;
-    try {
-      d = elastic::detail::private_dir::open(dir, true);
-    } catch (const error& e) {
-      if (e.code() == errc::unsafe_path) throw;  // says which path and why
-      struct stat st {};
-      if (e.os_code() && ::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
-        throw storage::unreadable_dir(dir, e.os_code().value());  // there, but we may not open it
-      }
-      throw error(e.code(),
-                  fmt::format("checkpoint directory {} cannot be made or opened by this process (uid {}): {}; "
-                              "create it with read, write and search permission for this user, or choose another "
-                              "directory",
-                              dir.string(), uid, e.message()),
-                  e.os_code());
-    }
-    // Unique among the processes that may probe at once (every rank of a group, on any host).
-    char host[64] = {};
-    ::gethostname(host, sizeof host - 1);
-    for (char& c : host)
-      if (c == '/') c = '_';
-    const std::string probe = fmt::format("{}{}-{}-{}", format::probe_prefix, host, ::getpid(),
-                                          std::chrono::steady_clock::now().time_since_epoch().count());
-    try {
-      (void)d.create_file(probe);
-      d.remove_file(probe);
-    } catch (const error& e) {
-      if (e.code() == errc::unsafe_path) throw;
-      throw error(e.code(),
-                  fmt::format("checkpoint directory {} is not writable by this process (uid {}), so no checkpoint "
-                              "could be saved: {}; give this user write permission on it, make room, or choose "
-                              "another directory",
-                              dir.string(), uid, e.message()),
-                  e.os_code());
-    }
-    return d;
-  }
-
-  /// `e` as an elastic::error: nothing else may reach the caller (a std::filesystem_error
-  /// rethrown by wait_durable() once ended a finished run in std::terminate).
-  static std::exception_ptr as_library_error(std::exception_ptr e, std::string_view doing) {
-    try {
-      std::rethrow_exception(e);
-    } catch (const error&) {
-      return e;
-    } catch (const std::system_error& x) {  // std::filesystem_error among them
-      return std::make_exception_ptr(error(errc::os_error, fmt::format("{}: {}", doing, x.what()), x.code()));
-    } catch (const std::bad_alloc&) {
-      return std::make_exception_ptr(error(errc::capacity_exhausted, fmt::format("{}: out of memory", doing)));
-    } catch (const std::exception& x) {
-      return std::make_exception_ptr(error(errc::os_error, fmt::format("{}: unexpected failure: {}", doing, x.what())));
-    } catch (...) {
-      return std::make_exception_ptr(error(errc::os_error, fmt::format("{}: unexpected failure", doing)));
-    }
-  }
-
   static double seconds_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
@@ -424,7 +366,7 @@ class checkpointer {
         if (s->has_device_copies) s->copied.synchronize();
       } catch (...) {
         // A failed device copy: the snapshot is lost, training is not.
-        auto failure = as_library_error(std::current_exception(), fmt::format("checkpoint step {}: staging copy", s->step));
+        auto failure = detail::as_library_error(std::current_exception(), fmt::format("checkpoint step {}: staging copy", s->step));
         lk.lock();
         fail_locked(*s, failure);
         continue;
@@ -459,7 +401,7 @@ class checkpointer {
           storage::commit_step(dir_, m, opts_.commit_timeout, events_);
         }
       } catch (...) {
-        failure = as_library_error(std::current_exception(), fmt::format("checkpoint step {}", s->step));
+        failure = detail::as_library_error(std::current_exception(), fmt::format("checkpoint step {}", s->step));
       }
       const double secs = seconds_since(t0);
       lk.lock();
