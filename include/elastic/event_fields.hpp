@@ -20,6 +20,7 @@
 #include <type_traits>
 
 #include <elastic/detail/env.hpp>
+#include <elastic/detail/host_name.hpp>
 #include <elastic/detail/json_text.hpp>
 
 namespace elastic {
@@ -121,8 +122,7 @@ struct event_identity {
     event_identity id;
     id.run_id = elastic::detail::env_string("ELASTIC_RUN_ID").value_or("");
     id.rank = elastic::detail::env_index_or_none("ELASTIC_RANK");
-    char host[256] = {};
-    if (::gethostname(host, sizeof host - 1) == 0) id.host = host;
+    id.host = detail::host_name();
     return id;
   }
 };
