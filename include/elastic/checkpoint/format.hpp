@@ -24,9 +24,9 @@
 
 #include <fmt/format.h>
 
+#include <elastic/checkpoint/detail/sealed_json.hpp>
 #include <elastic/checkpoint/dtype.hpp>
 #include <elastic/checkpoint/state.hpp>
-#include <elastic/detail/crc32c.hpp>
 #include <elastic/detail/json.hpp>
 #include <elastic/error.hpp>
 
@@ -123,31 +123,6 @@ inline entry_kind kind_from_string(std::string_view s) {
   throw error(errc::corrupt, "unknown entry kind '" + std::string(s) + "' in checkpoint manifest");
 }
 
-/// `body` (a JSON object) with a trailing "crc32c" over the bytes before that field.
-inline std::string seal(const elastic::detail::json& body) {
-  std::string text = body.dump();
-  text.pop_back();  // the closing brace
-  const std::uint32_t crc = elastic::detail::crc32c(text.data(), text.size());
-  text += fmt::format("{}\"crc32c\":{}}}\n", body.size() ? "," : "", crc);
-  return text;
-}
-
-/// Parses a sealed manifest, refusing it when its checksum does not match.
-inline elastic::detail::json unseal(std::string_view text, const std::string& what) {
-  const std::string_view tag = "\"crc32c\":";
-  const auto at = text.rfind(tag);
-  if (at == std::string_view::npos || at == 0) {
-    throw error(errc::corrupt, what + " has no checksum field: not written by elastic, or cut short");
-  }
-  const std::size_t body_end = text[at - 1] == ',' ? at - 1 : at;
-  auto doc = elastic::detail::json::parse(text);
-  const std::uint64_t stored = doc.at("crc32c").as_uint64();
-  const std::uint32_t actual = elastic::detail::crc32c(text.data(), body_end);
-  if (stored != actual) {
-    throw error(errc::corrupt, fmt::format("{} fails its checksum (stored {:08x}, computed {:08x})", what, stored, actual));
-  }
-  return doc;
-}
 
 /// Refuses a manifest written by a newer format than this build reads.
 inline void check_version(std::int64_t v, const std::string& what) {
@@ -197,7 +172,7 @@ inline std::string encode(const rank_manifest& m) {
     entries.push_back(std::move(j));
   }
   doc["entries"] = std::move(entries);
-  return seal(doc);
+  return detail::seal(doc);
 }
 
 /// Runs `decode`; an error that does not name `what` (a JSON error deep inside) is given its name.
@@ -213,7 +188,7 @@ auto naming_errors(const std::string& what, F&& decode) {
 
 inline rank_manifest decode_rank(std::string_view text, const std::string& what) {
   return naming_errors(what, [&] {
-    const auto doc = unseal(text, what);
+    const auto doc = detail::unseal(text, what);
     rank_manifest m;
     if (doc.at("format").as_string() != "elastic-checkpoint-rank") {
       throw error(errc::corrupt, what + " is not a rank manifest of an elastic checkpoint");
@@ -262,12 +237,12 @@ inline std::string encode(const step_manifest& m) {
   json meta = json::object();
   for (const auto& [k, v] : m.metadata) meta[k] = v;
   doc["metadata"] = std::move(meta);
-  return seal(doc);
+  return detail::seal(doc);
 }
 
 inline step_manifest decode_step(std::string_view text, const std::string& what) {
   return naming_errors(what, [&] {
-    const auto doc = unseal(text, what);
+    const auto doc = detail::unseal(text, what);
     step_manifest m;
     if (doc.at("format").as_string() != "elastic-checkpoint") {
       throw error(errc::corrupt, what + " is not the manifest of an elastic checkpoint");
