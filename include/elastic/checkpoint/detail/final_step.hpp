@@ -47,7 +47,6 @@
 #include <charconv>
 #include <chrono>
 #include <cstdint>
-#include <cstdio>
 #include <filesystem>
 #include <functional>
 #include <optional>
@@ -58,6 +57,7 @@
 
 #include <fmt/format.h>
 
+#include <elastic/detail/env.hpp>
 #include <elastic/detail/file.hpp>
 #include <elastic/detail/private_dir.hpp>
 #include <elastic/detail/process.hpp>
@@ -243,6 +243,31 @@ class final_step_agreement {
     return out;
   }
 
+  /// The whitespace-separated fields of a proposal or ack file; nothing when it has trailing
+  /// whitespace or a NUL byte (what the library writes has neither).
+  static std::optional<std::vector<std::string_view>> split_fields(std::string_view text) {
+    if (text.find('\0') != std::string_view::npos) return std::nullopt;
+    auto space = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r'; };
+    if (!text.empty() && space(text.back())) return std::nullopt;
+    std::vector<std::string_view> out;
+    std::size_t i = 0;
+    while (i < text.size()) {
+      while (i < text.size() && space(text[i])) ++i;
+      std::size_t j = i;
+      while (j < text.size() && !space(text[j])) ++j;
+      if (j > i) out.push_back(text.substr(i, j - i));
+      i = j;
+    }
+    return out;
+  }
+
+  /// A non-negative integer field (a step, a pid namespace inode, a start time).
+  static std::optional<std::uint64_t> parse_count(std::string_view field) noexcept {
+    const auto n = elastic::detail::parse_integer(field);
+    if (!n || *n < 0) return std::nullopt;
+    return static_cast<std::uint64_t>(*n);
+  }
+
   /// A file of the namespace, if it is there, well formed and live.
   std::optional<final_proposal> read_one(const elastic::detail::private_dir& d, const std::string& name,
                                          bool proposal) const {
@@ -260,21 +285,21 @@ class final_step_agreement {
     }
     // proposal: "<step> <reason> " then the identity; ack: the identity alone.
     final_proposal p;
-    char reason[32] = {}, host[256] = {};
-    unsigned long long step = 0, pidns = 0, start = 0;
-    long pid = 0;
-    int used = 0;
-    const int want = proposal ? 6 : 4;
-    const int got = proposal ? std::sscanf(text.c_str(), "%llu %31s %255s %llu %ld %llu%n", &step, reason, host, &pidns,
-                                           &pid, &start, &used)
-                             : std::sscanf(text.c_str(), "%255s %llu %ld %llu%n", host, &pidns, &pid, &start, &used);
-    if (got != want || static_cast<std::size_t>(used) != text.size()) return std::nullopt;
-    p.step = step;
-    p.reason = reason;
+    const auto fields = split_fields(text);
+    if (!fields || fields->size() != (proposal ? 6u : 4u)) return std::nullopt;
+    const std::string_view* id = fields->data() + (proposal ? 2 : 0);  // host pidns pid start
+    const auto step = proposal ? parse_count((*fields)[0]) : std::optional<std::uint64_t>(0);
+    const auto pidns = parse_count(id[1]), start = parse_count(id[3]);
+    const auto pid = elastic::detail::parse_integer(id[2]);
+    if (!step || !pidns || !pid || !start) return std::nullopt;
+    if ((proposal && (*fields)[1].size() > 31) || id[0].size() > 255) return std::nullopt;
+    p.step = *step;
+    if (proposal) p.reason = std::string((*fields)[1]);
+    const std::string host(id[0]);
     // Acks are read only once every rank's live proposal was seen: each rank had started by
     // then and removed its own leftovers, so every ack there is of this incarnation, and one
     // whose rank has exited since (it saw every ack) still counts.
-    if (proposal && !live(host, pidns, static_cast<pid_t>(pid), start, st)) return std::nullopt;
+    if (proposal && !live(host, *pidns, static_cast<pid_t>(*pid), *start, st)) return std::nullopt;
     return p;
   }
 
