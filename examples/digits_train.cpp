@@ -39,7 +39,7 @@
 
 #include <elastic/checkpoint.hpp>
 #include <elastic/comm/gloo_group.hpp>
-#include <elastic/detail/crc32c.hpp>
+#include <elastic/crc32c.hpp>
 #include <elastic/detail/env.hpp>
 #include <elastic/rendezvous/open_store.hpp>
 #include <elastic/rendezvous/shm_store.hpp>
@@ -365,7 +365,7 @@ int main(int argc, char** argv) {
       std::printf("%s at step %llu: weights crc32c %08x\n",
                   loop.reason() == elastic::loop_reason::preempted ? "preempted (checkpoint written)" : "finished",
                   static_cast<unsigned long long>(loop.completed_steps()),
-                  elastic::detail::crc32c(p.data(), p.size() * sizeof(float)));
+                  elastic::crc32c(std::as_bytes(std::span(p))));
     }
     return loop.exit_code();
   } catch (const elastic::error& e) {

@@ -20,12 +20,13 @@
 #include <cstring>
 #include <filesystem>
 #include <random>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <elastic/checkpoint.hpp>
-#include <elastic/detail/crc32c.hpp>
+#include <elastic/crc32c.hpp>
 
 namespace {
 
@@ -69,7 +70,7 @@ struct mlp {
 std::uint32_t checksum(const mlp& m) {
   std::uint32_t c = 0;
   for (const auto* v : {&m.w1, &m.b1, &m.w2, &m.b2, &m.v1, &m.v2, &m.vb1, &m.vb2})
-    c = elastic::detail::crc32c(v->data(), v->size() * sizeof(float), c);
+    c = elastic::crc32c(std::as_bytes(std::span(*v)), c);
   return c;
 }
 
