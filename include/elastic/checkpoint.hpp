@@ -7,6 +7,7 @@
 #include <elastic/checkpoint/dtype.hpp>
 #include <elastic/checkpoint/format.hpp>
 #include <elastic/checkpoint/group_hook.hpp>
+#include <elastic/checkpoint/loop_options.hpp>
 #include <elastic/checkpoint/preemption.hpp>
 #include <elastic/checkpoint/state.hpp>
 #include <elastic/checkpoint/storage.hpp>

@@ -65,7 +65,7 @@
 #include <elastic/timer/client.hpp>
 #include <elastic/timer/expires.hpp>
 
-namespace elastic {
+namespace elastic::checkpoint {
 
 class training_loop {
  public:
@@ -464,7 +464,7 @@ class training_loop {
   /// Starts the grace timer: `since` is when the notice came (CLOCK_MONOTONIC ns; 0: now).
   void start_grace(std::int64_t since) {
     if (grace_) return;
-    const std::int64_t now = detail::monotonic_ns();
+    const std::int64_t now = elastic::detail::monotonic_ns();
     if (since <= 0 || since > now) since = now;
     const auto left = std::chrono::nanoseconds(
         std::max<std::int64_t>(0, std::chrono::nanoseconds(*opts_.grace).count() - (now - since)));
@@ -519,4 +519,9 @@ class training_loop {
   bool stop_requested_ = false;
 };
 
+}  // namespace elastic::checkpoint
+
+namespace elastic {
+// Re-exported at elastic:: (the common entry points, STYLE.md): users write elastic::training_loop.
+using checkpoint::training_loop;
 }  // namespace elastic
