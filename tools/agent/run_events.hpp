@@ -11,14 +11,16 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdint>
-#include <cstdio>
 #include <ctime>
+#include <iterator>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include <elastic/detail/env.hpp>
 #include <elastic/detail/json.hpp>
 #include <elastic/error.hpp>
 
@@ -26,17 +28,30 @@ namespace elastic::agent {
 
 namespace internal {
 
-/// Seconds since the epoch of an events line's "ts" (RFC 3339, UTC, microseconds).
+/// The whole number in `text` up to the first of `ends` (or its end), taken off `text` with that
+/// separator; nothing when it is not a number.
+inline std::optional<long long> take_number(std::string_view& text, std::string_view ends) {
+  const auto stop = std::min(text.find_first_of(ends), text.size());
+  const auto n = elastic::detail::parse_integer(text.substr(0, stop));
+  text.remove_prefix(std::min(stop + 1, text.size()));
+  return n;
+}
+
+/// Seconds since the epoch of an events line's "ts" (RFC 3339, UTC, microseconds): 0 when it is
+/// not one. The fraction is optional.
 inline double parse_ts(std::string_view ts) {
   std::tm tm{};
-  int us = 0;
-  if (std::sscanf(std::string(ts).c_str(), "%d-%d-%dT%d:%d:%d.%dZ", &tm.tm_year, &tm.tm_mon, &tm.tm_mday, &tm.tm_hour,
-                  &tm.tm_min, &tm.tm_sec, &us) < 6) {
-    return 0;
+  int* const fields[] = {&tm.tm_year, &tm.tm_mon, &tm.tm_mday, &tm.tm_hour, &tm.tm_min, &tm.tm_sec};
+  constexpr std::string_view ends[] = {"-", "-", "T", ":", ":", ".Z"};
+  for (std::size_t i = 0; i < std::size(fields); ++i) {
+    const auto n = take_number(ts, ends[i]);
+    if (!n) return 0;
+    *fields[i] = static_cast<int>(*n);
   }
+  const long long us = take_number(ts, "Z").value_or(0);
   tm.tm_year -= 1900;
   tm.tm_mon -= 1;
-  return static_cast<double>(::timegm(&tm)) + us / 1e6;
+  return static_cast<double>(::timegm(&tm)) + static_cast<double>(us) / 1e6;
 }
 
 }  // namespace internal

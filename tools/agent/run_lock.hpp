@@ -19,7 +19,7 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdio>
+#include <charconv>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -42,6 +42,30 @@ namespace internal {
 /// "/dev/shm/NAME".
 inline std::string shm_path(std::string_view object) { return "/dev/shm/" + std::string(object); }
 
+/// A file as /proc/locks names it: "MAJ:MIN:INODE", the device numbers in hex.
+struct lock_file_id {
+  unsigned dev_major = 0;
+  unsigned dev_minor = 0;
+  unsigned long long ino = 0;
+};
+
+inline std::optional<lock_file_id> parse_lock_file_id(std::string_view text) {
+  lock_file_id id;
+  const char* p = text.data();
+  const char* const end = text.data() + text.size();
+  auto field = [&](auto& value, int base, bool colon_after) {
+    const auto r = std::from_chars(p, end, value, base);
+    if (r.ec != std::errc() || r.ptr == p) return false;
+    p = r.ptr;
+    if (!colon_after) return true;
+    if (p == end || *p != ':') return false;
+    ++p;
+    return true;
+  };
+  if (!field(id.dev_major, 16, true) || !field(id.dev_minor, 16, true) || !field(id.ino, 10, false)) return std::nullopt;
+  return id;
+}
+
 /// The pid of the process holding a flock on the file open on `fd`, from /proc/locks; 0 when
 /// none is listed.
 inline pid_t flock_holder(int fd) {
@@ -56,10 +80,10 @@ inline pid_t flock_holder(int fd) {
     if (!(words >> id >> kind)) continue;
     if (kind == "->") continue;
     if (kind != "FLOCK" || !(words >> advisory >> mode >> pid >> dev)) continue;
-    unsigned maj = 0, min = 0;
-    unsigned long long ino = 0;
-    if (std::sscanf(dev.c_str(), "%x:%x:%llu", &maj, &min, &ino) != 3) continue;
-    if (ino == st.st_ino && maj == major(st.st_dev) && min == minor(st.st_dev)) return static_cast<pid_t>(pid);
+    const auto file = parse_lock_file_id(dev);
+    if (file && file->ino == st.st_ino && file->dev_major == major(st.st_dev) && file->dev_minor == minor(st.st_dev)) {
+      return static_cast<pid_t>(pid);
+    }
   }
   return 0;
 }
