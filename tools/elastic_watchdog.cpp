@@ -23,12 +23,10 @@
 // cannot be opened).
 #include <signal.h>
 
-#include <charconv>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <exception>
 #include <optional>
 #include <string>
@@ -44,6 +42,7 @@
 #include <elastic/timer/watchdog.hpp>
 
 #include "command_line.hpp"
+#include "signal_names.hpp"
 
 namespace {
 
@@ -56,16 +55,7 @@ using elastic::tools::any_text;
 using elastic::tools::to_count;
 using elastic::tools::whole_number;
 
-/// A signal by name (KILL, SIGTERM) or number, or 0.
-int to_signal(std::string_view s) {
-  if (!s.empty() && s.front() >= '0' && s.front() <= '9') return static_cast<int>(to_count(s, 1, NSIG - 1).value_or(0));
-  if (s.substr(0, 3) == "SIG") s.remove_prefix(3);
-  for (int sig = 1; sig < NSIG; ++sig) {
-    const char* abbrev = ::sigabbrev_np(sig);
-    if (abbrev != nullptr && s == abbrev) return sig;
-  }
-  return 0;
-}
+using elastic::tools::to_signal;
 
 /// CLI11 validators, their reasons as before CLI11 (CLI11 puts the option's name first).
 CLI::Validator signal_name() {
@@ -147,13 +137,6 @@ sigset_t stop_signals() {
   return set;
 }
 
-/// A name for `sig` in messages: "SIGTERM", "SIGRTMIN+3".
-std::string describe_signal(int sig) {
-  if (sig >= SIGRTMIN && sig <= SIGRTMAX) return "SIGRTMIN+" + std::to_string(sig - SIGRTMIN);
-  const char* abbrev = ::sigabbrev_np(sig);
-  return abbrev != nullptr ? std::string("SIG") + abbrev : "signal " + std::to_string(sig);
-}
-
 int serve(int argc, char** argv) {
   elastic::timer::watchdog_options opts;
   std::string name_from = "--name";
@@ -193,7 +176,7 @@ int serve(int argc, char** argv) {
   wd.stop();
   const auto s = wd.stats();
   std::printf("elastic-watchdog: stopped by %s after %llu scans, %llu signals, %llu slots reclaimed\n",
-              describe_signal(sig).c_str(), static_cast<unsigned long long>(s.scans),
+              elastic::tools::signal_display_name(sig).c_str(), static_cast<unsigned long long>(s.scans),
               static_cast<unsigned long long>(s.signals), static_cast<unsigned long long>(s.reclaimed));
   std::fflush(stdout);
   return 0;

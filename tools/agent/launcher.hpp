@@ -35,7 +35,6 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <random>
 #include <set>
 #include <string>
 #include <string_view>
@@ -51,10 +50,16 @@
 #include "guardian.hpp"
 #include "log_pump.hpp"
 #include "options.hpp"
+#include "notice_signals.hpp"
 #include "process_tree.hpp"
 #include "run_events.hpp"
 #include "run_lock.hpp"
+#include "run_files.hpp"
+#include "run_report.hpp"
+#include "watchdog_kills.hpp"
+#include "worker_environment.hpp"
 #include "worker_process.hpp"
+#include "worker_slot.hpp"
 #include <elastic/detail/file.hpp>
 #include <elastic/detail/private_dir.hpp>
 #include <elastic/detail/process.hpp>
@@ -66,75 +71,12 @@
 #include <elastic/rendezvous/store_url.hpp>
 #include <elastic/timer/watchdog.hpp>
 
-extern char** environ;
-
 namespace elastic::agent {
-
-/// What a run came to, for the summary and for tests.
-struct run_report {
-  int exit_code = 0;
-  std::string outcome;               ///< "finished", "preempted", "failed: ...", "crash loop: ..."
-  double seconds = 0;
-  std::size_t workers = 0;
-  std::size_t failures = 0;          ///< worker deaths counted against --max-restarts
-  std::size_t restarts = 0;          ///< workers started again (failures and preemptions)
-  std::size_t preempted_restarts = 0;
-  std::size_t backoff_restarts = 0;  ///< exits 75 with no notice, restarted after a backoff
-  std::size_t watchdog_kills = 0;
-  std::size_t stragglers_killed = 0;  ///< SIGKILLed after the grace
-  std::int64_t rounds = 0;           ///< rendezvous rounds the workers formed
-  std::size_t rebuilds = 0;          ///< group rebuilds after the first round
-  std::size_t checkpoints = 0;       ///< checkpoint commits
-  std::int64_t newest_checkpoint = -1;
-  bool final_checkpoint_saved = false;  ///< a loop_preempted said "final_checkpoint":true
-  std::size_t console_lines_dropped = 0;
-  double seconds_lost = 0;           ///< from each failure to the group training again
-};
 
 namespace internal {
 
-/// Within this window after a notice, further signals are the same notice.
-inline constexpr std::chrono::milliseconds same_notice_window{2000};
-/// Restarts of a worker that exits 75 on its own wait this long, doubling up to the cap.
-inline constexpr std::chrono::milliseconds first_backoff{100};
-inline constexpr std::chrono::milliseconds max_backoff{30000};
-
-inline std::string random_run_id() {
-  std::random_device rd;
-  return fmt::format("run-{:08x}", rd());
-}
-
-inline std::string host_name() {
-  char host[256] = {};
-  if (::gethostname(host, sizeof host - 1) != 0 || host[0] == '\0') return "host";
-  std::string h = host;
-  for (char& c : h)
-    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '-')) c = '_';
-  return h.substr(0, 64);
-}
-
 inline double wall_now() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
-/// The signals the launcher reads from its signalfd instead of dying of them: SIGCHLD, every
-/// signal whose default is to end the process (each is a preemption notice), and `extra`.
-/// Left alone: SIGKILL and SIGSTOP (cannot be), SIGPIPE (ignored: a closed console), the job
-/// control signals and SIGWINCH/SIGURG (they end nothing), and signals the launcher was started
-/// ignoring (nohup, a background job of a script), unless named in `extra`. A real fault
-/// (SIGSEGV in the launcher itself) is delivered by the kernel even while blocked.
-inline sigset_t launcher_signals(const std::vector<int>& extra) {
-  sigset_t s;
-  sigfillset(&s);  // glibc leaves out the signals its threads use internally
-  for (int sig : {SIGKILL, SIGSTOP, SIGPIPE, SIGCONT, SIGTSTP, SIGTTIN, SIGTTOU, SIGWINCH, SIGURG}) sigdelset(&s, sig);
-  for (int sig = 1; sig < NSIG; ++sig) {
-    struct sigaction now {};
-    if (sig != SIGCHLD && sigismember(&s, sig) == 1 && ::sigaction(sig, nullptr, &now) == 0 && now.sa_handler == SIG_IGN) {
-      sigdelset(&s, sig);
-    }
-  }
-  for (int sig : extra) sigaddset(&s, sig);
-  return s;
 }
 
 /// An error's plain message and its OS reason, to be quoted in a log line or the summary.
@@ -142,116 +84,35 @@ inline std::string plain(const error& e) {
   return e.os_code() ? fmt::format("{} ({})", e.message(), e.os_code().message()) : e.message();
 }
 
-/// A path given on the command line that cannot be used: exit 2 (unsafe_path keeps its code).
-inline error bad_path(std::string_view flag, const std::filesystem::path& p, const error& e) {
-  return error(e.code() == errc::unsafe_path ? errc::unsafe_path : errc::invalid_argument,
-               fmt::format("{} {}: {}", flag, p.string(), e.message()), e.os_code());
-}
-
 }  // namespace internal
-
-/// What the watchdog this launcher hosts has killed, told by the watchdog's own thread.
-class watchdog_kills {
- public:
-  void add(const timer::watchdog_kill_report& r) {
-    const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-    std::lock_guard lk(mu_);
-    pids_.insert(r.pid);
-    // The hang began when the expired scope was entered: the group stalled from then.
-    hangs_.push_back(now - std::chrono::duration<double>(r.held).count());
-  }
-  [[nodiscard]] bool killed(pid_t pid) const {
-    std::lock_guard lk(mu_);
-    return pids_.count(pid) != 0;
-  }
-  /// When each hang the watchdog ended began, seconds since the epoch.
-  [[nodiscard]] std::vector<double> hangs() const {
-    std::lock_guard lk(mu_);
-    return hangs_;
-  }
-
- private:
-  mutable std::mutex mu_;
-  std::set<pid_t> pids_;
-  std::vector<double> hangs_;
-};
 
 class launcher {
  public:
   explicit launcher(launch_options o) : opts_(std::move(o)), started_(std::chrono::steady_clock::now()) {
-    // Started with stdin, stdout or stderr closed: /dev/null there, so that no file we open
-    // later (a log) takes fd 1 or 2 and gets the console's lines.
-    for (int fd = 0; fd < 3; ++fd) {
-      if (::fcntl(fd, F_GETFD) < 0 && errno == EBADF) (void)::open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);
-    }
-    if (opts_.run_id.empty()) {
-      opts_.run_id = elastic::detail::env_string("ELASTIC_RUN_ID").value_or("");
-      if (!opts_.run_id.empty()) internal::check_run_id(opts_.run_id, "ELASTIC_RUN_ID");
-    }
-    if (opts_.run_id.empty()) opts_.run_id = internal::random_run_id();
-    internal::check_run_id(opts_.run_id, "run id");
+    open_standard_fds();
+    choose_run_id();
     const bool own_default_store = opts_.rdzv.empty();
     if (own_default_store) opts_.rdzv = "shm://elastic-" + opts_.run_id;
     const auto url = rendezvous::parse_store_url(opts_.rdzv);  // a bad URL fails before anything starts
     host_ = internal::host_name();
-
-    // Children we had before we started anything are not ours to end: a shell running
-    // `elastic-run ... > >(tee log) &` forks `tee` and then execs us, making `tee` our child.
-    // Killing it with the workers would cut the console before the summary.
-    internal::for_each_process([&](const internal::proc_info& p) {
-      if (p.ppid != ::getpid()) return;
-      try {
-        inherited_children_.push_back(p.pid);
-      } catch (...) {  // out of memory: at worst that child is ended with the workers
-      }
-    });
-
+    note_inherited_children();
     // First, before any thread exists: the signal mask (inherited by every thread) and the
     // guardian (single-threaded, holding no lock of ours).
-    signals_ = internal::launcher_signals(opts_.preempt_signals);
-    ::signal(SIGPIPE, SIG_IGN);
-    ::pthread_sigmask(SIG_BLOCK, &signals_, nullptr);
-    guardian_ = guardian::start(fmt::format("ELASTIC_PARTICIPANT_ID={}.{}:", host_, ::getpid()));
-    // Orphans of the workers (a wrapper's trainers, what escaped with setsid) become ours.
-    ::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
-    sigfd_ = elastic::detail::unique_fd(::signalfd(-1, &signals_, SFD_CLOEXEC | SFD_NONBLOCK));
-    if (!sigfd_) throw os_error("cannot make a signalfd");
+    take_signals();
 
     // Objects of launchers that died with nobody left to remove them.
     elastic::detail::sweep_stale_shm("elastic-store.elastic-");
     elastic::detail::sweep_stale_shm("elastic-timer.elastic-");
 
     open_logs();
-    // Our events (and our watchdog's) carry the run id; the environment is left as we found it.
-    event_identity identity = event_identity::from_env();
-    identity.run_id = opts_.run_id;
-    identity.rank.reset();  // a launcher has no rank, even one started from inside a worker
-    events_ = event_log(std::make_shared<events::fd_sink>(events_fd_.get()), std::move(identity));
-    seen_ = run_events(events_fd_.get(), events_offset_);
+    open_event_log();
     out_.emplace(opts_.quiet ? -1 : STDOUT_FILENO);
     err_.emplace(STDERR_FILENO);
 
     if (opts_.host_addr.empty()) opts_.host_addr = elastic::detail::env_string("ELASTIC_HOST_ADDR").value_or("");
     if (opts_.host_addr.empty()) opts_.host_addr = rendezvous::host_address_for(url);
-
-    if (own_default_store) {
-      // This launcher's alone, for its life: a second launcher of this run is refused.
-      store_object_.own("elastic-store." + url.name, &guardian_);
-      auto shm = open_owned_store(url.name, store_object_, opts_.run_id);
-      store_.emplace(opts_.rdzv, std::move(shm));
-    } else {
-      // Shared with other launchers (and left alone at the end); opened by the store's thread.
-      store_.emplace(opts_.rdzv, nullptr);
-    }
-
-    // Per launcher: two launchers of a run may share a host (and /dev/shm) with --rdzv.
-    watchdog_name_ = fmt::format("elastic-{}-{}", opts_.run_id, ::getpid());
-    watchdog_object_.own(timer::detail::shm_object_name(watchdog_name_), &guardian_);
-    timer::watchdog_options wo;
-    wo.name = watchdog_name_;
-    wo.events = events_;
-    wo.on_kill = [this](const timer::watchdog_kill_report& r) { watchdog_kills_.add(r); };
-    watchdog_ = std::make_unique<timer::watchdog>(std::move(wo));
+    open_store(url, own_default_store);
+    start_watchdog();
   }
 
   launcher(const launcher&) = delete;
@@ -260,7 +121,7 @@ class launcher {
   ~launcher() { end_everything(); }
 
   [[nodiscard]] const launch_options& options() const noexcept { return opts_; }
-  [[nodiscard]] const std::filesystem::path& log_dir() const noexcept { return run_dir_.path(); }
+  [[nodiscard]] const std::filesystem::path& log_dir() const noexcept { return files_.dir.path(); }
   [[nodiscard]] const run_report& report() const noexcept { return report_; }
 
   /// Runs the workers until they are done, preempted, out of restarts or in a crash loop;
@@ -268,7 +129,7 @@ class launcher {
   int run() {
     events_.emit("launcher_start", {{"workers", opts_.nproc_per_node},
                                     {"min_ranks", opts_.min_ranks},
-                                    {"max_ranks", opts_.max_nodes * opts_.nproc_per_node},
+                                    {"max_ranks", opts_.max_ranks()},
                                     {"rdzv", opts_.rdzv},
                                     {"watchdog", watchdog_name_},
                                     {"guardian_pid", guardian_.pid()},
@@ -277,9 +138,9 @@ class launcher {
     slots_.resize(opts_.nproc_per_node);
     for (std::size_t i = 0; i < slots_.size(); ++i) {
       slots_[i].index = i;
-      slots_[i].log = std::make_unique<log_pump>(std::move(log_fds_[i]), i, opts_.quiet ? nullptr : &*out_);
+      slots_[i].log = std::make_unique<log_pump>(std::move(files_.logs[i]), i, opts_.quiet ? nullptr : &*out_);
     }
-    log_fds_.clear();
+    files_.logs.clear();
     for (auto& s : slots_) {
       if (!start(s)) break;
     }
@@ -304,108 +165,95 @@ class launcher {
  private:
   using clock = std::chrono::steady_clock;
 
-  struct slot {
-    std::size_t index = 0;
-    worker_process proc;
-    std::unique_ptr<log_pump> log;
-    std::size_t starts = 0;
-    bool done = false;
-    int last_code = -1;             ///< exit code, or -signal
-    pid_t draining_group = 0;       ///< a group whose leader exited during the grace, still running
-    std::optional<clock::time_point> restart_at;  ///< a restart waiting out its backoff
-    /// The erase of the previous life's alive key: the next life starts after it (it would
-    /// otherwise erase the new worker's key, which has the same name), or after retire_by.
-    async_store::ticket retire = 0;
-    clock::time_point retire_by{};
-    std::chrono::milliseconds backoff = internal::first_backoff;
-    std::chrono::milliseconds delay{0};  ///< the backoff the pending restart waits
-    std::size_t tempfail_streak = 0;  ///< exits 75 with no notice in a row, with no progress between
-    std::size_t checkpoints_at_start = 0;
-  };
+  using slot = worker_slot;
+
+  /// Started with stdin, stdout or stderr closed: /dev/null there, so that no file we open
+  /// later (a log) takes fd 1 or 2 and gets the console's lines.
+  static void open_standard_fds() noexcept {
+    for (int fd = 0; fd < 3; ++fd) {
+      if (::fcntl(fd, F_GETFD) < 0 && errno == EBADF) (void)::open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);
+    }
+  }
+
+  /// --run-id, else $ELASTIC_RUN_ID, else a random one; checked wherever it came from.
+  void choose_run_id() {
+    if (opts_.run_id.empty()) {
+      opts_.run_id = elastic::detail::env_string("ELASTIC_RUN_ID").value_or("");
+      if (!opts_.run_id.empty()) internal::check_run_id(opts_.run_id, "ELASTIC_RUN_ID");
+    }
+    if (opts_.run_id.empty()) opts_.run_id = internal::random_run_id();
+    internal::check_run_id(opts_.run_id, "run id");
+  }
+
+  /// Children we had before we started anything are not ours to end: a shell running
+  /// `elastic-run ... > >(tee log) &` forks `tee` and then execs us, making `tee` our child.
+  /// Killing it with the workers would cut the console before the summary.
+  void note_inherited_children() {
+    internal::for_each_process([&](const internal::proc_info& p) {
+      if (p.ppid != ::getpid()) return;
+      try {
+        inherited_children_.push_back(p.pid);
+      } catch (...) {  // out of memory: at worst that child is ended with the workers
+      }
+    });
+  }
+
+  /// Blocks the notice signals (before any thread exists: every thread inherits the mask),
+  /// starts the guardian, becomes the workers' subreaper and opens the signalfd.
+  void take_signals() {
+    signals_ = internal::launcher_signals(opts_.preempt_signals);
+    ::signal(SIGPIPE, SIG_IGN);
+    ::pthread_sigmask(SIG_BLOCK, &signals_, nullptr);
+    guardian_ = guardian::start(fmt::format("ELASTIC_PARTICIPANT_ID={}.{}:", host_, ::getpid()));
+    // Orphans of the workers (a wrapper's trainers, what escaped with setsid) become ours.
+    ::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+    sigfd_ = elastic::detail::unique_fd(::signalfd(-1, &signals_, SFD_CLOEXEC | SFD_NONBLOCK));
+    if (!sigfd_) throw os_error("cannot make a signalfd");
+  }
+
+  /// Our events (and our watchdog's) carry the run id; the environment is left as we found it.
+  void open_event_log() {
+    event_identity identity = event_identity::from_env();
+    identity.run_id = opts_.run_id;
+    identity.rank.reset();  // a launcher has no rank, even one started from inside a worker
+    events_ = event_log(std::make_shared<events::fd_sink>(files_.events.get()), std::move(identity));
+    seen_ = run_events(files_.events.get(), files_.events_offset);
+  }
+
+  void open_store(const rendezvous::store_url& url, bool own_default_store) {
+    if (own_default_store) {
+      // This launcher's alone, for its life: a second launcher of this run is refused.
+      store_object_.own("elastic-store." + url.name, &guardian_);
+      auto shm = open_owned_store(url.name, store_object_, opts_.run_id);
+      store_.emplace(opts_.rdzv, std::move(shm));
+    } else {
+      // Shared with other launchers (and left alone at the end); opened by the store's thread.
+      store_.emplace(opts_.rdzv, nullptr);
+    }
+  }
+
+  /// Per launcher: two launchers of a run may share a host (and /dev/shm) with --rdzv.
+  void start_watchdog() {
+    watchdog_name_ = fmt::format("elastic-{}-{}", opts_.run_id, ::getpid());
+    watchdog_object_.own(timer::detail::shm_object_name(watchdog_name_), &guardian_);
+    timer::watchdog_options wo;
+    wo.name = watchdog_name_;
+    wo.events = events_;
+    wo.on_kill = [this](const timer::watchdog_kill_report& r) { watchdog_kills_.add(r); };
+    watchdog_ = std::make_unique<timer::watchdog>(std::move(wo));
+  }
 
   enum class ending { none, preempted, failed, crash_loop };
 
-  std::string participant(const slot& s) const { return fmt::format("{}.{}:{}", host_, ::getpid(), s.index); }
+  std::string participant(const slot& s) const { return participant_id(host_, ::getpid(), s.index); }
 
   std::string join_command() const { return fmt::format("{}", fmt::join(opts_.command, " ")); }
 
-  /// Creates (or opens) DIR/RUN_ID, the rank logs and the events file: all through private_dir,
-  /// so a directory or file another user planted is refused, never written through.
-  void open_logs() {
-    try {
-      run_dir_ = elastic::detail::private_dir::open(opts_.log_dir).subdir(opts_.run_id);
-    } catch (const error& e) {
-      throw internal::bad_path("--log-dir", opts_.log_dir, e);
-    }
-    for (std::size_t i = 0; i < opts_.nproc_per_node; ++i) {
-      try {
-        log_fds_.push_back(run_dir_.open_file(fmt::format("rank-{}.log", i), O_WRONLY | O_APPEND | O_CREAT));
-      } catch (const error& e) {
-        throw internal::bad_path("--log-dir", opts_.log_dir, e);
-      }
-    }
-    constexpr int events_flags = O_RDWR | O_APPEND | O_CREAT;  // we read it back too
-    if (opts_.events.empty()) {
-      opts_.events = run_dir_ / "events.jsonl";
-      try {
-        events_fd_ = run_dir_.open_file("events.jsonl", events_flags);
-      } catch (const error& e) {
-        throw internal::bad_path("--log-dir", opts_.log_dir, e);
-      }
-    } else {
-      const auto name = opts_.events.filename();
-      if (name.empty() || name == "." || name == "..") {
-        throw error(errc::invalid_argument, fmt::format("--events {}: name a file, not a directory", opts_.events.string()));
-      }
-      try {
-        const auto parent = opts_.events.parent_path();
-        events_fd_ = elastic::detail::private_dir::open(parent.empty() ? std::filesystem::path(".") : parent)
-                         .open_file(name.string(), events_flags);
-      } catch (const error& e) {
-        throw internal::bad_path("--events", opts_.events, e);
-      }
-    }
-    // A retried run appends to the same file: only what comes after this point is ours.
-    struct stat st {};
-    events_offset_ = ::fstat(events_fd_.get(), &st) == 0 ? static_cast<std::uint64_t>(st.st_size) : 0;
-  }
+  /// Creates (or opens) DIR/RUN_ID, the rank logs and the events file (run_files.hpp).
+  void open_logs() { files_ = run_files::open(opts_); }
 
   std::vector<std::string> environment(const slot& s) const {
-    static constexpr std::string_view ours[] = {
-        "ELASTIC_RUN_ID=", "ELASTIC_RANK=", "ELASTIC_WORLD_SIZE=", "ELASTIC_LOCAL_RANK=", "ELASTIC_LOCAL_WORLD_SIZE=",
-        "ELASTIC_RESTART_COUNT=", "ELASTIC_WATCHDOG=", "ELASTIC_RDZV=", "ELASTIC_EVENTS=", "ELASTIC_MIN_NODES=",
-        "ELASTIC_MAX_NODES=", "ELASTIC_PARTICIPANT_ID=", "ELASTIC_STEP_TIMEOUT=", "ELASTIC_GRACE=", "RANK=",
-        "WORLD_SIZE=", "LOCAL_RANK=", "LOCAL_WORLD_SIZE=", "MASTER_ADDR=", "MASTER_PORT=", "ELASTIC_HOST_ADDR="};
-    std::vector<std::string> env;
-    for (char** e = environ; *e != nullptr; ++e) {
-      const std::string_view kv(*e);
-      if (std::none_of(std::begin(ours), std::end(ours), [&](std::string_view p) { return kv.rfind(p, 0) == 0; })) {
-        env.emplace_back(kv);
-      }
-    }
-    const std::size_t world = opts_.min_nodes * opts_.nproc_per_node;  // a first guess: the group decides
-    auto set = [&](std::string_view k, const std::string& v) { env.push_back(fmt::format("{}={}", k, v)); };
-    set("ELASTIC_RUN_ID", opts_.run_id);
-    set("ELASTIC_RANK", std::to_string(s.index));
-    set("ELASTIC_WORLD_SIZE", std::to_string(world));
-    set("ELASTIC_LOCAL_RANK", std::to_string(s.index));
-    set("ELASTIC_LOCAL_WORLD_SIZE", std::to_string(opts_.nproc_per_node));
-    set("ELASTIC_RESTART_COUNT", std::to_string(s.starts));
-    set("ELASTIC_WATCHDOG", watchdog_name_);
-    set("ELASTIC_RDZV", opts_.rdzv);
-    set("ELASTIC_EVENTS", opts_.events.string());
-    set("ELASTIC_MIN_NODES", std::to_string(opts_.min_ranks));
-    set("ELASTIC_MAX_NODES", std::to_string(opts_.max_nodes * opts_.nproc_per_node));
-    // Also the guardian's mark of this launcher's descendants (guardian.hpp): keep the format.
-    set("ELASTIC_PARTICIPANT_ID", participant(s));
-    set("ELASTIC_HOST_ADDR", opts_.host_addr);
-    if (opts_.step_timeout.count() > 0) set("ELASTIC_STEP_TIMEOUT", fmt::format("{:.3f}", opts_.step_timeout.count() / 1e3));
-    set("ELASTIC_GRACE", fmt::format("{:.3f}", opts_.grace.count() / 1e3));
-    set("RANK", std::to_string(s.index));
-    set("WORLD_SIZE", std::to_string(world));
-    set("LOCAL_RANK", std::to_string(s.index));
-    set("LOCAL_WORLD_SIZE", std::to_string(opts_.nproc_per_node));
-    return env;
+    return worker_environment(opts_, {.index = s.index, .starts = s.starts, .participant = participant(s), .watchdog = watchdog_name_});
   }
 
   /// The launcher's own message, on its stderr (never blocking).
@@ -472,70 +320,96 @@ class launcher {
     return false;
   }
 
+  /// What the loop waits for: whether anything still runs or waits to, whether a group drains
+  /// after its leader exited, and when the next restart is due.
+  struct pending {
+    bool any = false;
+    bool draining = false;
+    std::optional<clock::time_point> next_restart;
+  };
+
+  pending what_is_pending() {
+    pending p;
+    for (auto& s : slots_) {
+      if (busy(s)) {
+        p.any = true;
+        p.draining = p.draining || !s.proc.running();
+      }
+      if (s.restart_at) {
+        p.any = true;
+        // Due when its backoff is over and its alive key is retired (or that took too long);
+        // the store thread's eventfd wakes us for the second.
+        const auto due = store_->done(s.retire) ? *s.restart_at : std::max(*s.restart_at, s.retire_by);
+        if (!p.next_restart || due < *p.next_restart) p.next_restart = due;
+      }
+    }
+    return p;
+  }
+
+  /// How long poll() may sleep, in ms (-1: until something happens).
+  int poll_timeout(const pending& p) const {
+    auto until = [](clock::time_point t) {
+      return static_cast<int>(std::clamp<std::int64_t>(
+          std::chrono::duration_cast<std::chrono::milliseconds>(t - clock::now()).count() + 1, 0, 60'000));
+    };
+    int timeout = -1;
+    auto at_most = [&](int ms) { timeout = timeout < 0 ? ms : std::min(timeout, ms); };
+    if (ending_ != ending::none && !killed_after_grace_) at_most(until(grace_deadline_));
+    if (p.next_restart) at_most(until(*p.next_restart));
+    if (p.draining) at_most(100);  // a draining group's last member may not be our child
+    return timeout;
+  }
+
+  /// Sleeps until a worker writes, a signal comes, the console takes more, the store answers or
+  /// `timeout` ms pass; then reads what came.
+  void wait_and_read(int timeout) {
+    std::vector<pollfd> fds{{sigfd_.get(), POLLIN, 0}};
+    std::vector<std::pair<slot*, int>> owners{{nullptr, 0}};
+    for (auto& s : slots_) {
+      if (s.proc.stdout_fd() >= 0) fds.push_back({s.proc.stdout_fd(), POLLIN, 0}), owners.emplace_back(&s, 0);
+      if (s.proc.stderr_fd() >= 0) fds.push_back({s.proc.stderr_fd(), POLLIN, 0}), owners.emplace_back(&s, 1);
+    }
+    for (console* c : {&*out_, &*err_}) {
+      if (c->waiting_fd() >= 0) fds.push_back({c->waiting_fd(), POLLOUT, 0}), owners.emplace_back(nullptr, 2);
+    }
+    fds.push_back({store_->done_fd(), POLLIN, 0});
+    owners.emplace_back(nullptr, 3);
+    const int n = ::poll(fds.data(), fds.size(), timeout);
+    if (n < 0 && errno != EINTR) throw os_error("elastic-run: poll failed");
+    if (n > 0) {
+      for (std::size_t i = 1; i < fds.size(); ++i) {
+        if (fds[i].revents != 0 && owners[i].first != nullptr) pump(*owners[i].first, owners[i].second);
+      }
+      if (fds[0].revents & POLLIN) read_signals();
+    }
+  }
+
+  /// Starts the slots whose restart is due (unless the run is ending).
+  void start_due_restarts() {
+    if (ending_ != ending::none) return;
+    for (auto& s : slots_) {
+      if (!s.restart_at || clock::now() < *s.restart_at) continue;
+      if (!store_->done(s.retire)) {
+        if (clock::now() < s.retire_by) continue;
+        store_->cancel(s.retire);  // the store does not answer: the new life must not lose its key to it
+        events_.emit("launcher_store_error", {{"slot", s.index},
+                                              {"message", "the previous life's alive key was not retired in time; "
+                                                          "restarting without"}});
+      }
+      start(s);
+    }
+  }
+
   void loop() {
     for (;;) {
-      bool any = false;
-      bool draining = false;
-      std::optional<clock::time_point> next_restart;
-      for (auto& s : slots_) {
-        if (busy(s)) {
-          any = true;
-          draining = draining || !s.proc.running();
-        }
-        if (s.restart_at) {
-          any = true;
-          // Due when its backoff is over and its alive key is retired (or that took too long);
-          // the store thread's eventfd wakes us for the second.
-          const auto due = store_->done(s.retire) ? *s.restart_at : std::max(*s.restart_at, s.retire_by);
-          if (!next_restart || due < *next_restart) next_restart = due;
-        }
-      }
-      if (!any) return;
-      std::vector<pollfd> fds{{sigfd_.get(), POLLIN, 0}};
-      std::vector<std::pair<slot*, int>> owners{{nullptr, 0}};
-      for (auto& s : slots_) {
-        if (s.proc.stdout_fd() >= 0) fds.push_back({s.proc.stdout_fd(), POLLIN, 0}), owners.emplace_back(&s, 0);
-        if (s.proc.stderr_fd() >= 0) fds.push_back({s.proc.stderr_fd(), POLLIN, 0}), owners.emplace_back(&s, 1);
-      }
-      for (console* c : {&*out_, &*err_}) {
-        if (c->waiting_fd() >= 0) fds.push_back({c->waiting_fd(), POLLOUT, 0}), owners.emplace_back(nullptr, 2);
-      }
-      fds.push_back({store_->done_fd(), POLLIN, 0});
-      owners.emplace_back(nullptr, 3);
-      auto until = [](clock::time_point t) {
-        return static_cast<int>(std::clamp<std::int64_t>(
-            std::chrono::duration_cast<std::chrono::milliseconds>(t - clock::now()).count() + 1, 0, 60'000));
-      };
-      int timeout = -1;
-      auto at_most = [&](int ms) { timeout = timeout < 0 ? ms : std::min(timeout, ms); };
-      if (ending_ != ending::none && !killed_after_grace_) at_most(until(grace_deadline_));
-      if (next_restart) at_most(until(*next_restart));
-      if (draining) at_most(100);  // a draining group's last member may not be our child
-      const int n = ::poll(fds.data(), fds.size(), timeout);
-      if (n < 0 && errno != EINTR) throw os_error("elastic-run: poll failed");
-      if (n > 0) {
-        for (std::size_t i = 1; i < fds.size(); ++i) {
-          if (fds[i].revents != 0 && owners[i].first != nullptr) pump(*owners[i].first, owners[i].second);
-        }
-        if (fds[0].revents & POLLIN) read_signals();
-      }
+      const pending p = what_is_pending();
+      if (!p.any) return;
+      wait_and_read(poll_timeout(p));
       store_->read_done();
       out_->flush();
       err_->flush();
       guardian_.flush();
-      if (ending_ == ending::none) {
-        for (auto& s : slots_) {
-          if (!s.restart_at || clock::now() < *s.restart_at) continue;
-          if (!store_->done(s.retire)) {
-            if (clock::now() < s.retire_by) continue;
-            store_->cancel(s.retire);  // the store does not answer: the new life must not lose its key to it
-            events_.emit("launcher_store_error", {{"slot", s.index},
-                                                  {"message", "the previous life's alive key was not retired in time; "
-                                                              "restarting without"}});
-          }
-          start(s);
-        }
-      }
+      start_due_restarts();
       if (ending_ != ending::none && !killed_after_grace_ && clock::now() >= grace_deadline_) kill_stragglers();
       for (auto& m : store_->take_errors()) events_.emit("launcher_store_error", {{"message", m}});
     }
@@ -867,54 +741,14 @@ class launcher {
     std::vector<double> failures = failures_at_;
     const auto hangs = watchdog_kills_.hangs();
     failures.insert(failures.end(), hangs.begin(), hangs.end());
-    for (double t : failures) {
-      const auto it = std::upper_bound(resumed.begin(), resumed.end(), t);
-      if (it != resumed.end()) report_.seconds_lost += *it - t;
-    }
+    report_.seconds_lost = internal::seconds_lost(failures, resumed);
   }
 
   void print_summary() {
-    const auto& r = report_;
-    std::string code_note;
-    if (r.exit_code == exit_preempted) {
-      // "State saved" only when a worker said its final checkpoint committed.
-      if (r.final_checkpoint_saved) {
-        code_note = " (preempted: state saved, run the same command again)";
-      } else if (r.newest_checkpoint >= 0) {
-        code_note = fmt::format(" (preempted: the final checkpoint was not confirmed; the newest committed step is {}: "
-                                "run the same command again to resume from it)",
-                                r.newest_checkpoint);
-      } else {
-        code_note = " (preempted: the final checkpoint was not confirmed and no checkpoint was committed in this run: "
-                    "run the same command again to resume from the newest one on disk, if any)";
-      }
-    } else if (r.exit_code == exit_crash_loop) {
-      code_note = " (crash loop: no progress; do not requeue)";
-    }
-    std::string text = fmt::format("elastic-run: run '{}' {}\n", opts_.run_id, r.outcome);
-    text += fmt::format("  exit code        {}{}\n", r.exit_code, code_note);
-    text += fmt::format("  run time         {:.1f} s, {} workers\n", r.seconds, r.workers);
-    text += fmt::format("  failures         {} (--max-restarts {}); workers restarted: {}, of which {} after a "
-                        "preemption{}\n",
-                        r.failures, opts_.max_restarts, r.restarts, r.preempted_restarts,
-                        r.backoff_restarts > 0 ? fmt::format(" and {} after an exit 75 with no notice", r.backoff_restarts)
-                                               : std::string());
-    text += fmt::format("  watchdog kills   {}\n", r.watchdog_kills);
-    text += fmt::format("  rendezvous       round {} reached, the group rebuilt {} times\n", r.rounds, r.rebuilds);
-    text += r.newest_checkpoint >= 0
-                ? fmt::format("  checkpoints      {} committed, newest step {}\n", r.checkpoints, r.newest_checkpoint)
-                : fmt::format("  checkpoints      none committed in this run\n");
-    text += fmt::format("  time lost        {:.2f} s to failures (each from the death, or the hang, to the group "
-                        "training again)\n",
-                        r.seconds_lost);
-    if (r.stragglers_killed > 0) text += fmt::format("  killed at grace  {} workers\n", r.stragglers_killed);
-    if (r.console_lines_dropped > 0) {
-      text += fmt::format("  console          {} lines not shown (the console did not keep up or went away); the logs "
-                          "have them\n",
-                          r.console_lines_dropped);
-    }
-    text += fmt::format("  logs             {}/rank-*.log, events {}\n", run_dir_.path().string(), opts_.events.string());
-    err_->write(text);
+    err_->write(summary_text(report_, {.run_id = opts_.run_id,
+                                       .max_restarts = opts_.max_restarts,
+                                       .log_dir = files_.dir.path(),
+                                       .events = opts_.events}));
   }
 
   // Declared in the order they are made; destroyed in reverse (workers first, guardian last).
@@ -925,10 +759,7 @@ class launcher {
   sigset_t signals_{};
   guardian guardian_;
   elastic::detail::unique_fd sigfd_;
-  elastic::detail::private_dir run_dir_;
-  std::vector<elastic::detail::unique_fd> log_fds_;
-  elastic::detail::unique_fd events_fd_;
-  std::uint64_t events_offset_ = 0;
+  run_files files_;
   event_log events_;
   run_events seen_;
   std::optional<console> out_;

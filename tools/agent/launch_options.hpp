@@ -1,0 +1,35 @@
+// What one elastic-run is asked to do (filled by options.hpp's parse_command_line, read by the
+// launcher). Vocabulary: a node is a host (a machine), as torchrun counts them; a rank is one
+// worker process. The group's bounds are in ranks: min_ranks, and max_nodes * nproc_per_node.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace elastic::agent {
+
+struct launch_options {
+  std::size_t nproc_per_node = 0;   ///< workers (ranks) on this host; 0: one per GPU, else one per CPU core
+  std::size_t min_nodes = 1;        ///< hosts, as torchrun counts them
+  std::size_t max_nodes = 1;        ///< hosts
+  std::size_t min_ranks = 0;        ///< the group's lower bound, in workers; 0: min_nodes * nproc_per_node
+  std::string rdzv;                 ///< store URL; empty: shm://elastic-<run id>
+  std::string host_addr;            ///< what peers reach this host's workers at; empty: worked out
+  std::string run_id;               ///< empty: ELASTIC_RUN_ID, else a random one
+  std::size_t max_restarts = 3;     ///< failures restarted, across all workers
+  std::chrono::milliseconds step_timeout{0};  ///< exported as ELASTIC_STEP_TIMEOUT (0: not set)
+  std::chrono::milliseconds grace{std::chrono::seconds(25)};  ///< SIGTERM to SIGKILL
+  std::filesystem::path log_dir = "elastic-logs";
+  std::filesystem::path events;     ///< empty: <log_dir>/<run id>/events.jsonl
+  bool quiet = false;               ///< no worker output on the console (the logs keep it)
+  std::vector<int> preempt_signals;  ///< more signals that mean "preemption notice"
+  std::vector<std::string> command;  ///< the program and its arguments
+
+  /// The group's upper bound, in workers (ranks): every host's workers.
+  [[nodiscard]] std::size_t max_ranks() const noexcept { return max_nodes * nproc_per_node; }
+};
+
+}  // namespace elastic::agent

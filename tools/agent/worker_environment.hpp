@@ -1,0 +1,111 @@
+// The environment a worker starts with: the launcher's own, less every variable of the worker
+// contract it may have inherited (a launcher started from inside a worker), plus this worker's
+// values of that contract. The contract (README: "The worker environment"):
+//   ELASTIC_RUN_ID, ELASTIC_RANK, ELASTIC_WORLD_SIZE, ELASTIC_LOCAL_RANK, ELASTIC_LOCAL_WORLD_SIZE,
+//   ELASTIC_RESTART_COUNT, ELASTIC_WATCHDOG, ELASTIC_RDZV, ELASTIC_EVENTS,
+//   ELASTIC_MIN_RANKS / ELASTIC_MAX_RANKS (the group's bounds, in workers; also under their old
+//   names ELASTIC_MIN_NODES / ELASTIC_MAX_NODES for workers built before the rename, which also
+//   counted workers, not hosts), ELASTIC_PARTICIPANT_ID, ELASTIC_HOST_ADDR, ELASTIC_STEP_TIMEOUT
+//   (only when set), ELASTIC_GRACE, and torchrun's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE.
+// MASTER_ADDR and MASTER_PORT are removed and not set: the group finds its own.
+#pragma once
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <iterator>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "launch_options.hpp"
+
+extern char** environ;
+
+namespace elastic::agent {
+
+/// Which worker an environment is for.
+struct worker_identity {
+  std::size_t index = 0;       ///< the slot: local rank, and the first guess of the rank
+  std::size_t starts = 0;      ///< lives before this one (ELASTIC_RESTART_COUNT)
+  std::string participant;     ///< participant_id(): also the guardian's mark
+  std::string watchdog;        ///< the segment name of the launcher's watchdog
+};
+
+namespace internal {
+
+/// This host's name as ids carry it: [A-Za-z0-9.-] kept, anything else '_', at most 64 characters
+/// ("host" when it has none).
+inline std::string host_name() {
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0 || host[0] == '\0') return "host";
+  std::string h = host;
+  for (char& c : h)
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '-')) c = '_';
+  return h.substr(0, 64);
+}
+
+/// Variables of the worker contract (and torchrun's) a worker never inherits from the launcher.
+inline constexpr std::string_view contract_prefixes[] = {
+    "ELASTIC_RUN_ID=",       "ELASTIC_RANK=",          "ELASTIC_WORLD_SIZE=",    "ELASTIC_LOCAL_RANK=",
+    "ELASTIC_LOCAL_WORLD_SIZE=", "ELASTIC_RESTART_COUNT=", "ELASTIC_WATCHDOG=",  "ELASTIC_RDZV=",
+    "ELASTIC_EVENTS=",       "ELASTIC_MIN_RANKS=",     "ELASTIC_MAX_RANKS=",     "ELASTIC_MIN_NODES=",
+    "ELASTIC_MAX_NODES=",    "ELASTIC_PARTICIPANT_ID=", "ELASTIC_STEP_TIMEOUT=", "ELASTIC_GRACE=",
+    "RANK=",                 "WORLD_SIZE=",            "LOCAL_RANK=",            "LOCAL_WORLD_SIZE=",
+    "MASTER_ADDR=",          "MASTER_PORT=",           "ELASTIC_HOST_ADDR="};
+
+/// The launcher's environment without the contract's variables.
+inline std::vector<std::string> inherited_environment() {
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string_view kv(*e);
+    if (std::none_of(std::begin(contract_prefixes), std::end(contract_prefixes),
+                     [&](std::string_view p) { return kv.rfind(p, 0) == 0; })) {
+      env.emplace_back(kv);
+    }
+  }
+  return env;
+}
+
+}  // namespace internal
+
+/// "HOST.LAUNCHER_PID:SLOT": a worker's participant id in the rendezvous, and (its prefix up to
+/// ':') the guardian's mark of this launcher's descendants (guardian.hpp): keep the format.
+inline std::string participant_id(std::string_view host, pid_t launcher_pid, std::size_t slot) {
+  return fmt::format("{}.{}:{}", host, launcher_pid, slot);
+}
+
+/// The environment of worker `w` of the run `o` describes.
+inline std::vector<std::string> worker_environment(const launch_options& o, const worker_identity& w) {
+  std::vector<std::string> env = internal::inherited_environment();
+  const std::size_t world = o.min_nodes * o.nproc_per_node;  // a first guess: the group decides
+  auto set = [&](std::string_view k, const std::string& v) { env.push_back(fmt::format("{}={}", k, v)); };
+  set("ELASTIC_RUN_ID", o.run_id);
+  set("ELASTIC_RANK", std::to_string(w.index));
+  set("ELASTIC_WORLD_SIZE", std::to_string(world));
+  set("ELASTIC_LOCAL_RANK", std::to_string(w.index));
+  set("ELASTIC_LOCAL_WORLD_SIZE", std::to_string(o.nproc_per_node));
+  set("ELASTIC_RESTART_COUNT", std::to_string(w.starts));
+  set("ELASTIC_WATCHDOG", w.watchdog);
+  set("ELASTIC_RDZV", o.rdzv);
+  set("ELASTIC_EVENTS", o.events.string());
+  set("ELASTIC_MIN_RANKS", std::to_string(o.min_ranks));
+  set("ELASTIC_MAX_RANKS", std::to_string(o.max_ranks()));
+  // The old names of the same two bounds (they always counted workers): for older workers.
+  set("ELASTIC_MIN_NODES", std::to_string(o.min_ranks));
+  set("ELASTIC_MAX_NODES", std::to_string(o.max_ranks()));
+  set("ELASTIC_PARTICIPANT_ID", w.participant);
+  set("ELASTIC_HOST_ADDR", o.host_addr);
+  if (o.step_timeout.count() > 0) set("ELASTIC_STEP_TIMEOUT", fmt::format("{:.3f}", o.step_timeout.count() / 1e3));
+  set("ELASTIC_GRACE", fmt::format("{:.3f}", o.grace.count() / 1e3));
+  set("RANK", std::to_string(w.index));
+  set("WORLD_SIZE", std::to_string(world));
+  set("LOCAL_RANK", std::to_string(w.index));
+  set("LOCAL_WORLD_SIZE", std::to_string(o.nproc_per_node));
+  return env;
+}
+
+}  // namespace elastic::agent
