@@ -319,94 +319,15 @@ class training_loop {
 
   /// The final checkpoint of a loop that ends alone (no agreement needed): the writer
   /// snapshots the step it stopped at and waits until it is durable.
-  void final_checkpoint(loop_reason why) {
-    reason_ = why;
-    if (!writer() || (why != loop_reason::preempted && !opts_.checkpoint_at_end)) {
-      settle(why);
-      emit_end();
-      rethrow_unless_preempted();
-      return;
-    }
-    if (why == loop_reason::preempted) start_grace(preemption_handler::requested_at_ns());
-    write_final(next_);
-    grace_.reset();
-    emit_end();
-    rethrow_unless_preempted();
-  }
+  void final_checkpoint(loop_reason why);
 
   /// Ranks without a group that checkpoint together: propose the step this rank stopped at and
   /// wait for every rank's proposal (final_step.hpp). False when the loop ended instead (no
   /// agreement in time: the previous step stands).
-  bool agree_on_final_step(loop_reason why) {
-    // A rank that only saw another's proposal starts no grace of its own: the decision says
-    // whether this is a preemption (the proposers' graces bound them).
-    if (why == loop_reason::preempted && !peer_notice_) start_grace(preemption_handler::requested_at_ns());
-    const auto deadline = agreement_deadline();
-    std::optional<checkpoint::detail::final_decision> decision;
-    std::string failure;
-    try {
-      agreement_->propose(next_, peer_notice_ ? "joined" : to_string(why));
-      // A notice that comes while we wait (for a finished or stopped run) starts the grace.
-      decision = agreement_->wait_for_proposals(deadline, opts_.steps, [&] {
-        if (!grace_ && preemption_handler::requested() && signals_) start_grace(preemption_handler::requested_at_ns());
-      });
-    } catch (const error& e) {
-      failure = e.what();  // the directory failed us: as if no agreement came
-    }
-    if (!decision) {
-      events_.emit("final_step_unagreed", {{"step", next_},
-                                           {"proposals", agreement_->proposals_seen()},
-                                           {"world_size", ckpt_.world_size()},
-                                           {"dir", agreement_->path().string()},
-                                           {"error", failure.empty() ? event_value() : event_value(failure)}});
-      if (why == loop_reason::preempted || grace_) {
-        // Some rank is dead or hung: its part of any new step would never come.
-        reason_ = loop_reason::preempted;
-        final_error_ = !failure.empty() ? failure
-                                        : "the ranks did not agree on a final step within the grace: " +
-                                              std::to_string(agreement_->proposals_seen()) + " of " +
-                                              std::to_string(ckpt_.world_size()) + " proposals";
-        settle(reason_);
-        grace_.reset();
-        emit_end();
-        return false;
-      }
-      final_checkpoint(why);  // as a loop alone would: rank 0's commit then says who is missing
-      return false;
-    }
-    agreed_final_ = decision->step;
-    agreed_reason_ = decision->reason == "finished"    ? loop_reason::finished
-                     : decision->reason == "preempted" ? loop_reason::preempted
-                                                       : loop_reason::stopped;
-    if (agreed_reason_ == loop_reason::preempted && !grace_) start_grace(0);
-    events_.emit("final_step_agreed", {{"step", next_},
-                                       {"final_step", *agreed_final_},
-                                       {"reason", to_string(agreed_reason_)},
-                                       {"world_size", ckpt_.world_size()}});
-    return true;
-  }
+  bool agree_on_final_step(loop_reason why);
 
   /// At the agreed final step: snapshot it, wait until durable, then acknowledge.
-  void finish_agreed() {
-    reason_ = agreed_reason_;
-    write_final(next_);
-    std::string failure;
-    bool acknowledged = false;
-    try {
-      acknowledged = agreement_->acknowledge(agreement_deadline());
-    } catch (const error& e) {
-      failure = e.what();
-    }
-    if (!acknowledged) {
-      // Our step is as durable as it is; only the namespace may be left behind (it goes stale).
-      events_.emit("final_step_unacknowledged", {{"step", next_},
-                                                 {"dir", agreement_->path().string()},
-                                                 {"error", failure.empty() ? event_value() : event_value(failure)}});
-    }
-    grace_.reset();
-    emit_end();
-    rethrow_unless_preempted();
-  }
+  void finish_agreed();
 
   std::chrono::steady_clock::time_point agreement_deadline() const {
     if (grace_deadline_) return *grace_deadline_;
@@ -416,30 +337,10 @@ class training_loop {
 
   /// Snapshots `step` (unless the newest snapshot is of it) and waits until it is durable. A
   /// failure is kept for emit_end() and rethrow_unless_preempted(), never thrown from here.
-  void write_final(std::uint64_t step) {
-    try {
-      if (last_snapshot_step_ != step) {
-        ckpt_.snapshot(step, {}, opts_.stream);
-        last_snapshot_step_ = step;
-      }
-      ckpt_.wait_durable();  // throws when the newest snapshot failed (an older failure does not count)
-      const auto s = ckpt_.stats();
-      final_written_ = ckpt_.rank() == 0 && s.last_durable_step == step;
-    } catch (const error& e) {
-      final_error_ = e.what();
-      final_failure_ = std::current_exception();
-    }
-  }
+  void write_final(std::uint64_t step);
 
   /// Waits for what is in flight (no new snapshot); a failure is kept as in write_final().
-  void settle(loop_reason why) {
-    try {
-      ckpt_.wait_durable();
-    } catch (const error& e) {
-      final_error_ = e.what();
-      if (why != loop_reason::preempted) final_failure_ = std::current_exception();
-    }
-  }
+  void settle(loop_reason why);
 
   /// A finished or stopped loop whose final checkpoint failed must not look like success: the
   /// user must know the last state is not saved. A preempted one exits 75 all the same: its
@@ -451,44 +352,15 @@ class training_loop {
 
   /// A preemption notice while the group was re-forming: exit 75 with the newest committed step
   /// standing; no new checkpoint (this rank's state may not be the group's).
-  void interrupted_while_regrouping(const error& e) {
-    scope_.reset();
-    reason_ = loop_reason::preempted;
-    final_error_ = e.what();
-    start_grace(preemption_handler::requested_at_ns());
-    settle(reason_);  // what was in flight before the failure may still commit
-    grace_.reset();
-    emit_end("regroup");
-  }
+  void interrupted_while_regrouping(const error& e);
 
   /// Starts the grace timer: `since` is when the notice came (CLOCK_MONOTONIC ns; 0: now).
-  void start_grace(std::int64_t since) {
-    if (grace_) return;
-    const std::int64_t now = elastic::detail::monotonic_ns();
-    if (since <= 0 || since > now) since = now;
-    const auto left = std::chrono::nanoseconds(
-        std::max<std::int64_t>(0, std::chrono::nanoseconds(*opts_.grace).count() - (now - since)));
-    grace_deadline_ = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(left);
-    grace_.emplace(left, events_, next_);
-  }
+  void start_grace(std::int64_t since);
 
   /// loop_end or loop_preempted. final_checkpoint: this process made the final step durable as
   /// its writer; final_checkpoint_error: why the final checkpoint failed or was not taken
   /// (null: it did not fail); interrupted: what a notice cut short ("regroup"), else null.
-  void emit_end(std::string_view interrupted = {}) {
-    const auto s = ckpt_.stats();
-    events_.emit(reason_ == loop_reason::preempted ? "loop_preempted" : "loop_end",
-                 {{"reason", to_string(reason_)},
-                  {"step", next_},
-                  {"signal", preemption_handler::requested()},
-                  {"final_checkpoint", final_written_},
-                  {"final_checkpoint_error", final_error_.empty() ? event_value() : event_value(final_error_)},
-                  {"interrupted", interrupted.empty() ? event_value() : event_value(interrupted)},
-                  {"snapshots", s.snapshots},
-                  {"stall_s", s.stall_seconds},
-                  {"deferred", deferred_},
-                  {"durable_step", s.last_durable_step ? static_cast<long long>(*s.last_durable_step) : -1LL}});
-  }
+  void emit_end(std::string_view interrupted = {});
 
   loop_options opts_;
   event_log events_;
@@ -520,6 +392,9 @@ class training_loop {
 };
 
 }  // namespace elastic::checkpoint
+
+// The out-of-class definitions of how a loop ends.
+#include <elastic/checkpoint/detail/loop_ending.hpp>
 
 namespace elastic {
 // Re-exported at elastic:: (the common entry points, STYLE.md): users write elastic::training_loop.
