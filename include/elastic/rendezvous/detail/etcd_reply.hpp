@@ -1,0 +1,83 @@
+// Reading the etcd v3 JSON gateway's replies (proto3 JSON: int64 as strings, bytes as base64,
+// zero values left out) and the one key-range rule the store needs (a prefix's range_end).
+// Every reader throws errc::corrupt on a field it cannot make sense of; the caller names the
+// endpoint. Fuzzed by tests/fuzz/fuzz_etcd_reply.cpp.
+#pragma once
+
+#include <charconv>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include <elastic/detail/base64.hpp>
+#include <elastic/detail/json.hpp>
+#include <elastic/detail/names.hpp>
+#include <elastic/error.hpp>
+
+namespace elastic::rendezvous::detail {
+
+using elastic::detail::base64_decode;
+using elastic::detail::base64_encode;
+
+/// The smallest key above every key that starts with `prefix`: etcd's range_end for a prefix.
+/// "\0" (every key from `prefix` on) when no such key exists (empty, or all bytes 0xff).
+inline std::string prefix_end(std::string prefix) {
+  while (!prefix.empty()) {
+    auto& c = prefix.back();
+    if (static_cast<unsigned char>(c) != 0xff) {
+      c = static_cast<char>(static_cast<unsigned char>(c) + 1);
+      return prefix;
+    }
+    prefix.pop_back();
+  }
+  return std::string(1, '\0');
+}
+
+/// An int64 field of a gateway reply: proto3 JSON writes them as strings and leaves zeros out.
+inline std::int64_t int_field(const elastic::detail::json& obj, std::string_view name) {
+  const auto* f = obj.find(name);
+  if (!f) return 0;
+  if (f->is_integer()) return f->as_int64();
+  const std::string& s = f->as_string();
+  std::int64_t v = 0;
+  const auto r = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (r.ec != std::errc() || r.ptr != s.data() + s.size()) {
+    throw error(errc::corrupt, fmt::format("field '{}' holds '{}', not an integer", name, elastic::detail::printable(s)));
+  }
+  return v;
+}
+
+/// A bytes field of a gateway reply, decoded; absent means empty.
+inline std::string bytes_field(const elastic::detail::json& obj, std::string_view name) {
+  const auto* f = obj.find(name);
+  if (!f) return {};
+  auto v = base64_decode(f->as_string());
+  if (!v) throw error(errc::corrupt, fmt::format("field '{}' is not base64", name));
+  return *std::move(v);
+}
+
+/// A key's value and the revision that last changed it (0: never), from a range reply.
+struct etcd_kv {
+  std::string value;
+  std::int64_t mod_revision = 0;
+};
+
+/// The first key of a range reply, or none when the range is empty.
+inline std::optional<etcd_kv> first_kv(const elastic::detail::json& range_reply) {
+  const auto* kvs = range_reply.find("kvs");
+  if (!kvs || kvs->size() == 0) return std::nullopt;
+  const auto& e = kvs->at(std::size_t{0});
+  return etcd_kv{bytes_field(e, "value"), int_field(e, "mod_revision")};
+}
+
+/// The first key's value of a range reply, or none when the range is empty.
+inline std::optional<std::string> first_value(const elastic::detail::json& range_reply) {
+  if (auto e = first_kv(range_reply)) return std::move(e->value);
+  return std::nullopt;
+}
+
+}  // namespace elastic::rendezvous::detail
