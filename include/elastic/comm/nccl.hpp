@@ -37,28 +37,27 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <span>
-#include <stop_token>
 #include <string>
 #include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
 
-#include <dlfcn.h>
-
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 #include <nccl.h>
 
 #include <elastic/comm/communicator.hpp>
+#include <elastic/comm/detail/nccl_runtime.hpp>
 #include <elastic/comm/half.hpp>
+#include <elastic/detail/cuda.hpp>
+#include <elastic/detail/periodic_thread.hpp>
 #include <elastic/error.hpp>
 #include <elastic/timer/expires.hpp>
 
@@ -68,6 +67,10 @@
 
 namespace elastic::comm {
 
+namespace detail {
+namespace cuda = elastic::detail::cuda;
+}  // namespace detail
+
 /// Tuning of an nccl_communicator; the defaults suit training.
 struct nccl_options {
   /// How often the watcher thread polls ncclCommGetAsyncError.
@@ -76,133 +79,6 @@ struct nccl_options {
   /// serves this process) kills it: the timer scope is timeout + watchdog_margin.
   std::chrono::milliseconds watchdog_margin{std::chrono::seconds(10)};
 };
-
-namespace detail {
-
-/// `name` in the libnccl this process runs with, or nullptr where that library predates it.
-inline void* nccl_symbol(const char* name) noexcept {
-  // The library that holds ncclGetVersion (found through the address we link against), so that
-  // an NCCL loaded RTLD_LOCAL is searched too.
-  static void* const library = [] {
-    Dl_info info{};
-    void* handle = nullptr;
-    if (::dladdr(reinterpret_cast<void*>(&ncclGetVersion), &info) != 0 && info.dli_fname != nullptr) {
-      handle = ::dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
-    }
-    return handle != nullptr ? handle : RTLD_DEFAULT;
-  }();
-  return ::dlsym(library, name);
-}
-
-/// The version of the libnccl this process runs with (2.28.3 is 22803), 0 if it cannot say.
-inline int nccl_runtime_version() noexcept {
-  int v = 0;
-  return ncclGetVersion(&v) == ncclSuccess ? v : 0;
-}
-
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
-inline auto nccl_shrink_fn() noexcept {
-  static const auto fn = reinterpret_cast<decltype(&ncclCommShrink)>(nccl_symbol("ncclCommShrink"));
-  return fn;
-}
-#endif
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
-inline auto nccl_revoke_fn() noexcept {
-  static const auto fn = reinterpret_cast<decltype(&ncclCommRevoke)>(nccl_symbol("ncclCommRevoke"));
-  return fn;
-}
-#endif
-
-/// The code a failed NCCL call maps to, with the advice a person can act on.
-inline std::pair<errc, std::string_view> classify(ncclResult_t r) noexcept {
-  switch (r) {
-    case ncclInvalidArgument:
-    case ncclInvalidUsage:
-      return {errc::invalid_argument, "a call was malformed (a bad pointer, count, rank or device): fix the caller"};
-    // NCCL gives no errno, and reports a peer's death as a system (socket) or internal error as
-    // often as a remote one: to the caller all three mean the same, this communicator is lost.
-    case ncclRemoteError:
-      return {errc::peer_lost, "a peer failed or went away: give this communicator up and build the next one "
-                               "(shrink() without the dead ranks, or a new nccl_unique_id())"};
-    case ncclSystemError:
-      return {errc::peer_lost, "a system call or the network failed: give this communicator up and build the next one"};
-    case ncclUnhandledCudaError:
-      return {errc::device_error, "a CUDA call failed inside NCCL: check the device with nvidia-smi, then rebuild"};
-    default:
-      return {errc::peer_lost, "give this communicator up and build the next one"};
-  }
-}
-
-/// An elastic::error for result `r` of `what`, with NCCL's own texts.
-inline error nccl_failure(ncclResult_t r, std::string_view where, ncclComm_t comm) {
-  const auto [code, advice] = classify(r);
-  const char* last = ncclGetLastError(comm);
-  return error(code, fmt::format("{} failed: NCCL {} ({}); last NCCL error: '{}'; {}", where, ncclGetErrorString(r),
-                                 static_cast<int>(r), last != nullptr ? last : "", advice));
-}
-
-inline error cuda_failure(cudaError_t rc, std::string_view where) {
-  return error(errc::device_error,
-               fmt::format("{} failed: CUDA {}: {}", where, cudaGetErrorName(rc), cudaGetErrorString(rc)));
-}
-
-/// Makes `device` current for this thread, and the previous one again on leaving.
-class device_scope {
- public:
-  explicit device_scope(int device) {
-    if (cudaError_t rc = cudaGetDevice(&previous_); rc != cudaSuccess) throw cuda_failure(rc, "cudaGetDevice");
-    if (previous_ != device) {
-      if (cudaError_t rc = cudaSetDevice(device); rc != cudaSuccess) {
-        throw cuda_failure(rc, fmt::format("cudaSetDevice({})", device));
-      }
-      restore_ = true;
-    }
-  }
-  device_scope(const device_scope&) = delete;
-  device_scope& operator=(const device_scope&) = delete;
-  ~device_scope() {
-    if (restore_) cudaSetDevice(previous_);
-  }
-
- private:
-  int previous_ = 0;
-  bool restore_ = false;
-};
-
-/// Device memory of our own (barrier word, host staging), freed on destruction.
-class device_bytes {
- public:
-  device_bytes() = default;
-  explicit device_bytes(std::size_t bytes) {
-    if (cudaError_t rc = cudaMalloc(&p_, bytes); rc != cudaSuccess) {
-      throw cuda_failure(rc, fmt::format("cudaMalloc({} bytes)", bytes));
-    }
-  }
-  device_bytes(device_bytes&& o) noexcept : p_(std::exchange(o.p_, nullptr)) {}
-  device_bytes& operator=(device_bytes&& o) noexcept {
-    std::swap(p_, o.p_);
-    return *this;
-  }
-  ~device_bytes() {
-    if (p_ != nullptr) cudaFree(p_);
-  }
-  [[nodiscard]] void* get() const noexcept { return p_; }
-
- private:
-  void* p_ = nullptr;
-};
-
-template <class T>
-constexpr ncclDataType_t nccl_type() noexcept {
-  if constexpr (std::is_same_v<T, float>) return ncclFloat32;
-  else if constexpr (std::is_same_v<T, double>) return ncclFloat64;
-  else if constexpr (std::is_same_v<T, std::int32_t>) return ncclInt32;
-  else if constexpr (std::is_same_v<T, std::int64_t>) return ncclInt64;
-  else if constexpr (std::is_same_v<T, float16>) return ncclFloat16;
-  else return ncclBfloat16;  // nccl.h declares it for CUDA >= 11, which elastic::cuda requires
-}
-
-}  // namespace detail
 
 /// A fresh NCCL bootstrap id: 128 opaque bytes that the rendezvous leader publishes and every rank
 /// passes to nccl_communicator. The process that made it hosts the bootstrap root, so it must stay
@@ -256,9 +132,9 @@ class nccl_communicator {
                               bootstrap.size(), NCCL_UNIQUE_ID_BYTES));
     }
     check_arguments();
-    detail::device_scope on(device_);
+    detail::cuda::device_scope on(device_);
     adopt_stream(stream);
-    barrier_word_ = detail::device_bytes(sizeof(std::int32_t));
+    barrier_word_ = detail::cuda::device_bytes(sizeof(std::int32_t));
     ncclUniqueId id;
     std::memcpy(id.internal, bootstrap.data(), NCCL_UNIQUE_ID_BYTES);
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
@@ -302,11 +178,7 @@ class nccl_communicator {
     aborted_.store(true, std::memory_order_release);
     failed_.store(true, std::memory_order_release);
     std::lock_guard once(abort_mu_);  // two threads aborting at once must not both join
-    if (watcher_.joinable()) {
-      watcher_.request_stop();
-      wake_.notify_all();
-      if (watcher_.get_id() != std::this_thread::get_id()) watcher_.join();
-    }
+    watcher_.stop();  // the watcher never calls abort(), so this never joins its own thread
     std::lock_guard lk(comm_mu_);
     if (comm_ != nullptr) {
       int previous = -1;
@@ -355,8 +227,8 @@ class nccl_communicator {
     check_root(root, "broadcast_host");
     check_usable("broadcast_host");
     if (words.empty()) return;
-    detail::device_scope on(device_);
-    detail::device_bytes staging(words.size_bytes());
+    detail::cuda::device_scope on(device_);
+    detail::cuda::device_bytes staging(words.size_bytes());
     copy(staging.get(), words.data(), words.size_bytes(), cudaMemcpyHostToDevice, "broadcast_host staging in");
     auto* d = static_cast<std::int64_t*>(staging.get());
     broadcast(std::span<std::int64_t>(d, words.size()), root);
@@ -387,59 +259,16 @@ class nccl_communicator {
       throw error(errc::aborted, where("shrink") + ": the communicator was aborted; shrink before abort(), "
                                                    "or build a new one from a fresh nccl_unique_id()");
     }
-    std::vector<int> excluded(excluded_ranks.begin(), excluded_ranks.end());
-    std::sort(excluded.begin(), excluded.end());
-    excluded.erase(std::unique(excluded.begin(), excluded.end()), excluded.end());
-    for (int r : excluded) {
-      if (r < 0 || r >= size_ || r == rank_) {
-        throw error(errc::invalid_argument,
-                    fmt::format("{}: excluded rank {} is {}", where("shrink"), r,
-                                r == rank_ ? "this rank itself: an excluded rank must not call shrink()"
-                                           : fmt::format("out of range 0..{}", size_ - 1)));
-      }
-    }
+    std::vector<int> excluded = checked_exclusions(excluded_ranks);
     if (timeout.count() <= 0) {
       throw error(errc::invalid_argument,
                   fmt::format("{}: timeout {} ms must be positive", where("shrink"), timeout.count()));
     }
-    nccl_options options = options_;
-    detail::device_scope on(device_);
-    // The new rank is this rank less the excluded ranks below it (NCCL closes the gaps in order).
-    const int new_rank =
-        rank_ - static_cast<int>(std::count_if(excluded.begin(), excluded.end(), [&](int r) { return r < rank_; }));
-    std::unique_ptr<nccl_communicator> next(new nccl_communicator(
-        private_tag{}, new_rank, size_ - static_cast<int>(excluded.size()), device_, timeout, options));
-    next->adopt_stream(owned_stream_ ? nullptr : stream_);
-    next->barrier_word_ = detail::device_bytes(sizeof(std::int32_t));
-    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;
+    detail::cuda::device_scope on(device_);
+    std::unique_ptr<nccl_communicator> next = make_successor(excluded, timeout);
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     ncclComm_t comm = nullptr;
-    ncclResult_t r;
-    {
-      std::unique_lock lk(comm_mu_);
-      if (comm_ == nullptr) {
-        throw error(errc::aborted, where("shrink") + ": the communicator was aborted");
-      }
-      // A revoked communicator is ready for management once NCCL says it is quiescent.
-      while (revoked_) {
-        ncclResult_t state = ncclSuccess;
-        if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess || state != ncclInProgress) break;
-        if (std::chrono::steady_clock::now() >= deadline) {
-          throw error(errc::timeout, where("shrink") + ": the revoked communicator did not quiesce in time; abort "
-                                                       "it and build a new one from a fresh nccl_unique_id()");
-        }
-        lk.unlock();
-        std::this_thread::sleep_for(std::chrono::microseconds(200));
-        lk.lock();
-        if (comm_ == nullptr) throw error(errc::aborted, where("shrink") + ": the communicator was aborted");
-      }
-      // A broken communicator may still have work in flight: once revoked (NCCL >= 2.28) it is
-      // stopped already; otherwise NCCL_SHRINK_ABORT stops it before shrinking.
-      const int flags = ok() || revoked_ ? NCCL_SHRINK_DEFAULT : NCCL_SHRINK_ABORT;
-      r = detail::nccl_shrink_fn()(comm_, excluded.data(), static_cast<int>(excluded.size()), &comm, &config, flags);
-    }
-    if (r != ncclSuccess && r != ncclInProgress) {
+    if (const ncclResult_t r = start_shrink(excluded, deadline, comm); r != ncclSuccess && r != ncclInProgress) {
       error e = detail::nccl_failure(r, where("ncclCommShrink"), comm);
       if (comm != nullptr) ncclCommAbort(comm);
       throw e;
@@ -459,6 +288,74 @@ class nccl_communicator {
   nccl_communicator(private_tag, int rank, int size, int device, std::chrono::milliseconds timeout,
                     nccl_options options)
       : rank_(rank), size_(size), device_(device), timeout_(timeout), options_(options) {}
+
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+  // shrink()'s ranks to exclude, sorted and without repeats; throws for one that is out of range
+  // or is this rank.
+  std::vector<int> checked_exclusions(std::span<const int> excluded_ranks) const {
+    std::vector<int> excluded(excluded_ranks.begin(), excluded_ranks.end());
+    std::sort(excluded.begin(), excluded.end());
+    excluded.erase(std::unique(excluded.begin(), excluded.end()), excluded.end());
+    for (int r : excluded) {
+      if (r < 0 || r >= size_ || r == rank_) {
+        throw error(errc::invalid_argument,
+                    fmt::format("{}: excluded rank {} is {}", where("shrink"), r,
+                                r == rank_ ? "this rank itself: an excluded rank must not call shrink()"
+                                           : fmt::format("out of range 0..{}", size_ - 1)));
+      }
+    }
+    return excluded;
+  }
+
+  // The communicator shrink() returns, before it has its handle: its rank, size, stream and
+  // barrier word. The caller has made device_ current.
+  std::unique_ptr<nccl_communicator> make_successor(const std::vector<int>& excluded,
+                                                    std::chrono::milliseconds timeout) const {
+    // The new rank is this rank less the excluded ranks below it (NCCL closes the gaps in order).
+    const int new_rank =
+        rank_ - static_cast<int>(std::count_if(excluded.begin(), excluded.end(), [&](int r) { return r < rank_; }));
+    std::unique_ptr<nccl_communicator> next(new nccl_communicator(
+        private_tag{}, new_rank, size_ - static_cast<int>(excluded.size()), device_, timeout, options_));
+    next->adopt_stream(owned_stream_ ? nullptr : stream_);
+    next->barrier_word_ = detail::cuda::device_bytes(sizeof(std::int32_t));
+    return next;
+  }
+
+  // Calls ncclCommShrink on this communicator (once a revoked one is quiescent), non-blocking:
+  // `comm` receives the half-made new handle. Throws if abort() took the handle meanwhile.
+  ncclResult_t start_shrink(std::vector<int>& excluded, std::chrono::steady_clock::time_point deadline,
+                            ncclComm_t& comm) {
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    std::unique_lock lk(comm_mu_);
+    if (comm_ == nullptr) {
+      throw error(errc::aborted, where("shrink") + ": the communicator was aborted");
+    }
+    wait_until_quiescent(lk, deadline);
+    // A broken communicator may still have work in flight: once revoked (NCCL >= 2.28) it is
+    // stopped already; otherwise NCCL_SHRINK_ABORT stops it before shrinking.
+    const int flags = ok() || revoked_ ? NCCL_SHRINK_DEFAULT : NCCL_SHRINK_ABORT;
+    return detail::nccl_shrink_fn()(comm_, excluded.data(), static_cast<int>(excluded.size()), &comm, &config,
+                                    flags);
+  }
+
+  // A revoked communicator is ready for management once NCCL says it is quiescent. `lk` holds
+  // comm_mu_; it is let go between polls so that abort() can get in.
+  void wait_until_quiescent(std::unique_lock<std::mutex>& lk, std::chrono::steady_clock::time_point deadline) {
+    while (revoked_) {
+      ncclResult_t state = ncclSuccess;
+      if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess || state != ncclInProgress) break;
+      if (std::chrono::steady_clock::now() >= deadline) {
+        throw error(errc::timeout, where("shrink") + ": the revoked communicator did not quiesce in time; abort "
+                                                     "it and build a new one from a fresh nccl_unique_id()");
+      }
+      lk.unlock();
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+      lk.lock();
+      if (comm_ == nullptr) throw error(errc::aborted, where("shrink") + ": the communicator was aborted");
+    }
+  }
+#endif
 
   void check_arguments() const {
     if (size_ < 1 || rank_ < 0 || rank_ >= size_) {
@@ -486,9 +383,9 @@ class nccl_communicator {
       return;
     }
     if (cudaError_t rc = cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking); rc != cudaSuccess) {
-      throw detail::cuda_failure(rc, where("cudaStreamCreateWithFlags"));
+      throw detail::cuda::failure(rc, where("cudaStreamCreateWithFlags"));
     }
-    owned_stream_.reset(stream_);
+    owned_stream_ = detail::cuda::stream::adopt(stream_);
   }
 
   // Polls a communicator being created until NCCL says it is ready; on a deadline or an error it
@@ -515,7 +412,7 @@ class nccl_communicator {
     }
     comm_ = comm;
     try {
-      watcher_ = std::jthread([this](std::stop_token st) { watch(st); });
+      watcher_ = elastic::detail::periodic_thread(options_.watch_interval, [this] { return watch(); });
     } catch (...) {
       ncclCommAbort(comm_);
       comm_ = nullptr;
@@ -523,26 +420,20 @@ class nccl_communicator {
     }
   }
 
-  // The watcher: polls the asynchronous error so a peer's failure is noticed between collectives.
-  // It holds comm_mu_ only for the poll, so abort() can always get in.
-  void watch(std::stop_token st) {
-    std::mutex m;
-    std::unique_lock lk(m);
-    while (!st.stop_requested()) {
-      wake_.wait_for(lk, st, options_.watch_interval, [] { return false; });
-      if (st.stop_requested()) return;
-      ncclResult_t state = ncclSuccess;
-      {
-        std::lock_guard cl(comm_mu_);
-        if (comm_ == nullptr) return;
-        if (ncclResult_t r = ncclCommGetAsyncError(comm_, &state); r != ncclSuccess) state = r;
-        if (state != ncclSuccess && state != ncclInProgress) {
-          record(detail::nccl_failure(state, where("watcher (ncclCommGetAsyncError)"), comm_));
-          stop_in_flight_locked();
-          return;
-        }
-      }
+  // The watcher's tick: polls the asynchronous error so a peer's failure is noticed between
+  // collectives; false (the thread ends) once the communicator is gone or broken. It holds
+  // comm_mu_ only for the poll, so abort() can always get in.
+  bool watch() noexcept {
+    std::lock_guard cl(comm_mu_);
+    if (comm_ == nullptr) return false;
+    ncclResult_t state = ncclSuccess;
+    if (ncclResult_t r = ncclCommGetAsyncError(comm_, &state); r != ncclSuccess) state = r;
+    if (state != ncclSuccess && state != ncclInProgress) {
+      record(detail::nccl_failure(state, where("watcher (ncclCommGetAsyncError)"), comm_));
+      stop_in_flight_locked();
+      return false;
     }
+    return true;
   }
 
   void record(error e) {
@@ -600,10 +491,10 @@ class nccl_communicator {
 
   void copy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind, std::string_view what) {
     if (cudaError_t rc = cudaMemcpyAsync(dst, src, bytes, kind, stream_); rc != cudaSuccess) {
-      throw detail::cuda_failure(rc, where(what));
+      throw detail::cuda::failure(rc, where(what));
     }
     if (cudaError_t rc = cudaStreamSynchronize(stream_); rc != cudaSuccess) {
-      throw detail::cuda_failure(rc, where(what));
+      throw detail::cuda::failure(rc, where(what));
     }
   }
 
@@ -614,57 +505,38 @@ class nccl_communicator {
     check_usable(what);
     if (!nonempty) return;  // every rank passes the same length, so every rank skips
     auto scope = elastic::expires(timeout_ + options_.watchdog_margin, scope_name);
-    detail::device_scope on(device_);
+    detail::cuda::device_scope on(device_);
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
-    {
-      std::lock_guard lk(comm_mu_);
-      if (comm_ == nullptr) check_usable(what);
-      const ncclResult_t r = enqueue(comm_);
-      if (r != ncclSuccess && r != ncclInProgress) {
-        error e = detail::nccl_failure(r, where(what), comm_);
-        if (classify_fatal(r)) {
-          record(e);
-          stop_in_flight_locked();
-        }
-        throw e;
+    enqueue_collective(what, std::forward<Enqueue>(enqueue));
+    wait_for_completion(what, deadline);
+  }
+
+  // Hands the collective to NCCL; a failure to enqueue it throws (and, unless the call was merely
+  // malformed, breaks the communicator).
+  template <class Enqueue>
+  void enqueue_collective(std::string_view what, Enqueue&& enqueue) {
+    std::lock_guard lk(comm_mu_);
+    if (comm_ == nullptr) check_usable(what);
+    const ncclResult_t r = enqueue(comm_);
+    if (r != ncclSuccess && r != ncclInProgress) {
+      error e = detail::nccl_failure(r, where(what), comm_);
+      if (classify_fatal(r)) {
+        record(e);
+        stop_in_flight_locked();
       }
+      throw e;
     }
+  }
+
+  // Polls until the enqueued collective finished on the GPU; throws (breaking the communicator)
+  // on an NCCL or CUDA error, an error the watcher saw, an abort, or the deadline.
+  void wait_for_completion(std::string_view what, std::chrono::steady_clock::time_point deadline) {
     int spins = 0;
     for (;;) {
-      ncclResult_t state = ncclSuccess;
-      {
-        std::lock_guard lk(comm_mu_);
-        if (comm_ == nullptr) check_usable(what);  // aborted from another thread
-        if (ncclResult_t r = ncclCommGetAsyncError(comm_, &state); r != ncclSuccess) state = r;
-        if (state != ncclSuccess && state != ncclInProgress) {
-          error e = detail::nccl_failure(state, where(what), comm_);
-          record(e);
-          stop_in_flight_locked();
-          throw e;
-        }
-      }
+      const ncclResult_t state = poll_async_error(what);
       if (!ok()) check_usable(what);  // the watcher saw an error
-      if (state == ncclSuccess) {  // fully enqueued; has the GPU finished it?
-        const cudaError_t q = cudaStreamQuery(stream_);
-        if (q == cudaSuccess) return;
-        if (q != cudaErrorNotReady) {
-          error e = detail::cuda_failure(q, where(what) + ": cudaStreamQuery");
-          record(e);
-          throw e;
-        }
-      }
-      if (std::chrono::steady_clock::now() >= deadline) {
-        error e(errc::timeout, fmt::format("{} timed out: the collective did not finish on the GPU in time; a peer "
-                                           "may have died or hung. The communicator is broken: build a new one for "
-                                           "the next round (or shrink() it)",
-                                           where(what)));
-        {
-          std::lock_guard lk(comm_mu_);
-          record(e);
-          stop_in_flight_locked();
-        }
-        throw e;
-      }
+      if (state == ncclSuccess && gpu_finished(what)) return;  // fully enqueued, and done
+      if (std::chrono::steady_clock::now() >= deadline) throw collective_timed_out(what);
       // Spin briefly for short collectives, then sleep so a long wait costs no core.
       if (++spins < 64) {
         std::this_thread::yield();
@@ -674,21 +546,56 @@ class nccl_communicator {
     }
   }
 
+  // NCCL's asynchronous state: ncclSuccess (enqueued) or ncclInProgress; anything else throws.
+  ncclResult_t poll_async_error(std::string_view what) {
+    std::lock_guard lk(comm_mu_);
+    if (comm_ == nullptr) check_usable(what);  // aborted from another thread
+    ncclResult_t state = ncclSuccess;
+    if (ncclResult_t r = ncclCommGetAsyncError(comm_, &state); r != ncclSuccess) state = r;
+    if (state != ncclSuccess && state != ncclInProgress) {
+      error e = detail::nccl_failure(state, where(what), comm_);
+      record(e);
+      stop_in_flight_locked();
+      throw e;
+    }
+    return state;
+  }
+
+  // Whether the work on stream_ has finished; a CUDA error throws.
+  bool gpu_finished(std::string_view what) {
+    const cudaError_t q = cudaStreamQuery(stream_);
+    if (q == cudaSuccess) return true;
+    if (q != cudaErrorNotReady) {
+      error e = detail::cuda::failure(q, where(what) + ": cudaStreamQuery");
+      record(e);
+      throw e;
+    }
+    return false;
+  }
+
+  // The error for a collective past its deadline, recorded (and in-flight work stopped) first.
+  error collective_timed_out(std::string_view what) {
+    error e(errc::timeout, fmt::format("{} timed out: the collective did not finish on the GPU in time; a peer "
+                                       "may have died or hung. The communicator is broken: build a new one for "
+                                       "the next round (or shrink() it)",
+                                       where(what)));
+    std::lock_guard lk(comm_mu_);
+    record(e);
+    stop_in_flight_locked();
+    return e;
+  }
+
   // A malformed call leaves the communicator usable; anything else breaks it.
   static bool classify_fatal(ncclResult_t r) noexcept { return r != ncclInvalidArgument && r != ncclInvalidUsage; }
-
-  struct stream_deleter {
-    void operator()(cudaStream_t s) const noexcept { cudaStreamDestroy(s); }
-  };
 
   int rank_;
   int size_;
   int device_;
   std::chrono::milliseconds timeout_;
   nccl_options options_;
-  std::unique_ptr<CUstream_st, stream_deleter> owned_stream_;  // declared before comm users: freed last
+  detail::cuda::stream owned_stream_;  // declared before comm users: freed last
   cudaStream_t stream_ = nullptr;
-  detail::device_bytes barrier_word_;
+  detail::cuda::device_bytes barrier_word_;
   mutable std::mutex comm_mu_;  // guards comm_ (its lifetime) and revoked_
   ncclComm_t comm_ = nullptr;
   bool revoked_ = false;
@@ -698,8 +605,7 @@ class nccl_communicator {
   mutable std::mutex error_mu_;
   std::optional<error> last_error_;
   std::mutex abort_mu_;
-  std::condition_variable_any wake_;
-  std::jthread watcher_;  // last: stopped (in abort(), from the destructor) before anything above goes
+  elastic::detail::periodic_thread watcher_;  // last: stopped (in abort(), from the destructor) before anything above goes
 };
 
 static_assert(communicator<nccl_communicator>);

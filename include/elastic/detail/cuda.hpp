@@ -1,10 +1,13 @@
-// The CUDA runtime calls the library makes (checkpoint snapshots, NCCL groups), as RAII types.
+// The CUDA runtime calls the library makes (checkpoint snapshots, NCCL groups), as RAII types:
+// the one CUDA RAII set of the library (streams, events, the current device, device memory) and
+// the one function that turns a failed CUDA call into an elastic::error (errc::device_error).
 // In a build without CUDA (ELASTIC_WITH_CUDA=0) the types exist with the same shape and the
 // device operations throw, so the callers compile one way and the CPU path is what runs.
 #pragma once
 
 #include <cstddef>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include <elastic/config.hpp>
@@ -20,11 +23,20 @@ namespace elastic::detail::cuda {
 using stream_t = cudaStream_t;
 using event_t = cudaEvent_t;
 
+/// The error for a failed CUDA call: "`prefix``where` failed: `label``name`: `text`". The two
+/// prefix/label shapes are the two message forms callers (and their tests) rely on: check()'s
+/// "CUDA: cudaMemcpy failed: NAME: TEXT" and the NCCL groups' "WHERE failed: CUDA NAME: TEXT".
+inline error failure(cudaError_t rc, std::string_view where, std::string_view prefix = {},
+                     std::string_view label = "CUDA ") {
+  std::string m(prefix);
+  m.append(where).append(" failed: ").append(label).append(cudaGetErrorName(rc)).append(": ");
+  m.append(cudaGetErrorString(rc));
+  return error(errc::device_error, std::move(m));
+}
+
+/// Throws failure() for `rc` unless it is cudaSuccess.
 inline void check(cudaError_t rc, const char* what) {
-  if (rc != cudaSuccess) {
-    throw error(errc::device_error, std::string("CUDA: ") + what + " failed: " + cudaGetErrorName(rc) + ": " +
-                                        cudaGetErrorString(rc));
-  }
+  if (rc != cudaSuccess) throw failure(rc, what, "CUDA: ", "");
 }
 #else
 using stream_t = void*;
@@ -50,6 +62,12 @@ class stream {
     unavailable("a side stream");
 #endif
     return s;
+  }
+  /// Takes ownership of `s`, a stream the caller made: destroyed with this object.
+  static stream adopt(stream_t s) noexcept {
+    stream r;
+    r.s_ = s;
+    return r;
   }
   stream(stream&& o) noexcept : s_(std::exchange(o.s_, nullptr)) {}
   stream& operator=(stream&& o) noexcept {
@@ -141,5 +159,65 @@ inline void copy_to_device(void* dst, const void* src, std::size_t n) {
   unavailable("a host-to-device copy");
 #endif
 }
+
+/// Makes `device` current for this thread, and the previous one again on leaving.
+class device_scope {
+ public:
+  explicit device_scope(int device) {
+#if ELASTIC_WITH_CUDA
+    if (cudaError_t rc = cudaGetDevice(&previous_); rc != cudaSuccess) throw failure(rc, "cudaGetDevice");
+    if (previous_ != device) {
+      if (cudaError_t rc = cudaSetDevice(device); rc != cudaSuccess) {
+        throw failure(rc, "cudaSetDevice(" + std::to_string(device) + ")");
+      }
+      restore_ = true;
+    }
+#else
+    (void)device;
+    unavailable("cudaSetDevice");
+#endif
+  }
+  device_scope(const device_scope&) = delete;
+  device_scope& operator=(const device_scope&) = delete;
+  ~device_scope() {
+#if ELASTIC_WITH_CUDA
+    if (restore_) cudaSetDevice(previous_);
+#endif
+  }
+
+ private:
+  int previous_ = 0;
+  bool restore_ = false;
+};
+
+/// Device memory of our own (a barrier word, host staging), freed on destruction.
+class device_bytes {
+ public:
+  device_bytes() = default;
+  explicit device_bytes(std::size_t bytes) {
+#if ELASTIC_WITH_CUDA
+    if (cudaError_t rc = cudaMalloc(&p_, bytes); rc != cudaSuccess) {
+      throw failure(rc, "cudaMalloc(" + std::to_string(bytes) + " bytes)");
+    }
+#else
+    (void)bytes;
+    unavailable("cudaMalloc");
+#endif
+  }
+  device_bytes(device_bytes&& o) noexcept : p_(std::exchange(o.p_, nullptr)) {}
+  device_bytes& operator=(device_bytes&& o) noexcept {
+    std::swap(p_, o.p_);
+    return *this;
+  }
+  ~device_bytes() {
+#if ELASTIC_WITH_CUDA
+    if (p_ != nullptr) cudaFree(p_);
+#endif
+  }
+  [[nodiscard]] void* get() const noexcept { return p_; }
+
+ private:
+  void* p_ = nullptr;
+};
 
 }  // namespace elastic::detail::cuda
