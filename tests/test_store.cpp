@@ -16,6 +16,7 @@
 #include "support/catch.hpp"
 #include "support/errors.hpp"
 #include "support/process.hpp"
+#include "support/shm_store_peer.hpp"
 #include "support/store_contract.hpp"
 
 using namespace std::chrono_literals;
@@ -183,7 +184,7 @@ TEST_CASE("a client SIGKILLed while holding the lock does not wedge the store") 
   t.s.set("kept", "1");
   const int st = in_child([&] {
     rdzv::shm_store s(t.name);
-    s.lock_and_start_writing_for_test("torn");
+    rdzv::shm_store_test_peer::lock_and_start_writing(s, "torn");
     ::raise(SIGKILL);
   });
   REQUIRE(WIFSIGNALED(st));

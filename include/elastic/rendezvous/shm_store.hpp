@@ -241,21 +241,11 @@ class shm_store final : public store {
     if (auto* l = find_lease_locked(lease)) drop_lease_locked(*l);
   }
 
-  /// For tests of the robust lock: takes the lock and never gives it back (the caller then
-  /// dies). Leaves `key` half-written, as a client killed in the middle of set() would.
-  void lock_and_start_writing_for_test(std::string_view key) {
-    lock();
-    for (auto& e : layout().entries) {
-      if (e.state == detail::entry_free) {
-        e.state = detail::entry_writing;
-        std::memcpy(e.key, key.data(), key.size());
-        e.key_len = static_cast<std::uint32_t>(key.size());
-        return;
-      }
-    }
-  }
-
  private:
+  // Tests reach the lock and the table through this peer (tests/support/shm_store_peer.hpp),
+  // so that no test hook is part of the public API.
+  friend struct shm_store_test_peer;
+
   struct locked {
     explicit locked(shm_store& s) : s_(s) {
       s_.lock();
