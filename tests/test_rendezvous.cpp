@@ -45,11 +45,11 @@ struct scratch_store {
 };
 
 /// Short timings, events dropped: what the in-process tests use.
-rdzv::rendezvous_options options(const std::string& run, std::size_t min, std::size_t max, const std::string& id) {
+rdzv::rendezvous_options options(const std::string& run, int min, int max, const std::string& id) {
   rdzv::rendezvous_options o;
   o.run_id = run;
-  o.min_nodes = min;
-  o.max_nodes = max;
+  o.min_ranks = min;
+  o.max_ranks = max;
   o.participant_id = id;
   // In-process participants share this process's cores with the test; where detection time is
   // not what is tested, a longer lease keeps a loaded (sanitized, parallel) run from starving one.
@@ -154,7 +154,7 @@ TEST_CASE("four participants form a round: distinct ranks, one world size, the l
   for (auto& p : ps) CHECK(p.exit_code(10s) == 0);
 }
 
-TEST_CASE("a round closes at once when max_nodes have joined") {
+TEST_CASE("a round closes at once when max_ranks have joined") {
   scratch_store t;
   const auto start = clock_type::now();
   std::vector<child_process> ps;
@@ -167,7 +167,7 @@ TEST_CASE("a round closes at once when max_nodes have joined") {
   CHECK(took < 10s);  // far below the 20 s last call
 }
 
-TEST_CASE("a round with min_nodes but not max_nodes closes when the last call runs out") {
+TEST_CASE("a round with min_ranks but not max_ranks closes when the last call runs out") {
   scratch_store t;
   std::vector<rdzv::round_info> got(2);
   std::vector<std::chrono::milliseconds> took(2);
@@ -294,13 +294,13 @@ TEST_CASE("a participant that leaves is a departure at the others' next poll, wi
   const auto departures = elastic::test::events_named(dir.file("events.jsonl"), "rendezvous_departure");
   REQUIRE(departures.size() == 1);
   CHECK(departures[0].find("\"participant\":\"b\"") != std::string::npos);
-  // Below min_nodes now: the next round stops with a clear error and an event.
+  // Below min_ranks now: the next round stops with a clear error and an event.
   const auto e = error_of([&] { a->next_round(); });
   CHECK(e.code() == errc::timeout);
   CHECK(elastic::test::events_named(dir.file("events.jsonl"), "rendezvous_timeout").size() == 1);
 }
 
-TEST_CASE("a group that falls below min_nodes after a departure stops with a clear timeout") {
+TEST_CASE("a group that falls below min_ranks after a departure stops with a clear timeout") {
   scratch_store t;
   std::vector<child_process> ps;
   for (int i = 0; i < 3; ++i) {
@@ -319,7 +319,7 @@ TEST_CASE("a group that falls below min_nodes after a departure stops with a cle
     }
     INFO(line);
     CHECK(line.starts_with("error timeout"));
-    CHECK(line.find("fell to 2 participants, below min_nodes 3") != std::string::npos);
+    CHECK(line.find("fell to 2 participants, below min_ranks 3") != std::string::npos);
     CHECK(ps[i].exit_code(10s) == 3);
   }
 }
@@ -354,7 +354,7 @@ TEST_CASE("a participant waiting for the group to re-form stops at a preemption 
   CHECK(ps[2].exit_code(20s) == elastic::exit_preempted);
 }
 
-TEST_CASE("a group that never reaches min_nodes stops with a clear timeout") {
+TEST_CASE("a group that never reaches min_ranks stops with a clear timeout") {
   scratch_store t;
   std::vector<std::optional<elastic::error>> got(2);
   auto errors = on_threads(2, [&](int i) {
@@ -372,11 +372,11 @@ TEST_CASE("a group that never reaches min_nodes stops with a clear timeout") {
     REQUIRE(e);
     INFO(e->what());
     CHECK(e->code() == errc::timeout);
-    CHECK(std::string(e->what()).find("of min_nodes 3 participants joined within 600 ms") != std::string::npos);
+    CHECK(std::string(e->what()).find("of min_ranks 3 participants joined within 600 ms") != std::string::npos);
   }
 }
 
-TEST_CASE("the group's bounds come from ELASTIC_MIN_NODES and ELASTIC_MAX_NODES unless the code sets them") {
+TEST_CASE("the group's bounds come from ELASTIC_MIN_RANKS and ELASTIC_MAX_RANKS (or their older names) unless the code sets them") {
   scratch_store st;
   // Set before any participant exists and unset after: nothing else reads the environment then.
   struct env_var {
@@ -384,29 +384,47 @@ TEST_CASE("the group's bounds come from ELASTIC_MIN_NODES and ELASTIC_MAX_NODES 
     env_var(const char* n, const char* v) : name(n) { ::setenv(n, v, 1); }
     ~env_var() { ::unsetenv(name); }
   };
-  auto bounds = [&](std::size_t min, std::size_t max) {
+  auto bounds = [&](int min, int max) {
     auto o = options("bounds", 1, 1, "p1");
-    o.min_nodes = min;
-    o.max_nodes = max;
+    o.min_ranks = min;
+    o.max_ranks = max;
     rdzv::rendezvous r(st.s, o);
-    return std::pair{r.options().min_nodes, r.options().max_nodes};
+    return std::pair{r.options().min_ranks, r.options().max_ranks};
   };
-  CHECK(bounds(0, 0) == std::pair<std::size_t, std::size_t>{1, 1});  // alone, as before
+  CHECK(bounds(0, 0) == std::pair{1, 1});  // alone, as before
   {
     env_var lo("ELASTIC_MIN_NODES", "2"), hi("ELASTIC_MAX_NODES", "8");
-    CHECK(bounds(0, 0) == std::pair<std::size_t, std::size_t>{2, 8});
-    CHECK(bounds(3, 0) == std::pair<std::size_t, std::size_t>{3, 8});
-    CHECK(bounds(1, 4) == std::pair<std::size_t, std::size_t>{1, 4});  // the code wins
+    CHECK(bounds(0, 0) == std::pair{2, 8});
+    CHECK(bounds(3, 0) == std::pair{3, 8});
+    CHECK(bounds(1, 4) == std::pair{1, 4});  // the code wins
   }
   {
     env_var lo("ELASTIC_MIN_NODES", "3");
-    CHECK(bounds(0, 0) == std::pair<std::size_t, std::size_t>{3, 3});
+    CHECK(bounds(0, 0) == std::pair{3, 3});
   }
   {
     env_var lo("ELASTIC_MIN_NODES", "4"), hi("ELASTIC_MAX_NODES", "2");
     const auto e = error_of([&] { (void)bounds(0, 0); });
     CHECK(e.code() == errc::invalid_argument);
     CHECK(std::string(e.what()).find("ELASTIC_MIN_NODES") != std::string::npos);
+  }
+  {
+    env_var lo("ELASTIC_MIN_RANKS", "2"), hi("ELASTIC_MAX_RANKS", "6"), old_lo("ELASTIC_MIN_NODES", "3");
+    CHECK(bounds(0, 0) == std::pair{2, 6});  // the current names first, the older ones after
+  }
+  {
+    env_var lo("ELASTIC_MIN_RANKS", "5"), hi("ELASTIC_MAX_RANKS", "4");
+    const auto e = error_of([&] { (void)bounds(0, 0); });
+    CHECK(e.code() == errc::invalid_argument);
+    CHECK(std::string(e.what()).find("min_ranks 5 (ELASTIC_MIN_RANKS, or the default 1) and max_ranks 4 "
+                                     "(ELASTIC_MAX_RANKS)") != std::string::npos);
+  }
+  {
+    auto o = options("bounds", 0, 0, "p1");
+    o.min_nodes = 2;  // the older field names are honoured too
+    o.max_nodes = 3;
+    rdzv::rendezvous r(st.s, o);
+    CHECK(std::pair{r.options().min_ranks, r.options().max_ranks} == std::pair{2, 3});
   }
   {
     env_var lo("ELASTIC_MIN_NODES", "two");
@@ -445,7 +463,7 @@ TEST_CASE("a participant declaring other bounds is refused") {
   rdzv::rendezvous b(t.s, options("job", 1, 3, "b0"));
   const auto e = error_of([&] { b.join(); });
   CHECK(e.code() == errc::mismatch);
-  CHECK(std::string(e.what()).find("min_nodes=1 max_nodes=2") != std::string::npos);
+  CHECK(std::string(e.what()).find("min_ranks=1 max_ranks=2") != std::string::npos);
 }
 
 TEST_CASE("a participant joining a closed round that is full is refused") {
@@ -539,7 +557,7 @@ class racing_store final : public rdzv::store {
 }  // namespace
 
 TEST_CASE("would-be leaders racing close a round exactly once and everyone agrees") {
-  // Every participant sees the round complete (at max_nodes, or at min_nodes with no last call)
+  // Every participant sees the round complete (at max_ranks, or at min_ranks with no last call)
   // and tries to close it; the gate makes them all reach the store before any of them writes.
   for (const auto& [min, max, last_call] : {std::tuple{4u, 4u, 200}, std::tuple{3u, 8u, 0}}) {
     for (int iteration = 0; iteration < 25; ++iteration) {

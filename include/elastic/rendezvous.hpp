@@ -3,9 +3,11 @@
 #pragma once
 
 #include <elastic/config.hpp>
+#include <elastic/rendezvous/etcd_options.hpp>
 #include <elastic/rendezvous/host_address.hpp>
 #include <elastic/rendezvous/open_store.hpp>
 #include <elastic/rendezvous/rendezvous.hpp>
+#include <elastic/rendezvous/rendezvous_options.hpp>
 #include <elastic/rendezvous/shm_store.hpp>
 #include <elastic/rendezvous/store.hpp>
 #include <elastic/rendezvous/store_url.hpp>

@@ -1,0 +1,139 @@
+// The records a rendezvous keeps in the store (the key schema is at the top of
+// rendezvous/rendezvous.hpp): the run's bounds ("min_nodes=M max_nodes=N", a wire name kept for
+// groups already running: both count ranks), a round's outcome ("members\n<id> <incarnation>..."
+// or "abandoned\n<why>") and a join ("<incarnation> new|<round>:<rank>"). Each is written and
+// read here only; a record that does not parse is errc::corrupt naming the key and what to do.
+// Fuzzed by tests/fuzz/fuzz_rendezvous_record.cpp.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <elastic/detail/env.hpp>
+#include <elastic/detail/names.hpp>
+#include <elastic/error.hpp>
+#include <elastic/rendezvous/detail/participant_id.hpp>
+
+namespace elastic::rendezvous::detail {
+
+/// A member of a closed round: participant id and the incarnation that joined.
+struct member {
+  std::string id;
+  std::string incarnation;
+  friend bool operator==(const member&, const member&) = default;
+};
+
+/// P/round/<r>/closed, parsed.
+struct round_outcome {
+  enum class state { open, members, abandoned };
+  state kind = state::open;
+  std::vector<member> members;
+  std::string why;  ///< abandoned: the reason
+};
+
+/// A P/round/<r>/join/<id> entry, parsed.
+struct join_entry {
+  member who;
+  std::int64_t prev_round = 0;  ///< 0: a newcomer
+  std::int64_t prev_rank = 0;  ///< its rank in prev_round
+};
+
+/// The run's bounds, in ranks, as P/config holds them.
+struct group_bounds {
+  long long min_ranks = 0;
+  long long max_ranks = 0;
+};
+
+inline error corrupt_key(std::string_view key, std::string_view value, std::string_view expected,
+                         std::string_view run_prefix) {
+  return error(errc::corrupt,
+               fmt::format("store key '{}' holds '{}', not {}: the run's keys are damaged; erase the keys under "
+                           "'{}/' or use another run id",
+                           elastic::detail::printable(key), elastic::detail::printable(value.substr(0, 80)), expected,
+                           elastic::detail::printable(run_prefix)));
+}
+
+/// P/config: the wire names stay min_nodes/max_nodes, so that groups formed by older builds
+/// still compare equal.
+inline std::string format_config(int min_ranks, int max_ranks) {
+  return fmt::format("min_nodes={} max_nodes={}", min_ranks, max_ranks);
+}
+
+/// P/config parsed: "min_nodes=M max_nodes=N" with M and N non-negative decimal integers;
+/// nothing for anything else.
+inline std::optional<group_bounds> parse_config(std::string_view v) noexcept {
+  constexpr std::string_view min_tag = "min_nodes=", max_tag = " max_nodes=";
+  if (!v.starts_with(min_tag)) return std::nullopt;
+  v.remove_prefix(min_tag.size());
+  const auto sep = v.find(max_tag);
+  if (sep == std::string_view::npos) return std::nullopt;
+  const auto mn = elastic::detail::parse_integer(v.substr(0, sep));
+  const auto mx = elastic::detail::parse_integer(v.substr(sep + max_tag.size()));
+  if (!mn || !mx || *mn < 0 || *mx < 0) return std::nullopt;
+  return group_bounds{*mn, *mx};
+}
+
+/// Participant ids joined with ',' (the members field of events).
+inline std::string join_names(const std::vector<std::string>& ids) { return fmt::format("{}", fmt::join(ids, ",")); }
+
+inline std::string format_members(const std::vector<member>& members) {
+  std::string out = "members";
+  for (const auto& m : members) out += "\n" + m.id + " " + m.incarnation;
+  return out;
+}
+
+inline round_outcome parse_outcome(std::string_view key, const std::optional<std::string>& value,
+                                   std::string_view run_prefix) {
+  round_outcome out;
+  if (!value) return out;
+  const std::string_view v = *value;
+  if (v.starts_with("abandoned\n")) {
+    out.kind = round_outcome::state::abandoned;
+    out.why = std::string(v.substr(10));
+    return out;
+  }
+  if (!v.starts_with("members\n")) throw corrupt_key(key, v, "a round outcome ('members' or 'abandoned')", run_prefix);
+  out.kind = round_outcome::state::members;
+  std::string_view rest = v.substr(8);
+  std::set<std::string, std::less<>> seen;
+  while (!rest.empty()) {
+    const auto nl = rest.find('\n');
+    const std::string_view line = rest.substr(0, nl);
+    rest = nl == std::string_view::npos ? std::string_view() : rest.substr(nl + 1);
+    const auto sp = line.find(' ');
+    if (sp == std::string_view::npos || !valid_participant(line.substr(0, sp)) ||
+        !valid_incarnation(line.substr(sp + 1)) || !seen.emplace(line.substr(0, sp)).second) {
+      throw corrupt_key(key, v, "a member list ('<participant id> <incarnation>' per line)", run_prefix);
+    }
+    out.members.push_back({std::string(line.substr(0, sp)), std::string(line.substr(sp + 1))});
+  }
+  if (out.members.empty()) throw corrupt_key(key, v, "a member list (it is empty)", run_prefix);
+  return out;
+}
+
+inline join_entry parse_join(std::string_view key, std::string_view id, std::string_view value,
+                             std::string_view run_prefix) {
+  auto bad = [&] { return corrupt_key(key, value, "a join record ('<incarnation> new|<round>:<rank>')", run_prefix); };
+  const auto sp = value.find(' ');
+  if (sp == std::string_view::npos || !valid_participant(id) || !valid_incarnation(value.substr(0, sp))) throw bad();
+  join_entry e{{std::string(id), std::string(value.substr(0, sp))}, 0, 0};
+  const std::string_view prev = value.substr(sp + 1);
+  if (prev == "new") return e;
+  const auto colon = prev.find(':');
+  if (colon == std::string_view::npos) throw bad();
+  const auto r = elastic::detail::parse_integer(prev.substr(0, colon));
+  const auto k = elastic::detail::parse_integer(prev.substr(colon + 1));
+  if (!r || !k || *r < 1 || *k < 0) throw bad();
+  e.prev_round = *r;
+  e.prev_rank = *k;
+  return e;
+}
+
+}  // namespace elastic::rendezvous::detail
