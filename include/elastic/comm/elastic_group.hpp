@@ -34,7 +34,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -42,7 +41,6 @@
 #include <mutex>
 #include <optional>
 #include <span>
-#include <stop_token>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -50,12 +48,15 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <elastic/checkpoint/group_hook.hpp>
 #include <elastic/checkpoint/preemption.hpp>
 #include <elastic/checkpoint/state.hpp>
 #include <elastic/comm/communicator.hpp>
+#include <elastic/comm/detail/state_packing.hpp>
 #include <elastic/detail/clock.hpp>
+#include <elastic/detail/periodic_thread.hpp>
 #include <elastic/error.hpp>
 #include <elastic/events.hpp>
 #include <elastic/rendezvous/rendezvous.hpp>
@@ -124,9 +125,7 @@ class elastic_group final : public group_hook {
   /// Stops watching, closes the communicator and leaves the rendezvous (the others see the
   /// departure at their next poll).
   ~elastic_group() override {
-    watcher_.request_stop();
-    watch_cv_.notify_all();
-    if (watcher_.joinable()) watcher_.join();
+    watcher_.stop();
     comm_.reset();
     if (reaper_.joinable()) reaper_.join();
     rdzv_.leave();
@@ -298,7 +297,10 @@ class elastic_group final : public group_hook {
                     {"noticed_ns", noticed}});
       break;
     }
-    if (!watcher_.joinable()) watcher_ = std::jthread([this](std::stop_token st) { watch(st); });
+    if (!watcher_.started()) {
+      watcher_ = elastic::detail::periodic_thread(opts_.poll_interval,
+                                                  [this, store_down = false]() mutable { return watch(store_down); });
+    }
   }
 
   /// Every rank ends with rank 0's step and state. Nothing when a collective failed on the way.
@@ -309,11 +311,11 @@ class elastic_group final : public group_hook {
     }
     // Header: step, layout fingerprint, payload words.
     std::vector<std::byte> payload;
-    if (rank() == 0) pack(st, payload);
-    std::int64_t head[3] = {static_cast<std::int64_t>(step), static_cast<std::int64_t>(fingerprint(st)),
+    if (rank() == 0) detail::pack(st, payload, device_communicator<Comm>);
+    std::int64_t head[3] = {static_cast<std::int64_t>(step), static_cast<std::int64_t>(detail::fingerprint(st)),
                             static_cast<std::int64_t>((payload.size() + 7) / 8)};
     if (!broadcast_words(std::span<std::int64_t>(head))) return std::nullopt;
-    if (static_cast<std::uint64_t>(head[1]) != fingerprint(st)) {
+    if (static_cast<std::uint64_t>(head[1]) != detail::fingerprint(st)) {
       throw error(errc::mismatch,
                   fmt::format("elastic_group: rank {} registered other state than rank 0 (names, types or sizes "
                               "differ): every rank of a group must register the same replicated state",
@@ -322,7 +324,7 @@ class elastic_group final : public group_hook {
     std::vector<std::int64_t> words(static_cast<std::size_t>(head[2]));
     if (rank() == 0 && !payload.empty()) std::memcpy(words.data(), payload.data(), payload.size());
     if (!broadcast_words(std::span<std::int64_t>(words))) return std::nullopt;
-    if (rank() != 0) unpack(st, std::as_bytes(std::span<const std::int64_t>(words)));
+    if (rank() != 0) detail::unpack(st, std::as_bytes(std::span<const std::int64_t>(words)), device_communicator<Comm>);
     if constexpr (device_communicator<Comm>) {
       // Device buffers go from rank 0's device memory straight into the others'.
       for (const auto& e : st.entries()) {
@@ -363,108 +365,30 @@ class elastic_group final : public group_hook {
                             e.name, e.bytes, addr));
   }
 
-  /// Device entries travel by the device communicator; with a host one they cannot.
-  static bool skip_entry(const checkpoint::entry& e) {
-    if (e.kind == checkpoint::entry_kind::object || e.where == checkpoint::location::host) return false;
-    if constexpr (device_communicator<Comm>) return true;
-    throw error(errc::invalid_argument,
-                fmt::format("elastic_group: state entry '{}' lives in device memory and this group's communicator "
-                            "moves host memory only: use a device communicator (nccl) or keep a host copy",
-                            e.name));
-  }
-
-  /// Names, kinds and sizes of the state: ranks must agree before bytes move.
-  static std::uint64_t fingerprint(const checkpoint::state& st) {
-    std::uint64_t h = 1469598103934665603ull;
-    auto mix = [&](const void* p, std::size_t n) {
-      const auto* b = static_cast<const unsigned char*>(p);
-      for (std::size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
-    };
-    for (const auto& e : st.entries()) {
-      mix(e.name.data(), e.name.size() + 1);
-      const auto kind = static_cast<std::uint8_t>(e.kind);
-      mix(&kind, 1);
-      const std::uint64_t bytes = e.kind == checkpoint::entry_kind::object ? 0 : e.bytes;
-      mix(&bytes, sizeof bytes);
-    }
-    return h >> 1;  // travels as a non-negative int64
-  }
-
-  static void pack(const checkpoint::state& st, std::vector<std::byte>& out) {
-    std::vector<std::byte> obj;
-    for (const auto& e : st.entries()) {
-      if (e.kind == checkpoint::entry_kind::object) {
-        obj.clear();
-        e.save(obj);
-        const std::uint64_t n = obj.size();
-        const auto* p = reinterpret_cast<const std::byte*>(&n);
-        out.insert(out.end(), p, p + sizeof n);
-        out.insert(out.end(), obj.begin(), obj.end());
-      } else if (!skip_entry(e)) {
-        const auto* p = static_cast<const std::byte*>(e.data);
-        out.insert(out.end(), p, p + e.bytes);
+  /// The watcher's tick: marks a change for the next safe point; a store that does not answer
+  /// is reported once and retried (training goes on meanwhile). `store_down` is the watcher's own.
+  bool watch(bool& store_down) {
+    if (change_pending_.load(std::memory_order_acquire) || failed_) return true;
+    std::lock_guard lk(rdzv_mu_);
+    try {
+      const auto ch = rdzv_.poll();
+      if (store_down) {
+        store_down = false;
+        events_.emit("group_store_back", {{"round", round()}});
+      }
+      if (!ch.any()) return true;
+      change_cause_ = !ch.departed.empty() ? fmt::format("departure of {}", fmt::join(ch.departed, ","))
+                      : !ch.joining.empty() ? fmt::format("newcomer {}", fmt::join(ch.joining, ","))
+                      : ch.self_lost ? std::string("our heartbeat lapsed")
+                                     : std::string("round started by another member");
+      change_pending_.store(true, std::memory_order_release);
+    } catch (const error& e) {
+      if (!store_down) {
+        store_down = true;
+        events_.emit("group_store_unavailable", {{"round", round()}, {"message", e.what()}});
       }
     }
-  }
-
-  static void unpack(checkpoint::state& st, std::span<const std::byte> in) {
-    std::size_t at = 0;
-    auto take = [&](std::size_t n, const std::string& name) {
-      if (n > in.size() - at) {
-        throw error(errc::corrupt, fmt::format("elastic_group: rank 0's state ended inside entry '{}'", name));
-      }
-      auto s = in.subspan(at, n);
-      at += n;
-      return s;
-    };
-    for (const auto& e : st.entries()) {
-      if (e.kind == checkpoint::entry_kind::object) {
-        std::uint64_t n = 0;
-        std::memcpy(&n, take(sizeof n, e.name).data(), sizeof n);
-        e.load(take(static_cast<std::size_t>(n), e.name));
-      } else if (!skip_entry(e)) {
-        const auto s = take(e.bytes, e.name);
-        if (!s.empty()) std::memcpy(e.data, s.data(), s.size());
-      }
-    }
-  }
-
-  /// The watcher: marks a change for the next safe point; a store that does not answer is
-  /// reported once and retried (training goes on meanwhile).
-  void watch(std::stop_token st) {
-    bool store_down = false;
-    std::mutex m;
-    std::unique_lock wait_lk(m);
-    while (!st.stop_requested()) {
-      watch_cv_.wait_for(wait_lk, st, opts_.poll_interval, [] { return false; });
-      if (st.stop_requested()) return;
-      if (change_pending_.load(std::memory_order_acquire) || failed_) continue;
-      std::lock_guard lk(rdzv_mu_);
-      try {
-        const auto ch = rdzv_.poll();
-        if (store_down) {
-          store_down = false;
-          events_.emit("group_store_back", {{"round", round()}});
-        }
-        if (!ch.any()) continue;
-        change_cause_ = !ch.departed.empty() ? "departure of " + join(ch.departed)
-                        : !ch.joining.empty() ? "newcomer " + join(ch.joining)
-                        : ch.self_lost ? std::string("our heartbeat lapsed")
-                                       : std::string("round started by another member");
-        change_pending_.store(true, std::memory_order_release);
-      } catch (const error& e) {
-        if (!store_down) {
-          store_down = true;
-          events_.emit("group_store_unavailable", {{"round", round()}, {"message", e.what()}});
-        }
-      }
-    }
-  }
-
-  static std::string join(const std::vector<std::string>& v) {
-    std::string out;
-    for (const auto& s : v) out += (out.empty() ? "" : ",") + s;
-    return out;
+    return true;
   }
 
   rendezvous::store& store_;
@@ -484,8 +408,7 @@ class elastic_group final : public group_hook {
   std::size_t rebuilds_ = 0;
   recovery_timings last_;
   std::jthread reaper_;  // destroys a retired communicator
-  std::condition_variable_any watch_cv_;
-  std::jthread watcher_;  // last: it stops before the members it uses go away
+  elastic::detail::periodic_thread watcher_;  // last: it stops before the members it uses go away
 };
 
 }  // namespace elastic::comm
