@@ -26,7 +26,7 @@
 
 #include <elastic/checkpoint.hpp>
 #include <elastic/comm/nccl_group.hpp>
-#include <elastic/detail/env.hpp>
+#include <elastic/env.hpp>
 #include <elastic/rendezvous/open_store.hpp>
 
 namespace {
@@ -86,13 +86,12 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  namespace env = elastic::detail;
   try {
     // The worker environment, every value checked: a malformed setting is an error naming it.
-    const auto local_rank = env::env_int("ELASTIC_LOCAL_RANK", 0, 65535).value_or(0);
-    const auto rdzv = env::env_string("ELASTIC_RDZV");
-    const auto min_nodes = env::env_int("ELASTIC_MIN_NODES", 1, 65536).value_or(1);
-    const auto max_nodes = env::env_int("ELASTIC_MAX_NODES", 1, 65536).value_or(min_nodes);
+    const auto local_rank = elastic::env_int("ELASTIC_LOCAL_RANK", 0, 65535).value_or(0);
+    const auto rdzv = elastic::env_string("ELASTIC_RDZV");
+    const auto min_nodes = elastic::env_int("ELASTIC_MIN_NODES", 1, 65536).value_or(1);
+    const auto max_nodes = elastic::env_int("ELASTIC_MAX_NODES", 1, 65536).value_or(min_nodes);
     if (min_nodes > max_nodes) {
       throw elastic::error(elastic::errc::invalid_argument,
                            "ELASTIC_MIN_NODES=" + std::to_string(min_nodes) + " is above ELASTIC_MAX_NODES=" +
@@ -143,7 +142,7 @@ int main(int argc, char** argv) {
     elastic::comm::group_options go;
     go.rendezvous.min_nodes = static_cast<std::size_t>(min_nodes);
     go.rendezvous.max_nodes = static_cast<std::size_t>(max_nodes);
-    if (!env::env_string("ELASTIC_RUN_ID")) go.rendezvous.run_id = "cuda-train";
+    if (!elastic::env_string("ELASTIC_RUN_ID")) go.rendezvous.run_id = "cuda-train";
     elastic::comm::nccl_group group(*store, go, elastic::comm::nccl_factory(device, 30s, stream.s),
                                     elastic::comm::nccl_bootstrap());
     elastic::training_loop loop({.dir = ckpt, .steps = steps, .every_steps = 100, .stream = stream.s, .group = &group}, st);

@@ -40,7 +40,7 @@
 #include <elastic/checkpoint.hpp>
 #include <elastic/comm/gloo_group.hpp>
 #include <elastic/crc32c.hpp>
-#include <elastic/detail/env.hpp>
+#include <elastic/env.hpp>
 #include <elastic/rendezvous/open_store.hpp>
 #include <elastic/rendezvous/shm_store.hpp>
 
@@ -215,11 +215,10 @@ struct settings {
 };
 
 settings read_settings() {
-  namespace env = elastic::detail;
   settings s;
-  s.rdzv = env::env_string("ELASTIC_RDZV");
-  const auto min = env::env_int("ELASTIC_MIN_NODES", 1, 65536);
-  const auto max = env::env_int("ELASTIC_MAX_NODES", 1, 65536);
+  s.rdzv = elastic::env_string("ELASTIC_RDZV");
+  const auto min = elastic::env_int("ELASTIC_MIN_NODES", 1, 65536);
+  const auto max = elastic::env_int("ELASTIC_MAX_NODES", 1, 65536);
   s.min_nodes = static_cast<std::size_t>(min.value_or(1));
   s.max_nodes = static_cast<std::size_t>(max.value_or(static_cast<long long>(s.min_nodes)));
   if (s.min_nodes > s.max_nodes) {
@@ -233,9 +232,9 @@ settings read_settings() {
                              " needs ELASTIC_RDZV, a store the other ranks reach (elastic-run sets it): set it, or "
                              "unset ELASTIC_MIN_NODES to train alone");
   }
-  s.restart_count = static_cast<long>(env::env_int("ELASTIC_RESTART_COUNT", 0, 1'000'000'000).value_or(0));
-  s.local_rank = static_cast<long>(env::env_int("ELASTIC_LOCAL_RANK", 0, 65535).value_or(-1));
-  s.step_timeout = env::env_seconds_in("ELASTIC_STEP_TIMEOUT", std::chrono::milliseconds(1),
+  s.restart_count = static_cast<long>(elastic::env_int("ELASTIC_RESTART_COUNT", 0, 1'000'000'000).value_or(0));
+  s.local_rank = static_cast<long>(elastic::env_int("ELASTIC_LOCAL_RANK", 0, 65535).value_or(-1));
+  s.step_timeout = elastic::env_seconds_in("ELASTIC_STEP_TIMEOUT", std::chrono::milliseconds(1),
                                        std::chrono::milliseconds(1'000'000'000), "no timeout")
                        .value_or(std::chrono::milliseconds(0));
   return s;
@@ -245,7 +244,6 @@ settings read_settings() {
 
 int main(int argc, char** argv) {
   const options o = parse(argc, argv);
-  namespace env = elastic::detail;
   try {
     const dataset data = load(o.data);
     const std::size_t n_test = data.size() / 6, n_train = data.size() - n_test;  // the last sixth is held out
@@ -280,7 +278,7 @@ int main(int argc, char** argv) {
     go.rendezvous.heartbeat_interval = 200ms;
     go.rendezvous.heartbeat_timeout = 2s;
     go.rendezvous.last_call_timeout = 500ms;
-    if (go.rendezvous.run_id.empty() && !env::env_string("ELASTIC_RUN_ID")) go.rendezvous.run_id = "digits";
+    if (go.rendezvous.run_id.empty() && !elastic::env_string("ELASTIC_RUN_ID")) go.rendezvous.run_id = "digits";
     // A collective must give up on a hung peer before this rank's own step deadline does, or
     // the watchdog kills the waiting ranks together with the hung one.
     const auto collective_timeout = cfg.step_timeout.count() > 0

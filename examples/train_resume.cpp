@@ -28,6 +28,12 @@
 #include <elastic/checkpoint.hpp>
 #include <elastic/crc32c.hpp>
 
+// "SIGKILL" for 9; glibc names every signal it knows.
+static std::string signal_name(int sig) {
+  const char* abbrev = ::sigabbrev_np(sig);
+  return abbrev != nullptr ? std::string("SIG") + abbrev : "signal " + std::to_string(sig);
+}
+
 namespace {
 
 constexpr int in = 2, hidden = 64, classes = 2, batch = 32, samples = 4096;
@@ -201,7 +207,7 @@ int run(const char* self, const std::string& dir, std::uint64_t steps, std::chro
 }
 
 std::string describe(int status) {
-  if (WIFSIGNALED(status)) return std::string("killed by ") + std::string(elastic::detail::signal_name(WTERMSIG(status)));
+  if (WIFSIGNALED(status)) return std::string("killed by ") + signal_name(WTERMSIG(status));
   return "exited " + std::to_string(WEXITSTATUS(status)) + (WEXITSTATUS(status) == elastic::exit_preempted ? " (preempted: retry me)" : "");
 }
 

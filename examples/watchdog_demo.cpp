@@ -4,6 +4,7 @@
 //
 //   watchdog_demo [--steps N] [--timeout-ms MS]
 #include <signal.h>
+#include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,6 +18,12 @@
 #include <thread>
 
 #include <elastic/elastic.hpp>
+
+// "SIGKILL" for 9; glibc names every signal it knows.
+static std::string signal_name(int sig) {
+  const char* abbrev = ::sigabbrev_np(sig);
+  return abbrev != nullptr ? std::string("SIG") + abbrev : "signal " + std::to_string(sig);
+}
 
 using namespace std::chrono_literals;
 
@@ -79,7 +86,7 @@ int main(int argc, char** argv) {
   const auto ran = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   if (WIFSIGNALED(status)) {
     std::printf("worker %d was killed by %s after %.2f s\n", static_cast<int>(pid),
-                elastic::detail::signal_name(WTERMSIG(status)).data(), ran);
+                signal_name(WTERMSIG(status)).c_str(), ran);
   } else {
     std::printf("worker %d exited with %d: the watchdog did not kill it\n", static_cast<int>(pid),
                 WEXITSTATUS(status));

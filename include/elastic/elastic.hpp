@@ -10,6 +10,8 @@
 #pragma once
 
 #include <elastic/config.hpp>
+#include <elastic/crc32c.hpp>
+#include <elastic/env.hpp>
 #include <elastic/error.hpp>
 #include <elastic/events.hpp>
 #include <elastic/checkpoint.hpp>
