@@ -42,6 +42,7 @@
 #include <fmt/format.h>
 
 #include "process_tree.hpp"
+#include <elastic/detail/env.hpp>
 #include <elastic/detail/file.hpp>
 #include <elastic/error.hpp>
 
@@ -100,9 +101,8 @@ struct guardian_state {
   }
 
   static pid_t parse_pid(const char* s) noexcept {
-    long v = 0;
-    for (; *s >= '0' && *s <= '9'; ++s) v = v * 10 + (*s - '0');
-    return *s == '\0' && v < (1L << 30) ? static_cast<pid_t>(v) : 0;
+    const auto v = elastic::detail::parse_integer(s);
+    return v && *v >= 0 && *v < (1LL << 30) ? static_cast<pid_t>(*v) : 0;
   }
 
   long find_name(const char* n) const noexcept {

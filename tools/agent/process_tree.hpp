@@ -13,9 +13,13 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <charconv>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
+
+#include <elastic/detail/env.hpp>
 
 namespace elastic::agent::internal {
 
@@ -62,13 +66,11 @@ inline bool read_proc_info(pid_t pid, proc_info& out) noexcept {
   out.pid = pid;
   out.state = p[2];
   p += 3;
+  const char* const end = p + std::strlen(p);
   long fields[2] = {0, 0};
   for (long& f : fields) {
     while (*p == ' ') ++p;
-    bool neg = false;
-    if (*p == '-') neg = true, ++p;
-    for (; *p >= '0' && *p <= '9'; ++p) f = f * 10 + (*p - '0');
-    if (neg) f = -f;
+    p = std::from_chars(p, end, f).ptr;  // left 0 when it is not a number
   }
   out.ppid = static_cast<pid_t>(fields[0]);
   out.pgid = static_cast<pid_t>(fields[1]);
@@ -94,11 +96,10 @@ void for_each_process(F&& f) noexcept {
       };
       const auto* e = reinterpret_cast<const entry*>(buf + at);
       at += e->reclen;
-      pid_t pid = 0;
-      const char* c = e->name;
-      if (*c < '1' || *c > '9') continue;
-      for (; *c >= '0' && *c <= '9'; ++c) pid = pid * 10 + (*c - '0');
-      if (*c != '\0') continue;
+      if (e->name[0] < '1' || e->name[0] > '9') continue;  // not a process
+      const auto number = elastic::detail::parse_integer(e->name);
+      if (!number || *number > std::numeric_limits<pid_t>::max()) continue;
+      const auto pid = static_cast<pid_t>(*number);
       proc_info info;
       struct stat st {};
       if (::fstatat(dir, e->name, &st, 0) != 0) continue;
