@@ -17,6 +17,7 @@
 
 #include <fmt/format.h>
 
+#include <elastic/detail/env.hpp>
 #include <elastic/detail/names.hpp>
 #include <elastic/error.hpp>
 
@@ -27,20 +28,15 @@ namespace detail {
 /// The integer a counter key holds (add() stores decimal text); anything else is an error that
 /// names the key.
 inline std::int64_t parse_counter(std::string_view key, std::string_view v) {
-  const bool neg = !v.empty() && v[0] == '-';
-  const std::string_view digits = v.substr(neg ? 1 : 0);
-  std::int64_t out = 0;
-  bool ok = !digits.empty() && digits.size() <= 18;
-  for (char c : digits) {
-    ok = ok && c >= '0' && c <= '9';
-    if (ok) out = out * 10 + (c - '0');
-  }
-  if (!ok) {
+  // At most 18 digits, so that add() never overflows on what it reads.
+  const std::size_t digits = v.size() - (v.starts_with('-') ? 1 : 0);
+  const auto out = digits <= 18 ? elastic::detail::parse_integer(v) : std::nullopt;
+  if (!out) {
     throw error(errc::invalid_argument, fmt::format("store key '{}' holds '{}', not an integer: add() cannot count on it",
                                                     elastic::detail::printable(key),
                                                     elastic::detail::printable(v.substr(0, 64))));
   }
-  return neg ? -out : out;
+  return *out;
 }
 
 }  // namespace detail

@@ -3,12 +3,14 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include <elastic/detail/env.hpp>
 #include <elastic/detail/names.hpp>
 #include <elastic/error.hpp>
 
@@ -70,14 +72,9 @@ inline store_url parse_store_url(std::string_view url) {
       const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '-' || c == ':';
       if (!ok) return bad("has a host with the character '" + elastic::detail::printable(std::string_view(&c, 1)) + "'");
     }
-    unsigned long p = 0;
-    bool ok = !port.empty() && port.size() <= 5;
-    for (char c : port) {
-      ok = ok && c >= '0' && c <= '9';
-      if (ok) p = p * 10 + static_cast<unsigned long>(c - '0');
-    }
-    if (!ok || p == 0 || p > 65535) return bad("has the port '" + std::string(port) + "', not 1 to 65535");
-    out.endpoints.push_back({std::string(host), static_cast<std::uint16_t>(p)});
+    const auto p = port.size() <= 5 ? elastic::detail::parse_integer(port) : std::nullopt;
+    if (!p || *p < 1 || *p > 65535) return bad("has the port '" + std::string(port) + "', not 1 to 65535");
+    out.endpoints.push_back({std::string(host), static_cast<std::uint16_t>(*p)});
     if (comma == std::string_view::npos) break;
     start = comma + 1;
   }

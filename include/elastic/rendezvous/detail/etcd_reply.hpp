@@ -4,7 +4,6 @@
 // endpoint. Fuzzed by tests/fuzz/fuzz_etcd_reply.cpp.
 #pragma once
 
-#include <charconv>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -14,6 +13,7 @@
 #include <fmt/format.h>
 
 #include <elastic/detail/base64.hpp>
+#include <elastic/detail/env.hpp>
 #include <elastic/detail/json.hpp>
 #include <elastic/detail/names.hpp>
 #include <elastic/error.hpp>
@@ -43,12 +43,11 @@ inline std::int64_t int_field(const elastic::detail::json& obj, std::string_view
   if (!f) return 0;
   if (f->is_integer()) return f->as_int64();
   const std::string& s = f->as_string();
-  std::int64_t v = 0;
-  const auto r = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (r.ec != std::errc() || r.ptr != s.data() + s.size()) {
+  const auto v = elastic::detail::parse_integer(s);
+  if (!v) {
     throw error(errc::corrupt, fmt::format("field '{}' holds '{}', not an integer", name, elastic::detail::printable(s)));
   }
-  return v;
+  return *v;
 }
 
 /// A bytes field of a gateway reply, decoded; absent means empty.
