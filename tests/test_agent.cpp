@@ -303,6 +303,8 @@ TEST_CASE("the worker environment follows the contract") {
   for (const std::string& want : {"ELASTIC_RUN_ID=" + l.run + "\n", std::string("ELASTIC_RANK=1\n"), std::string("ELASTIC_LOCAL_RANK=1\n"),
                                  std::string("ELASTIC_WORLD_SIZE=2\n"), std::string("ELASTIC_LOCAL_WORLD_SIZE=2\n"),
                                  std::string("ELASTIC_RESTART_COUNT=0\n"), "ELASTIC_RDZV=shm://elastic-" + l.run + "\n",
+                                 std::string("ELASTIC_MIN_RANKS=1\n"), std::string("ELASTIC_MAX_RANKS=2\n"),
+                                 // the older names, for workers built before the rename
                                  std::string("ELASTIC_MIN_NODES=1\n"), std::string("ELASTIC_MAX_NODES=2\n"),
                                  std::string("ELASTIC_STEP_TIMEOUT=2.500\n"), std::string("ELASTIC_GRACE=7.000\n"),
                                  std::string("RANK=1\n"), std::string("WORLD_SIZE=2\n"), std::string("LOCAL_RANK=1\n"),

@@ -87,7 +87,8 @@ int main(int argc, char** argv) {
     std::ofstream out(std::string(argv[2]) + "." + std::to_string(slot));
     for (const char* k : {"ELASTIC_RUN_ID", "ELASTIC_RANK", "ELASTIC_WORLD_SIZE", "ELASTIC_LOCAL_RANK",
                           "ELASTIC_LOCAL_WORLD_SIZE", "ELASTIC_RESTART_COUNT", "ELASTIC_WATCHDOG", "ELASTIC_RDZV",
-                          "ELASTIC_EVENTS", "ELASTIC_MIN_NODES", "ELASTIC_MAX_NODES", "ELASTIC_PARTICIPANT_ID",
+                          "ELASTIC_EVENTS", "ELASTIC_MIN_RANKS", "ELASTIC_MAX_RANKS", "ELASTIC_MIN_NODES", "ELASTIC_MAX_NODES",
+                          "ELASTIC_PARTICIPANT_ID",
                           "ELASTIC_STEP_TIMEOUT", "ELASTIC_GRACE", "ELASTIC_HOST_ADDR", "RANK", "WORLD_SIZE", "LOCAL_RANK"}) {
       const char* v = std::getenv(k);
       out << k << "=" << (v ? v : "<unset>") << "\n";

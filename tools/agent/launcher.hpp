@@ -61,6 +61,7 @@
 #include "worker_process.hpp"
 #include "worker_slot.hpp"
 #include <elastic/detail/file.hpp>
+#include <elastic/detail/host_name.hpp>
 #include <elastic/detail/private_dir.hpp>
 #include <elastic/detail/process.hpp>
 #include <elastic/detail/shm_object.hpp>
@@ -94,7 +95,7 @@ class launcher {
     const bool own_default_store = opts_.rdzv.empty();
     if (own_default_store) opts_.rdzv = "shm://elastic-" + opts_.run_id;
     const auto url = rendezvous::parse_store_url(opts_.rdzv);  // a bad URL fails before anything starts
-    host_ = internal::host_name();
+    host_ = elastic::detail::host_name_for_ids();
     note_inherited_children();
     // First, before any thread exists: the signal mask (inherited by every thread) and the
     // guardian (single-threaded, holding no lock of ours).

@@ -37,17 +37,6 @@ struct worker_identity {
 
 namespace internal {
 
-/// This host's name as ids carry it: [A-Za-z0-9.-] kept, anything else '_', at most 64 characters
-/// ("host" when it has none).
-inline std::string host_name() {
-  char host[256] = {};
-  if (::gethostname(host, sizeof host - 1) != 0 || host[0] == '\0') return "host";
-  std::string h = host;
-  for (char& c : h)
-    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '-')) c = '_';
-  return h.substr(0, 64);
-}
-
 /// Variables of the worker contract (and torchrun's) a worker never inherits from the launcher.
 inline constexpr std::string_view contract_prefixes[] = {
     "ELASTIC_RUN_ID=",       "ELASTIC_RANK=",          "ELASTIC_WORLD_SIZE=",    "ELASTIC_LOCAL_RANK=",
