@@ -165,7 +165,8 @@ class etcd_store final : public store {
     check_key(key);
     json body;
     body["key"] = detail::base64_encode(full_key(key));
-    return gateway_.request("/v3/kv/deleterange", body, [](const json& r) { return detail::int_field(r, "deleted") > 0; });
+    return gateway_.request("/v3/kv/deleterange", body,
+                            [](const json& r) { return detail::int_field(r, "deleted") > 0; });
   }
 
   void wait(std::span<const std::string> keys, std::chrono::milliseconds timeout) override {
@@ -186,7 +187,8 @@ class etcd_store final : public store {
       if (now >= deadline) {
         std::string list;
         for (const auto& k : missing) list += (list.empty() ? "'" : ", '") + elastic::detail::printable(k) + "'";
-        throw error(errc::timeout, fmt::format("store {}: {} still missing after {} ms", gateway_.url(), list, timeout.count()));
+        throw error(errc::timeout,
+                    fmt::format("store {}: {} still missing after {} ms", gateway_.url(), list, timeout.count()));
       }
       // Watch from the revision after our check, so a key set since is reported at once.
       const auto window = std::min(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now),
@@ -247,9 +249,11 @@ class etcd_store final : public store {
     body["ID"] = std::to_string(lease);
     // A streaming call: each reply is {"result": ...}. An expired or unknown lease has TTL 0.
     const std::int64_t ttl =
-        gateway_.request("/v3/lease/keepalive", body, [](const json& r) { return detail::int_field(r.at("result"), "TTL"); });
+        gateway_.request("/v3/lease/keepalive", body,
+                         [](const json& r) { return detail::int_field(r.at("result"), "TTL"); });
     if (ttl <= 0) {
-      throw error(errc::not_found, fmt::format("store {}: lease {} has expired; its keys are gone", gateway_.url(), lease));
+      throw error(errc::not_found,
+                  fmt::format("store {}: lease {} has expired; its keys are gone", gateway_.url(), lease));
     }
   }
 
@@ -270,7 +274,9 @@ class etcd_store final : public store {
   std::string full_key(std::string_view key) const { return gateway_.options().prefix + std::string(key); }
 
   void check_key(std::string_view key) const {
-    if (key.empty()) throw error(errc::invalid_argument, fmt::format("store {}: a key must not be empty", gateway_.url()));
+    if (key.empty()) {
+      throw error(errc::invalid_argument, fmt::format("store {}: a key must not be empty", gateway_.url()));
+    }
   }
 
   /// Fills `missing` with the keys that do not exist; returns the revision the check saw.
