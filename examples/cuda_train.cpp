@@ -90,18 +90,21 @@ int main(int argc, char** argv) {
     // The worker environment, every value checked: a malformed setting is an error naming it.
     const auto local_rank = elastic::env_int("ELASTIC_LOCAL_RANK", 0, 65535).value_or(0);
     const auto rdzv = elastic::env_string("ELASTIC_RDZV");
-    const auto min_nodes = elastic::env_int("ELASTIC_MIN_NODES", 1, 65536).value_or(1);
-    const auto max_nodes = elastic::env_int("ELASTIC_MAX_NODES", 1, 65536).value_or(min_nodes);
-    if (min_nodes > max_nodes) {
+    // The group's bounds, in ranks: ELASTIC_MIN_RANKS/MAX_RANKS, or their older names _NODES.
+    const char* min_var = std::getenv("ELASTIC_MIN_RANKS") ? "ELASTIC_MIN_RANKS" : "ELASTIC_MIN_NODES";
+    const char* max_var = std::getenv("ELASTIC_MAX_RANKS") ? "ELASTIC_MAX_RANKS" : "ELASTIC_MAX_NODES";
+    const auto min_ranks = static_cast<int>(elastic::env_int(min_var, 1, 65536).value_or(1));
+    const auto max_ranks = static_cast<int>(elastic::env_int(max_var, 1, 65536).value_or(min_ranks));
+    if (min_ranks > max_ranks) {
       throw elastic::error(elastic::errc::invalid_argument,
-                           "ELASTIC_MIN_NODES=" + std::to_string(min_nodes) + " is above ELASTIC_MAX_NODES=" +
-                               std::to_string(max_nodes) + ": the group needs MIN <= MAX; fix either");
+                           std::string(min_var) + "=" + std::to_string(min_ranks) + " is above " + max_var + "=" +
+                               std::to_string(max_ranks) + ": the group needs MIN <= MAX; fix either");
     }
-    if (!rdzv && min_nodes > 1) {
+    if (!rdzv && min_ranks > 1) {
       throw elastic::error(elastic::errc::invalid_argument,
-                           "ELASTIC_MIN_NODES=" + std::to_string(min_nodes) +
+                           std::string(min_var) + "=" + std::to_string(min_ranks) +
                                " needs ELASTIC_RDZV, a store the other ranks reach (elastic-run sets it): set it, or "
-                               "unset ELASTIC_MIN_NODES to train alone");
+                               "unset " + min_var + " to train alone");
     }
     int gpus = 0;
     check(cudaGetDeviceCount(&gpus), "cudaGetDeviceCount");
@@ -140,8 +143,8 @@ int main(int argc, char** argv) {
       elastic::rendezvous::shm_store::remove(name);
     }
     elastic::comm::group_options go;
-    go.rendezvous.min_nodes = static_cast<std::size_t>(min_nodes);
-    go.rendezvous.max_nodes = static_cast<std::size_t>(max_nodes);
+    go.rendezvous.min_ranks = min_ranks;
+    go.rendezvous.max_ranks = max_ranks;
     if (!elastic::env_string("ELASTIC_RUN_ID")) go.rendezvous.run_id = "cuda-train";
     elastic::comm::nccl_group group(*store, go, elastic::comm::nccl_factory(device, 30s, stream.s),
                                     elastic::comm::nccl_bootstrap());

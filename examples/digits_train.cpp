@@ -208,7 +208,7 @@ int predict(const float* p, const float* x) {
 /// setting is an error naming it, never a silent default.
 struct settings {
   std::optional<std::string> rdzv;  // none: a world of one with a store of its own
-  std::size_t min_nodes = 1, max_nodes = 1;
+  int min_ranks = 1, max_ranks = 1;
   long restart_count = 0;
   long local_rank = -1;  // -1: the first rank this worker gets
   std::chrono::milliseconds step_timeout{0};
@@ -217,20 +217,21 @@ struct settings {
 settings read_settings() {
   settings s;
   s.rdzv = elastic::env_string("ELASTIC_RDZV");
-  const auto min = elastic::env_int("ELASTIC_MIN_NODES", 1, 65536);
-  const auto max = elastic::env_int("ELASTIC_MAX_NODES", 1, 65536);
-  s.min_nodes = static_cast<std::size_t>(min.value_or(1));
-  s.max_nodes = static_cast<std::size_t>(max.value_or(static_cast<long long>(s.min_nodes)));
-  if (s.min_nodes > s.max_nodes) {
+  // The group's bounds, in ranks: ELASTIC_MIN_RANKS/MAX_RANKS, or their older names _NODES.
+  const char* min_var = std::getenv("ELASTIC_MIN_RANKS") ? "ELASTIC_MIN_RANKS" : "ELASTIC_MIN_NODES";
+  const char* max_var = std::getenv("ELASTIC_MAX_RANKS") ? "ELASTIC_MAX_RANKS" : "ELASTIC_MAX_NODES";
+  s.min_ranks = static_cast<int>(elastic::env_int(min_var, 1, 65536).value_or(1));
+  s.max_ranks = static_cast<int>(elastic::env_int(max_var, 1, 65536).value_or(s.min_ranks));
+  if (s.min_ranks > s.max_ranks) {
     throw elastic::error(elastic::errc::invalid_argument,
-                         "ELASTIC_MIN_NODES=" + std::to_string(s.min_nodes) + " is above ELASTIC_MAX_NODES=" +
-                             std::to_string(s.max_nodes) + ": the group needs MIN <= MAX; fix either");
+                         std::string(min_var) + "=" + std::to_string(s.min_ranks) + " is above " + max_var + "=" +
+                             std::to_string(s.max_ranks) + ": the group needs MIN <= MAX; fix either");
   }
-  if (!s.rdzv && s.min_nodes > 1) {
+  if (!s.rdzv && s.min_ranks > 1) {
     throw elastic::error(elastic::errc::invalid_argument,
-                         "ELASTIC_MIN_NODES=" + std::to_string(s.min_nodes) +
+                         std::string(min_var) + "=" + std::to_string(s.min_ranks) +
                              " needs ELASTIC_RDZV, a store the other ranks reach (elastic-run sets it): set it, or "
-                             "unset ELASTIC_MIN_NODES to train alone");
+                             "unset " + min_var + " to train alone");
   }
   s.restart_count = static_cast<long>(elastic::env_int("ELASTIC_RESTART_COUNT", 0, 1'000'000'000).value_or(0));
   s.local_rank = static_cast<long>(elastic::env_int("ELASTIC_LOCAL_RANK", 0, 65535).value_or(-1));
@@ -273,8 +274,8 @@ int main(int argc, char** argv) {
     st.add("params", p).add("velocity", velocity);
 
     elastic::comm::group_options go;
-    go.rendezvous.min_nodes = cfg.min_nodes;
-    go.rendezvous.max_nodes = cfg.max_nodes;
+    go.rendezvous.min_ranks = cfg.min_ranks;
+    go.rendezvous.max_ranks = cfg.max_ranks;
     go.rendezvous.heartbeat_interval = 200ms;
     go.rendezvous.heartbeat_timeout = 2s;
     go.rendezvous.last_call_timeout = 500ms;

@@ -8,7 +8,7 @@ work="$(mktemp -d)"
 trap 'kill -KILL "${pid:-0}" 2>/dev/null || true; rm -rf "$work"' EXIT
 # Not under elastic-run, whatever runs this test.
 alone=(env -u ELASTIC_RDZV -u ELASTIC_RUN_ID -u ELASTIC_RANK -u ELASTIC_WORLD_SIZE -u ELASTIC_MIN_NODES
-       -u ELASTIC_MAX_NODES -u ELASTIC_WATCHDOG -u ELASTIC_STEP_TIMEOUT -u ELASTIC_GRACE)
+       -u ELASTIC_MAX_NODES -u ELASTIC_MIN_RANKS -u ELASTIC_MAX_RANKS -u ELASTIC_WATCHDOG -u ELASTIC_STEP_TIMEOUT -u ELASTIC_GRACE)
 left_by() { ls /dev/shm | grep -E -- "-$1\$" || true; }
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
