@@ -420,13 +420,6 @@ TEST_CASE("the group's bounds come from ELASTIC_MIN_RANKS and ELASTIC_MAX_RANKS 
                                      "(ELASTIC_MAX_RANKS)") != std::string::npos);
   }
   {
-    auto o = options("bounds", 0, 0, "p1");
-    o.min_nodes = 2;  // the older field names are honoured too
-    o.max_nodes = 3;
-    rdzv::rendezvous r(st.s, o);
-    CHECK(std::pair{r.options().min_ranks, r.options().max_ranks} == std::pair{2, 3});
-  }
-  {
     env_var lo("ELASTIC_MIN_NODES", "two");
     const auto e = error_of([&] { (void)bounds(0, 0); });
     CHECK(e.code() == errc::invalid_argument);

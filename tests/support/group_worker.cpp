@@ -153,8 +153,8 @@ int main(int argc, char** argv) {
 
     comm::group_options go;
     go.rendezvous.run_id = o.run_id;
-    go.rendezvous.min_nodes = o.min;
-    go.rendezvous.max_nodes = o.max;
+    go.rendezvous.min_ranks = static_cast<int>(o.min);
+    go.rendezvous.max_ranks = static_cast<int>(o.max);
     go.rendezvous.join_timeout = o.join_timeout;
     go.rendezvous.last_call_timeout = o.last_call;
     go.rendezvous.heartbeat_interval = o.hb_interval;

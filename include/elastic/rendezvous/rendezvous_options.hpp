@@ -23,10 +23,6 @@ struct rendezvous_options {
   /// --nnodes MAX times --nproc-per-node; its older name ELASTIC_MAX_NODES is still honoured),
   /// else min_ranks.
   int max_ranks = 0;
-  /// Older names of min_ranks and max_ranks (they always counted ranks), honoured when those
-  /// are 0 until every caller has moved; a rendezvous's options() has them equal to the bounds.
-  std::size_t min_nodes = 0;
-  std::size_t max_nodes = 0;
   std::chrono::milliseconds join_timeout{std::chrono::minutes(10)};   ///< for join(), next_round()
   std::chrono::milliseconds last_call_timeout{std::chrono::seconds(30)};  ///< wait past min_ranks
   std::chrono::milliseconds heartbeat_interval{std::chrono::seconds(5)};  ///< lease renewal period

@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <climits>
 #include <cstddef>
 #include <cstdio>
 #include <string>
@@ -16,6 +15,7 @@
 #include <fmt/format.h>
 
 #include <elastic/detail/env.hpp>
+#include <elastic/detail/host_name.hpp>
 #include <elastic/detail/names.hpp>
 #include <elastic/error.hpp>
 #include <elastic/rendezvous/detail/participant_id.hpp>
@@ -36,12 +36,7 @@ inline void resolve_participant_id(rendezvous_options& opts) {
     opts.participant_id = elastic::detail::env_string("ELASTIC_PARTICIPANT_ID").value_or("");
   }
   if (opts.participant_id.empty()) {
-    char host[256] = {};
-    if (::gethostname(host, sizeof host - 1) != 0 || host[0] == '\0') std::snprintf(host, sizeof host, "host");
-    std::string h = host;
-    for (char& c : h)
-      if (!participant_char(c)) c = '_';
-    opts.participant_id = fmt::format("{}:{}:{}", h.substr(0, 64), ::getpid(), random_hex(4));
+    opts.participant_id = fmt::format("{}:{}:{}", elastic::detail::host_name_for_ids(), ::getpid(), random_hex(4));
   }
   if (!valid_participant(opts.participant_id)) {
     refuse_options(fmt::format("participant id '{}' is not 1 to 128 characters of A-Z a-z 0-9 . _ - : @ (set "
@@ -58,16 +53,13 @@ inline const char* bound_variable(const char* name, const char* older_name) {
 }
 
 /// The group's bounds, in ranks. They come from the launcher, as the run id does, unless the
-/// code sets them (min_ranks/max_ranks, or their older names min_nodes/max_nodes).
+/// code sets them (min_ranks/max_ranks).
 inline void resolve_bounds(rendezvous_options& opts) {
   if (opts.min_ranks < 0 || opts.max_ranks < 0) {
     refuse_options(fmt::format("min_ranks {} and max_ranks {}: give a number of ranks, or 0 to take it from the "
                                "environment",
                                opts.min_ranks, opts.max_ranks));
   }
-  const auto older = [](std::size_t n) { return static_cast<int>(std::min<std::size_t>(n, INT_MAX)); };
-  if (opts.min_ranks == 0) opts.min_ranks = older(opts.min_nodes);
-  if (opts.max_ranks == 0) opts.max_ranks = older(opts.max_nodes);
   const bool min_from_env = opts.min_ranks == 0, max_from_env = opts.max_ranks == 0;
   const char* min_variable = bound_variable("ELASTIC_MIN_RANKS", "ELASTIC_MIN_NODES");
   const char* max_variable = bound_variable("ELASTIC_MAX_RANKS", "ELASTIC_MAX_NODES");
@@ -82,8 +74,6 @@ inline void resolve_bounds(rendezvous_options& opts) {
                                min_from_env ? fmt::format(" ({}, or the default 1)", min_variable) : "", opts.max_ranks,
                                max_from_env ? fmt::format(" ({})", max_variable) : ""));
   }
-  opts.min_nodes = static_cast<std::size_t>(opts.min_ranks);
-  opts.max_nodes = static_cast<std::size_t>(opts.max_ranks);
 }
 
 /// The timeouts: positive, and a heartbeat more often than a participant is declared dead.
