@@ -308,7 +308,7 @@ int main(int argc, char** argv) {
         rebuilds = group.rebuilds();
         const auto& r = group.last_recovery();
         if (rank == 0) {
-          std::printf("group rebuilt: round %lld, %zu ranks (%s); back to training %.0f ms after noticing\n",
+          std::printf("group rebuilt: round %lld, %d ranks (%s); back to training %.0f ms after noticing\n",
                       static_cast<long long>(r.round), r.world_size, r.cause.c_str(),
                       (r.resynced_ns - r.noticed_ns) / 1e6);
         }

@@ -211,7 +211,7 @@ TEST_CASE("a participant of another run is refused and the group goes on undistu
   for (std::size_t i : {0, 1}) check_finished(f, i, steps, want, "0");
 }
 
-TEST_CASE("a group that falls below min_nodes stops with a clear error and keeps its checkpoint") {
+TEST_CASE("a group that falls below min_ranks stops with a clear error and keeps its checkpoint") {
   scratch s;
   fleet f(ELASTIC_GROUP_WORKER, s.url, "shrink", fast, s.events);
   const std::vector<std::string> args{"--dir", s.ckpt, "--steps", "1000", "--min", "3", "--max", "3",
@@ -228,7 +228,7 @@ TEST_CASE("a group that falls below min_nodes stops with a clear error and keeps
     const auto err = f.find(i, "error ");
     REQUIRE(err);
     CHECK(field(*err, "code") == "timeout");
-    CHECK(err->find("below min_nodes 3") != std::string::npos);
+    CHECK(err->find("below min_ranks 3") != std::string::npos);
   }
   // What was committed stays, and loads.
   const auto committed = elastic::checkpoint::storage::list_steps(s.ckpt);

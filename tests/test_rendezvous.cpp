@@ -575,7 +575,7 @@ TEST_CASE("would-be leaders racing close a round exactly once and everyone agree
       for (const auto& g : got) {
         CHECK(g.members == got[0].members);
         CHECK(g.bootstrap == got[0].bootstrap);
-        CHECK(g.world_size == min);
+        CHECK(g.world_size == static_cast<int>(min));
         ranks.push_back(g.rank);
       }
       CHECK(got[0].bootstrap == "leader " + got[0].members[0] + " of 0");

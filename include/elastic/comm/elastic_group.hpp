@@ -1,7 +1,7 @@
 // An elastic group: a rendezvous and the communicator of its current round, rebuilt when the
 // membership changes, so the processes of a data-parallel job survive losing (or gaining) ranks.
 //
-//   elastic::comm::gloo_group group(store, {.rendezvous = {.min_nodes = 2, .max_nodes = 4}},
+//   elastic::comm::gloo_group group(store, {.rendezvous = {.min_ranks = 2, .max_ranks = 4}},
 //                                   elastic::comm::gloo_factory(5s));
 //   elastic::training_loop loop({.dir = "ckpt", .steps = 1000, .every_steps = 50, .group = &group}, st);
 //   for (auto& step : loop) {
@@ -79,7 +79,7 @@ struct group_options {
 /// another process on the host can put them next to its own clock readings).
 struct recovery_timings {
   std::int64_t round = 0;
-  std::size_t world_size = 0;
+  int world_size = 0;
   std::string cause;                 ///< "collective failed: ...", "departure", "newcomer", ...
   std::int64_t noticed_ns = 0;       ///< the failed collective returned / the watcher saw the change
   std::int64_t rendezvous_done_ns = 0;
@@ -138,8 +138,8 @@ class elastic_group final : public group_hook {
   }
 
   [[nodiscard]] bool joined() const noexcept { return joined_; }
-  [[nodiscard]] int rank() const noexcept { return static_cast<int>(rdzv_.current().rank); }
-  [[nodiscard]] int size() const noexcept { return static_cast<int>(rdzv_.current().world_size); }
+  [[nodiscard]] int rank() const noexcept { return rdzv_.current().rank; }
+  [[nodiscard]] int size() const noexcept { return rdzv_.current().world_size; }
   [[nodiscard]] std::int64_t round() const noexcept { return rdzv_.current().round; }
   [[nodiscard]] const rendezvous::round_info& current() const noexcept { return rdzv_.current(); }
   /// True from a failed collective until the group is rebuilt.

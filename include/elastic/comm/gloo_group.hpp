@@ -1,7 +1,7 @@
 // An elastic group over Gloo: the CPU path (and the one CI tests every elastic behaviour on).
 // Link elastic::gloo.
 //
-//   elastic::comm::gloo_group group(store, {.rendezvous = {.run_id = "job", .min_nodes = 2, .max_nodes = 4}},
+//   elastic::comm::gloo_group group(store, {.rendezvous = {.run_id = "job", .min_ranks = 2, .max_ranks = 4}},
 //                                   elastic::comm::gloo_factory(std::chrono::seconds(10)));
 #pragma once
 
@@ -62,8 +62,8 @@ inline communicator_factory<gloo_communicator> gloo_factory(std::chrono::millise
                                                            std::string hostname = default_host_address()) {
   detail::ignore_sigpipe();
   return [timeout, hostname](rendezvous::store& s, const rendezvous::round_info& r) {
-    return std::make_unique<gloo_communicator>(s, r.bootstrap, static_cast<int>(r.rank),
-                                               static_cast<int>(r.world_size), timeout, hostname);
+    return std::make_unique<gloo_communicator>(s, r.bootstrap, r.rank,
+                                               r.world_size, timeout, hostname);
   };
 }
 

@@ -1,7 +1,7 @@
 // An elastic group over NCCL: every round's leader makes a fresh unique id, every rank joins a
 // new communicator with it on its own GPU. Link elastic::nccl.
 //
-//   elastic::comm::nccl_group group(store, {.rendezvous = {.min_nodes = 2, .max_nodes = 8}},
+//   elastic::comm::nccl_group group(store, {.rendezvous = {.min_ranks = 2, .max_ranks = 8}},
 //                                   elastic::comm::nccl_factory(local_rank, 30s, stream),
 //                                   elastic::comm::nccl_bootstrap());
 //
@@ -33,7 +33,7 @@ inline rendezvous::bootstrap_fn nccl_bootstrap() {
 inline communicator_factory<nccl_communicator> nccl_factory(int device, std::chrono::milliseconds timeout,
                                                             cudaStream_t stream = nullptr, nccl_options options = {}) {
   return [=](rendezvous::store&, const rendezvous::round_info& r) {
-    return std::make_unique<nccl_communicator>(r.bootstrap, static_cast<int>(r.rank), static_cast<int>(r.world_size),
+    return std::make_unique<nccl_communicator>(r.bootstrap, r.rank, r.world_size,
                                                device, timeout, stream, options);
   };
 }

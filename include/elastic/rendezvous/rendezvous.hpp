@@ -83,8 +83,8 @@ namespace elastic::rendezvous {
 /// The outcome of a round, as this participant sees it.
 struct round_info {
   std::int64_t round = 0;             ///< 1, 2, ...; 0: not a member of any round yet
-  std::size_t rank = 0;               ///< this participant's rank in the round
-  std::size_t world_size = 0;         ///< members of the round
+  int rank = 0;                       ///< this participant's rank in the round
+  int world_size = 0;                 ///< members of the round
   std::vector<std::string> members;   ///< participant ids in rank order
   std::string leader;                 ///< members[0]: it published the bootstrap
   std::string bootstrap;              ///< the leader's blob
@@ -536,10 +536,10 @@ class rendezvous {
                                    clock::time_point deadline) {
     round_info info;
     info.round = r;
-    info.world_size = members.size();
+    info.world_size = static_cast<int>(members.size());
     for (std::size_t i = 0; i < members.size(); ++i) {
       info.members.push_back(members[i].id);
-      if (members[i] == self()) info.rank = i;
+      if (members[i] == self()) info.rank = static_cast<int>(i);
     }
     info.leader = members.front().id;
     const std::string key = key_round(r, "bootstrap");
