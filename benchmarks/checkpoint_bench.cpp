@@ -22,7 +22,7 @@
 #include <benchmark/benchmark.h>
 
 #include <elastic/checkpoint.hpp>
-#include <elastic/detail/file.hpp>
+#include <elastic/internal/file.hpp>
 
 #include "bench_common.hpp"
 
@@ -46,7 +46,7 @@ std::unique_ptr<std::byte[]> filled(std::size_t bytes) {
 
 /// Evicts a file from the page cache so the next read comes from the disk.
 void evict(const fs::path& p) {
-  auto fd = elastic::detail::open_file(p, O_RDONLY);
+  auto fd = elastic::internal::open_file(p, O_RDONLY);
   ::fdatasync(fd.get());
   ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_DONTNEED);
 }
@@ -105,11 +105,11 @@ void BM_persist(benchmark::State& state) {
     auto raw_write = [&] {
       const auto t0 = clock_type::now();
       {
-        auto fd = elastic::detail::open_file(path, O_WRONLY | O_CREAT | O_TRUNC);
+        auto fd = elastic::internal::open_file(path, O_WRONLY | O_CREAT | O_TRUNC);
         for (std::size_t at = 0; at < bytes; at += 4u << 20) {
-          elastic::detail::pwrite_all(fd.get(), src.get() + at, std::min<std::size_t>(4u << 20, bytes - at), at, path);
+          elastic::internal::pwrite_all(fd.get(), src.get() + at, std::min<std::size_t>(4u << 20, bytes - at), at, path);
         }
-        elastic::detail::fsync_fd(fd.get(), path);
+        elastic::internal::fsync_fd(fd.get(), path);
       }
       const double r = since(t0);
       fs::remove(path);
@@ -165,9 +165,9 @@ void BM_restore(benchmark::State& state) {
     evict(data);
     auto t0 = clock_type::now();
     {
-      auto fd = elastic::detail::open_file(data, O_RDONLY);
+      auto fd = elastic::internal::open_file(data, O_RDONLY);
       for (std::size_t at = 0; at < bytes; at += 4u << 20) {
-        elastic::detail::pread_all(fd.get(), buf.get(), std::min<std::size_t>(4u << 20, bytes - at), at, data);
+        elastic::internal::pread_all(fd.get(), buf.get(), std::min<std::size_t>(4u << 20, bytes - at), at, data);
       }
     }
     const double r = since(t0);

@@ -24,9 +24,9 @@
 #include <cuda_runtime_api.h>
 
 #include <elastic/checkpoint.hpp>
-#include <elastic/detail/cuda.hpp>
+#include <elastic/internal/cuda.hpp>
 #include <elastic/checkpoint/detail/host_memory.hpp>
-#include <elastic/detail/file.hpp>
+#include <elastic/internal/file.hpp>
 
 #include "bench_common.hpp"
 #include "gpu_check.hpp"
@@ -84,7 +84,7 @@ void BM_device_snapshot(benchmark::State& state) {
   if (!w.p) return state.SkipWithError("could not allocate device memory");
   // The library's own pinned staging and side stream (they throw with CUDA's reason on failure).
   const ckd::host_memory raw_dst(bytes, /*pinned=*/true);
-  const auto stream = elastic::detail::cuda::stream::create();
+  const auto stream = elastic::internal::cuda::stream::create();
   const cudaStream_t s = stream.get();
   ck::state st;
   st.add("w", elastic::device_span(static_cast<std::byte*>(w.p), bytes));
@@ -139,8 +139,8 @@ void BM_device_restore(benchmark::State& state) {
     // Both from the page cache (a warm read): this measures our path, not the disk.
     auto t0 = clock_type::now();
     {
-      auto fd = elastic::detail::open_file(data, O_RDONLY);
-      elastic::detail::pread_all(fd.get(), staging.data(), bytes, 0, data);
+      auto fd = elastic::internal::open_file(data, O_RDONLY);
+      elastic::internal::pread_all(fd.get(), staging.data(), bytes, 0, data);
       if (!ok(state, cudaMemcpy(w.p, staging.data(), bytes, cudaMemcpyHostToDevice), "cudaMemcpy")) break;
     }
     const double r = since(t0);
@@ -166,7 +166,7 @@ double train_seconds(long every, int steps, std::uint64_t* interval) {
   const std::size_t n = (1u << 30) / sizeof(float);
   const int m = 8192;
   device_bytes w(n * sizeof(float)), a(std::size_t(m) * m * 4), b(std::size_t(m) * m * 4), c(std::size_t(m) * m * 4);
-  const auto stream = elastic::detail::cuda::stream::create();
+  const auto stream = elastic::internal::cuda::stream::create();
   const cudaStream_t s = stream.get();
   const cublas blas(s);
   cublasHandle_t h = blas.h;

@@ -25,7 +25,7 @@
 
 #include <benchmark/benchmark.h>
 
-#include <elastic/detail/clock.hpp>
+#include <elastic/internal/clock.hpp>
 #include <elastic/rendezvous/shm_store.hpp>
 
 #include "bench_common.hpp"
@@ -93,7 +93,7 @@ trial run_trial(int n) {
   t.rendezvous -= t.detect;
 
   f.wait_until([&] { return f[2].status.has_value(); }, std::chrono::seconds(5));
-  const double t_start = static_cast<double>(elastic::detail::monotonic_ns());
+  const double t_start = static_cast<double>(elastic::internal::monotonic_ns());
   const auto back = f.start("w2", args);
   const bool rejoined = f.wait_until([&] { return f.find(back, "step=", world_is("4")).has_value(); },
                                      std::chrono::seconds(30));

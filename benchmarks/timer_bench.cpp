@@ -48,10 +48,10 @@
 
 #include <benchmark/benchmark.h>
 
-#include <elastic/detail/clock.hpp>
-#include <elastic/detail/process.hpp>
+#include <elastic/internal/clock.hpp>
+#include <elastic/internal/process.hpp>
 #include <elastic/timer/client.hpp>
-#include <elastic/detail/futex.hpp>
+#include <elastic/internal/futex.hpp>
 #include <elastic/timer/expires.hpp>
 #include <elastic/timer/watchdog.hpp>
 
@@ -107,7 +107,7 @@ int worker_main(int argc, char** argv) {
 // the other benchmarks divide by the median of those (runs shorter than 50 ms, i.e. Google
 // Benchmark's iteration-count probes, are left out).
 
-std::int64_t now_ns() { return elastic::detail::monotonic_ns(); }
+std::int64_t now_ns() { return elastic::internal::monotonic_ns(); }
 
 std::int64_t thread_cpu_ns() {
   timespec ts;
@@ -318,7 +318,7 @@ void BM_watchdog_idle_cpu(benchmark::State& state) {
     const std::int64_t t0 = now_ns();
     std::this_thread::sleep_for(2s);
     t.request_stop();
-    elastic::detail::futex_ring(wd.table().header().doorbell);
+    elastic::internal::futex_ring(wd.table().header().doorbell);
     t.join();
     const double wall = static_cast<double>(now_ns() - t0) / 1e9;
     ::getrusage(RUSAGE_SELF, &pb);
@@ -340,13 +340,13 @@ void BM_full_table_scan(benchmark::State& state) {
   timer::watchdog wd({.name = bench_name("scan"), .start_thread = false, .events = elastic::event_log()});
   const auto t = wd.table();
   const auto pid = static_cast<std::uint64_t>(::getpid());
-  const std::uint64_t start = elastic::detail::process_start_time(::getpid());
+  const std::uint64_t start = elastic::internal::process_start_time(::getpid());
   const std::int64_t now = now_ns();
   std::uint64_t gen = 0;
   for (std::uint32_t i = 0; i < t.slot_count(); ++i) {
     timer::detail::slot& s = t.at(i);
     s.head.owner.store(pid);
-    s.head.tid.store(static_cast<std::int32_t>(elastic::detail::current_tid()));
+    s.head.tid.store(static_cast<std::int32_t>(elastic::internal::current_tid()));
     s.head.rank.store(-1);
     for (std::uint32_t j = 0; j < depth; ++j) {
       auto& e = s.scopes[j];

@@ -25,7 +25,7 @@
 #include <thread>
 #include <vector>
 
-#include <elastic/detail/process.hpp>
+#include <elastic/internal/process.hpp>
 #include <elastic/rendezvous/shm_store.hpp>
 
 #include "agent/options.hpp"  // tools/agent: the parser, tested as a function too
@@ -129,7 +129,7 @@ bool eventually(const std::function<bool()>& done, std::chrono::milliseconds tim
 
 pid_t read_pid(const std::string& path) { return static_cast<pid_t>(std::stol(slurp(path))); }
 
-bool gone(pid_t pid) { return !elastic::detail::process_alive(pid, 0); }
+bool gone(pid_t pid) { return !elastic::internal::process_alive(pid, 0); }
 
 /// The names under /dev/shm that contain `part`.
 std::vector<std::string> shm_names(const std::string& part) {
@@ -248,7 +248,7 @@ TEST_CASE("SIGTERM: workers exit 75 within the grace, a straggler is SIGKILLed, 
   CHECK(l.log(0).find("exited with code 75") != std::string::npos);
   CHECK(l.log(2).find("exited with code 75") != std::string::npos);
   CHECK(l.log(1).find("did not exit within the grace: SIGKILL") != std::string::npos);
-  for (int s = 0; s < 3; ++s) CHECK_FALSE(elastic::detail::process_alive(read_pid(pids.file("pid." + std::to_string(s))), 0));
+  for (int s = 0; s < 3; ++s) CHECK_FALSE(elastic::internal::process_alive(read_pid(pids.file("pid." + std::to_string(s))), 0));
 }
 
 TEST_CASE("no orphans: the workers die with elastic-run, even when it is SIGKILLed") {
@@ -261,7 +261,7 @@ TEST_CASE("no orphans: the workers die with elastic-run, even when it is SIGKILL
   bool gone = false;
   while (!gone && std::chrono::steady_clock::now() < until) {
     gone = true;
-    for (int s = 0; s < 3; ++s) gone = gone && !elastic::detail::process_alive(read_pid(pids.file("pid." + std::to_string(s))), 0);
+    for (int s = 0; s < 3; ++s) gone = gone && !elastic::internal::process_alive(read_pid(pids.file("pid." + std::to_string(s))), 0);
     if (!gone) std::this_thread::sleep_for(10ms);
   }
   CHECK(gone);
@@ -428,8 +428,8 @@ TEST_CASE("torchrun's spellings parse to the same options as elastic-run's") {
   // --nproc-per-node: a number, cpu, or auto/gpu from the GPUs this process may see.
   CHECK(parse({"--nproc-per-node", "cpu", "x"}).options.nproc_per_node >= 1);
   CHECK(parse({"--nproc-per-node", "auto", "x"}).options.nproc_per_node == parse({"x"}).options.nproc_per_node);
-  if (elastic::agent::internal::visible_gpu_count() > 0) {
-    CHECK(parse({"--nproc-per-node", "gpu", "x"}).options.nproc_per_node == elastic::agent::internal::visible_gpu_count());
+  if (elastic::agent::detail::visible_gpu_count() > 0) {
+    CHECK(parse({"--nproc-per-node", "gpu", "x"}).options.nproc_per_node == elastic::agent::detail::visible_gpu_count());
   } else {
     CHECK(contains(refusal({"--nproc-per-node", "gpu", "x"}), "no GPU is visible"));
   }

@@ -2,12 +2,12 @@
 // not only where an etcd binary exists.
 #include <string>
 
-#include <elastic/detail/base64.hpp>
+#include <elastic/internal/base64.hpp>
 
 #include "support/catch.hpp"
 
-using elastic::detail::base64_decode;
-using elastic::detail::base64_encode;
+using elastic::internal::base64_decode;
+using elastic::internal::base64_encode;
 
 TEST_CASE("base64 encodes RFC 4648's test vectors and reads back every byte") {
   CHECK(base64_encode("") == "");

@@ -7,12 +7,12 @@
 #include <string_view>
 #include <vector>
 
-#include <elastic/detail/crc32c.hpp>
+#include <elastic/internal/crc32c.hpp>
 
 #include "support/catch.hpp"
 
-using elastic::detail::crc32c;
-using elastic::detail::crc32c_software;
+using elastic::internal::crc32c;
+using elastic::internal::crc32c_software;
 
 namespace {
 
@@ -66,7 +66,7 @@ TEST_CASE("crc32c chains: the crc of a then b continues from the crc of a") {
 }
 
 TEST_CASE("the instruction path agrees with the table path at every length and alignment") {
-  INFO("crc32c_hardware() == " << elastic::detail::crc32c_hardware());
+  INFO("crc32c_hardware() == " << elastic::internal::crc32c_hardware());
   const auto data = random_bytes(4097 + 16, 3);
   std::size_t mismatches = 0;
   for (std::size_t offset = 0; offset < 8; ++offset) {
@@ -99,8 +99,8 @@ TEST_CASE("crc32c changes when any single bit of its input flips") {
 TEST_CASE("crc32c_hardware reports whether the CPU has the SSE4.2 instruction") {
 #if defined(__x86_64__)
   __builtin_cpu_init();
-  CHECK(elastic::detail::crc32c_hardware() == static_cast<bool>(__builtin_cpu_supports("sse4.2")));
+  CHECK(elastic::internal::crc32c_hardware() == static_cast<bool>(__builtin_cpu_supports("sse4.2")));
 #else
-  CHECK_FALSE(elastic::detail::crc32c_hardware());
+  CHECK_FALSE(elastic::internal::crc32c_hardware());
 #endif
 }

@@ -23,7 +23,7 @@
 #include <elastic/checkpoint/preemption.hpp>
 #include <elastic/checkpoint/storage.hpp>
 #include <elastic/comm/gloo.hpp>
-#include <elastic/detail/clock.hpp>
+#include <elastic/internal/clock.hpp>
 #include <elastic/rendezvous/shm_store.hpp>
 
 #include "support/catch.hpp"
@@ -145,7 +145,7 @@ TEST_CASE("a killed rank restarted under its id rejoins: the group is back to 4 
   // waits as a newcomer until the group takes it in.
   REQUIRE(f.wait_until([&] { return f.find(0, "step=", [](auto& l) { return field(l, "world") == "3"; }).has_value(); },
                        30s));
-  const std::int64_t t_restart = elastic::detail::monotonic_ns();
+  const std::int64_t t_restart = elastic::internal::monotonic_ns();
   const auto back = f.start("w2", args);
   const bool ended = f.wait_until([&] { return f.all_ended({0, 1, 3, back}); }, 120s);
   INFO(f.transcript(0) << f.transcript(1) << f.transcript(3) << f.transcript(back));

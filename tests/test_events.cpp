@@ -197,7 +197,7 @@ TEST_CASE("an events log writes to a descriptor it was handed and closes it with
   const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
   REQUIRE(fd >= 0);
   {
-    const auto log = elastic::event_log::to_file(elastic::detail::unique_fd(fd), test_identity());
+    const auto log = elastic::event_log::to_file(elastic::internal::unique_fd(fd), test_identity());
     const auto copy = log;
     log.emit("first");
     copy.emit("second");
@@ -206,7 +206,7 @@ TEST_CASE("an events log writes to a descriptor it was handed and closes it with
   const auto lines = lines_of(path);
   REQUIRE(lines.size() == 2);
   CHECK(lines[1].find("\"event\":\"second\"") != std::string::npos);
-  CHECK(elastic::test::error_of([] { (void)elastic::event_log::to_file(elastic::detail::unique_fd()); }).code() ==
+  CHECK(elastic::test::error_of([] { (void)elastic::event_log::to_file(elastic::internal::unique_fd()); }).code() ==
         elastic::errc::invalid_argument);
 }
 

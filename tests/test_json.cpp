@@ -7,14 +7,14 @@
 #include <string_view>
 #include <vector>
 
-#include <elastic/detail/json.hpp>
+#include <elastic/internal/json.hpp>
 #include <elastic/error.hpp>
 
 #include "support/catch.hpp"
 #include "support/errors.hpp"
 
 using elastic::errc;
-using elastic::detail::json;
+using elastic::internal::json;
 
 namespace {
 

@@ -4,12 +4,12 @@
 #include <chrono>
 #include <thread>
 
-#include <elastic/detail/periodic_thread.hpp>
+#include <elastic/internal/periodic_thread.hpp>
 
 #include "support/catch.hpp"
 
 using namespace std::chrono_literals;
-using elastic::detail::periodic_thread;
+using elastic::internal::periodic_thread;
 
 namespace {
 // Waits (bounded) until `pred` holds.

@@ -10,8 +10,8 @@
 #include <string>
 #include <thread>
 
-#include <elastic/detail/private_dir.hpp>
-#include <elastic/detail/shm_object.hpp>
+#include <elastic/internal/private_dir.hpp>
+#include <elastic/internal/shm_object.hpp>
 
 #include "support/catch.hpp"
 #include "support/errors.hpp"
@@ -19,7 +19,7 @@
 #include "support/process.hpp"
 
 namespace fs = std::filesystem;
-using elastic::detail::private_dir;
+using elastic::internal::private_dir;
 
 namespace {
 
@@ -136,9 +136,9 @@ TEST_CASE("stale shared-memory objects are swept; used and locked ones are kept"
   const int young = make("young");
   ::close(young);
   // Everything is young now: nothing goes.
-  CHECK(elastic::detail::sweep_stale_shm(prefix, 60).empty());
+  CHECK(elastic::internal::sweep_stale_shm(prefix, 60).empty());
   std::this_thread::sleep_for(std::chrono::milliseconds(1100));
-  const auto removed = elastic::detail::sweep_stale_shm(prefix, 1);
+  const auto removed = elastic::internal::sweep_stale_shm(prefix, 1);
   CHECK(removed.size() == 2);  // stale and young (now over a second old)
   CHECK_FALSE(fs::exists("/dev/shm/" + prefix + "stale"));
   CHECK(fs::exists("/dev/shm/" + prefix + "mapped"));
@@ -146,5 +146,5 @@ TEST_CASE("stale shared-memory objects are swept; used and locked ones are kept"
   ::munmap(m, 4096);
   ::close(mapped_fd);
   ::close(locked);
-  CHECK(elastic::detail::sweep_stale_shm(prefix, 0).size() == 2);
+  CHECK(elastic::internal::sweep_stale_shm(prefix, 0).size() == 2);
 }

@@ -7,7 +7,7 @@
 #include <thread>
 #include <vector>
 
-#include <elastic/detail/process.hpp>
+#include <elastic/internal/process.hpp>
 #include <elastic/timer.hpp>
 
 #include "support/catch.hpp"
@@ -53,7 +53,7 @@ TEST_CASE("a process that reuses a dead owner's pid is not killed for the old de
   auto innocent = h.worker("hang", {"60000"});
   REQUIRE(innocent.read_line() == "entered");
   const pid_t pid = innocent.pid();
-  const std::uint64_t real_start = elastic::detail::process_start_time(pid);
+  const std::uint64_t real_start = elastic::internal::process_start_time(pid);
   REQUIRE(real_start > 1);
 
   const auto t = h.wd.table();
@@ -61,8 +61,8 @@ TEST_CASE("a process that reuses a dead owner's pid is not killed for the old de
   s.head.tid.store(pid);
   s.head.depth.store(1);
   auto& e = s.scopes[0];
-  e.deadline_ns.store(elastic::detail::monotonic_ns() - 1'000'000);
-  e.entered_ns.store(elastic::detail::monotonic_ns() - 2'000'000);
+  e.deadline_ns.store(elastic::internal::monotonic_ns() - 1'000'000);
+  e.entered_ns.store(elastic::internal::monotonic_ns() - 2'000'000);
   e.signal.store(SIGKILL);
   td::store_name(e, "old-owner-scope");
   e.generation.store(1);
@@ -165,7 +165,7 @@ TEST_CASE("a slot forged in the name of a process that never attached gets that 
   auto innocent = child_process::spawn({"/bin/sh", "-c", "echo ready; exec sleep 60"});
   REQUIRE(innocent.read_line() == "ready");
   const pid_t pid = innocent.pid();
-  const std::uint64_t start = elastic::detail::process_start_time(pid);
+  const std::uint64_t start = elastic::internal::process_start_time(pid);
   REQUIRE(start > 0);
 
   // A client writes an expired scope in the innocent's name (real pid, real start time), three
@@ -199,7 +199,7 @@ TEST_CASE("a process that no longer maps the segment gets no SIGKILL escalation"
   hosted h({.escalate_after = 1s, .start_thread = false});
   auto w = h.worker("abrt-then-exec", {"100"});
   REQUIRE(w.read_line() == "entered");
-  const std::int64_t later = elastic::detail::monotonic_ns() + 2'000'000'000;  // past its 100 ms
+  const std::int64_t later = elastic::internal::monotonic_ns() + 2'000'000'000;  // past its 100 ms
   REQUIRE(h.wd.scan_once(later).signals_sent == 1);                             // SIGABRT to a client
   REQUIRE(w.read_line() == "got SIGABRT");
   REQUIRE(w.read_line() == "execed");  // same process, a new image that maps nothing of ours

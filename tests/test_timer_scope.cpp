@@ -9,7 +9,7 @@
 #include <thread>
 #include <vector>
 
-#include <elastic/detail/process.hpp>
+#include <elastic/internal/process.hpp>
 #include <elastic/timer.hpp>
 
 #include "support/catch.hpp"
@@ -51,7 +51,7 @@ struct quiet_watchdog {
   /// The slot of the calling thread, or nullptr.
   [[nodiscard]] td::slot* my_slot() const {
     const auto t = wd.table();
-    const auto tid = elastic::detail::current_tid();
+    const auto tid = elastic::internal::current_tid();
     for (std::uint32_t i = 0; i < t.slot_count(); ++i) {
       auto& s = t.at(i);
       if (s.head.owner.load() == static_cast<std::uint64_t>(::getpid()) && s.head.tid.load() == tid) return &s;
@@ -71,7 +71,7 @@ struct quiet_watchdog {
 
 TEST_CASE("a scope records its deadline, name and signal in its thread's slot") {
   quiet_watchdog q;
-  const auto before = elastic::detail::monotonic_ns();
+  const auto before = elastic::internal::monotonic_ns();
   auto g = elastic::expires(30s, "allreduce", SIGABRT);
   REQUIRE(g.watched());
   td::slot* s = q.my_slot();
@@ -82,7 +82,7 @@ TEST_CASE("a scope records its deadline, name and signal in its thread's slot") 
   CHECK(std::string(e.name) == "allreduce");
   CHECK(e.signal == SIGABRT);
   CHECK(e.deadline_ns >= before + 30'000'000'000);
-  CHECK(e.deadline_ns <= elastic::detail::monotonic_ns() + 30'000'000'000);
+  CHECK(e.deadline_ns <= elastic::internal::monotonic_ns() + 30'000'000'000);
   CHECK(g.remaining() > 29s);
 }
 
@@ -164,7 +164,7 @@ TEST_CASE("threads get slots of their own and give them back when they exit") {
   for (int i = 0; i < n; ++i) {
     ts.emplace_back([&, i] {
       auto g = elastic::expires(30s, "worker-thread");
-      tids[i] = elastic::detail::current_tid();
+      tids[i] = elastic::internal::current_tid();
       entered.fetch_add(1);
       while (!go.load()) std::this_thread::sleep_for(1ms);
     });

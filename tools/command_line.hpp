@@ -18,20 +18,20 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
-#include <elastic/detail/env.hpp>
+#include <elastic/internal/env.hpp>
 
 namespace elastic::tools {
 
 /// `v` as a whole number from `lo` to `hi` (digits only), or nothing.
 inline std::optional<long long> to_count(std::string_view v, long long lo, long long hi) {
-  const auto n = elastic::detail::parse_integer(v);
+  const auto n = elastic::internal::parse_integer(v);
   if (!n || *n < lo || *n > hi || v.front() == '-') return std::nullopt;
   return n;
 }
 
 /// `v` as seconds (30, 2.5; 0 to 10^7), in milliseconds, or nothing.
 inline std::optional<std::chrono::milliseconds> to_seconds(std::string_view v) {
-  const auto s = elastic::detail::parse_seconds(v);
+  const auto s = elastic::internal::parse_seconds(v);
   if (!s || !(*s >= 0) || *s > 1e7) return std::nullopt;
   return std::chrono::milliseconds(std::llround(*s * 1000));
 }

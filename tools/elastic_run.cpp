@@ -71,7 +71,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "elastic-run: an unexpected error\n");
     code = elastic::agent::exit_failed;
   }
-  if (elastic::agent::internal::store_thread_abandoned.load()) {
+  if (elastic::agent::detail::store_thread_abandoned.load()) {
     // A store call is still stuck in the network on its thread: do not run static destructors
     // under it.
     std::fflush(nullptr);

@@ -37,7 +37,7 @@
 #include <fmt/format.h>
 
 #include <elastic/config.hpp>
-#include <elastic/detail/env.hpp>
+#include <elastic/internal/env.hpp>
 #include <elastic/events.hpp>
 #include <elastic/timer/watchdog.hpp>
 
@@ -140,7 +140,7 @@ sigset_t stop_signals() {
 int serve(int argc, char** argv) {
   elastic::timer::watchdog_options opts;
   std::string name_from = "--name";
-  if (auto env = elastic::detail::env_string("ELASTIC_WATCHDOG")) {
+  if (auto env = elastic::internal::env_string("ELASTIC_WATCHDOG")) {
     opts.name = *env;
     name_from = "ELASTIC_WATCHDOG";
   }

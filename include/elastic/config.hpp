@@ -31,7 +31,7 @@
 #define ELASTIC_WITH_ETCD 0
 #endif
 
-namespace elastic {
+namespace elastic::inline v1 {
 
 /// The library version as a value, for run-time checks and log lines.
 struct version_info {
@@ -44,4 +44,4 @@ struct version_info {
 inline constexpr version_info version{ELASTIC_VERSION_MAJOR, ELASTIC_VERSION_MINOR,
                                       ELASTIC_VERSION_PATCH, ELASTIC_VERSION_STRING};
 
-}  // namespace elastic
+}  // namespace elastic::inline v1

@@ -6,14 +6,14 @@
 #include <cstdint>
 #include <span>
 
-#include <elastic/detail/crc32c.hpp>
+#include <elastic/internal/crc32c.hpp>
 
-namespace elastic {
+namespace elastic::inline v1 {
 
 /// CRC-32C of `bytes`, continuing from `crc` (the result for the bytes before them), so that
 /// crc32c(b, crc32c(a)) is the CRC-32C of a followed by b. Starts from 0 for a new message.
 [[nodiscard]] inline std::uint32_t crc32c(std::span<const std::byte> bytes, std::uint32_t crc = 0) noexcept {
-  return detail::crc32c(bytes, crc);
+  return internal::crc32c(bytes, crc);
 }
 
-}  // namespace elastic
+}  // namespace elastic::inline v1

@@ -6,12 +6,12 @@
 //   const auto workers = elastic::env_int("TRAIN_WORKERS", 1, 64).value_or(4);
 #pragma once
 
-#include <elastic/detail/env.hpp>
+#include <elastic/internal/env.hpp>
 
-namespace elastic {
+namespace elastic::inline v1 {
 
-using detail::env_int;         ///< an integer in [lo, hi]; nullopt when unset or empty
-using detail::env_seconds_in;  ///< a duration in seconds within a range; nullopt when unset
-using detail::env_string;      ///< the value; nullopt when unset or empty
+using internal::env_int;         ///< an integer in [lo, hi]; nullopt when unset or empty
+using internal::env_seconds_in;  ///< a duration in seconds within a range; nullopt when unset
+using internal::env_string;      ///< the value; nullopt when unset or empty
 
-}  // namespace elastic
+}  // namespace elastic::inline v1

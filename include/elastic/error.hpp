@@ -10,7 +10,7 @@
 #include <system_error>
 #include <type_traits>
 
-namespace elastic {
+namespace elastic::inline v1 {
 
 /// What went wrong, independent of the part that noticed it. Each code means one thing; the
 /// values are stable (new codes go at the end) because they travel in std::error_code.
@@ -108,12 +108,12 @@ inline std::error_code make_error_code(errc code) noexcept {
   return {static_cast<int>(code), error_category()};
 }
 
-}  // namespace elastic
+}  // namespace elastic::inline v1
 
 template <>
 struct std::is_error_code_enum<elastic::errc> : std::true_type {};
 
-namespace elastic {
+namespace elastic::inline v1 {
 
 /// Base of every exception the library throws.
 ///
@@ -163,4 +163,4 @@ inline error os_error(const std::string& what, int err = errno) {
   return error(errc::os_error, what, std::error_code(err, std::generic_category()));
 }
 
-}  // namespace elastic
+}  // namespace elastic::inline v1

@@ -19,11 +19,11 @@
 #include <string_view>
 #include <type_traits>
 
-#include <elastic/detail/env.hpp>
-#include <elastic/detail/host_name.hpp>
-#include <elastic/detail/json_text.hpp>
+#include <elastic/internal/env.hpp>
+#include <elastic/internal/host_name.hpp>
+#include <elastic/internal/json_text.hpp>
 
-namespace elastic {
+namespace elastic::inline v1 {
 
 namespace events {
 
@@ -77,7 +77,7 @@ struct event_field {
   event_value value;
 };
 
-namespace detail {
+namespace internal {
 
 /// The current UTC time as RFC 3339 with microseconds: 2026-11-22T20:28:00.123456Z.
 inline void append_rfc3339_now(std::string& out) {
@@ -98,16 +98,16 @@ inline std::string rfc3339_now() {
   return out;
 }
 
-}  // namespace detail
+}  // namespace internal
 
 inline void event_value::append_json(std::string& out) const {
   switch (kind_) {
     case kind::null: out += "null"; break;
     case kind::boolean: out += i_ ? "true" : "false"; break;
-    case kind::integer: detail::append_json_integer(out, i_); break;
-    case kind::unsigned_integer: detail::append_json_integer(out, u_); break;
-    case kind::floating: detail::append_json_double(out, d_); break;  // JSON has no NaN: null
-    case kind::string: detail::append_json_string(out, s_); break;
+    case kind::integer: internal::append_json_integer(out, i_); break;
+    case kind::unsigned_integer: internal::append_json_integer(out, u_); break;
+    case kind::floating: internal::append_json_double(out, d_); break;  // JSON has no NaN: null
+    case kind::string: internal::append_json_string(out, s_); break;
   }
 }
 
@@ -120,14 +120,14 @@ struct event_identity {
   /// Reads ELASTIC_RUN_ID and ELASTIC_RANK (a malformed rank is left out) and the host name.
   static event_identity from_env() {
     event_identity id;
-    id.run_id = elastic::detail::env_string("ELASTIC_RUN_ID").value_or("");
-    id.rank = elastic::detail::env_index_or_none("ELASTIC_RANK");
-    id.host = detail::host_name();
+    id.run_id = elastic::internal::env_string("ELASTIC_RUN_ID").value_or("");
+    id.rank = elastic::internal::env_index_or_none("ELASTIC_RANK");
+    id.host = internal::host_name();
     return id;
   }
 };
 
-namespace detail {
+namespace internal {
 
 /// Appends the JSON line (without its newline) for `event` written by `id` with `fields`.
 inline void append_event_line(std::string& out, std::string_view event, const event_identity& id,
@@ -158,6 +158,6 @@ inline void append_event_line(std::string& out, std::string_view event, const ev
   out += '}';
 }
 
-}  // namespace detail
+}  // namespace internal
 
-}  // namespace elastic
+}  // namespace elastic::inline v1

@@ -25,14 +25,14 @@
 #include <utility>
 #include <vector>
 
-#include <elastic/detail/env.hpp>
-#include <elastic/detail/file.hpp>
-#include <elastic/detail/private_dir.hpp>
-#include <elastic/detail/warning_hook.hpp>
+#include <elastic/internal/env.hpp>
+#include <elastic/internal/file.hpp>
+#include <elastic/internal/private_dir.hpp>
+#include <elastic/internal/warning_hook.hpp>
 #include <elastic/error.hpp>
 #include <elastic/event_fields.hpp>
 
-namespace elastic {
+namespace elastic::inline v1 {
 
 namespace events {
 
@@ -49,8 +49,8 @@ class sink {
 ///
 /// A process running as root must never append through a link someone else planted, so the
 /// path is opened with O_NOFOLLOW (a symbolic link at its end is refused), a symbolic link of
-/// another user on the way to it is refused (detail::check_path_links), and what it opens must
-/// be a regular file of this user with a single name (detail::unsafe_file_reason: no FIFO, device,
+/// another user on the way to it is refused (internal::check_path_links), and what it opens must
+/// be a regular file of this user with a single name (internal::unsafe_file_reason: no FIFO, device,
 /// directory or hard link to another file). Each refusal is errc::unsafe_path naming the path.
 class file_sink final : public sink {
  public:
@@ -62,9 +62,9 @@ class file_sink final : public sink {
       : fd_(open_checked(path, what)) {}
 
   /// Appends to `fd`, which the sink now owns and closes: for a file its owner already opened
-  /// safely (say, through detail::private_dir::open_file with O_WRONLY | O_APPEND). Throws
+  /// safely (say, through internal::private_dir::open_file with O_WRONLY | O_APPEND). Throws
   /// errc::invalid_argument when `fd` is not open.
-  explicit file_sink(elastic::detail::unique_fd fd) : fd_(std::move(fd)) {
+  explicit file_sink(elastic::internal::unique_fd fd) : fd_(std::move(fd)) {
     if (!fd_) throw error(errc::invalid_argument, "events file_sink given no open descriptor");
   }
 
@@ -78,10 +78,10 @@ class file_sink final : public sink {
   }
 
  private:
-  static elastic::detail::unique_fd open_checked(const std::filesystem::path& path, std::string_view what) {
+  static elastic::internal::unique_fd open_checked(const std::filesystem::path& path, std::string_view what) {
     const std::string shown = std::string(what) + " " + path.string();
     if (path.empty()) throw error(errc::invalid_argument, std::string(what) + " is empty: name a file");
-    elastic::detail::check_path_links(path);  // a link of another user on the way: unsafe_path
+    elastic::internal::check_path_links(path);  // a link of another user on the way: unsafe_path
     const auto refuse = [&](std::string_view why, int err = 0) {
       return error(errc::unsafe_path,
                    "refusing to append to " + shown + ": " + std::string(why) +
@@ -108,15 +108,15 @@ class file_sink final : public sink {
                      "user may write there",
                      err);
     }
-    elastic::detail::unique_fd out(fd);
+    elastic::internal::unique_fd out(fd);
     struct stat st {};
     if (::fstat(out.get(), &st) != 0) throw os_error("cannot stat " + shown);
-    if (auto why = elastic::detail::unsafe_file_reason(st); !why.empty()) throw refuse(why);
+    if (auto why = elastic::internal::unsafe_file_reason(st); !why.empty()) throw refuse(why);
     ::fcntl(out.get(), F_SETFL, O_APPEND);  // blocking again: a full disk must not drop half a line
     return out;
   }
 
-  elastic::detail::unique_fd fd_;
+  elastic::internal::unique_fd fd_;
 };
 
 /// Writes to a descriptor it does not own, such as stderr.
@@ -154,8 +154,8 @@ class event_log {
   }
 
   /// Appends to the open descriptor `fd`, which the log now owns (closed with the last copy):
-  /// for an events file opened safely by its owner, say through detail::private_dir.
-  static event_log to_file(elastic::detail::unique_fd fd, event_identity identity = event_identity::from_env()) {
+  /// for an events file opened safely by its owner, say through internal::private_dir.
+  static event_log to_file(elastic::internal::unique_fd fd, event_identity identity = event_identity::from_env()) {
     return event_log(std::make_shared<events::file_sink>(std::move(fd)), std::move(identity));
   }
 
@@ -164,7 +164,7 @@ class event_log {
   /// `everything_to_stderr` (a program whose stderr is its log). Throws elastic::error, naming
   /// ELASTIC_EVENTS and the path, when that file is refused or cannot be opened.
   static event_log from_env(bool everything_to_stderr = false) {
-    if (auto path = elastic::detail::env_string("ELASTIC_EVENTS")) {
+    if (auto path = elastic::internal::env_string("ELASTIC_EVENTS")) {
       return event_log(std::make_shared<events::file_sink>(*path, "ELASTIC_EVENTS file"));
     }
     event_log log(std::make_shared<events::fd_sink>(STDERR_FILENO));
@@ -204,7 +204,7 @@ class event_log {
 
  private:
   void format_to(std::string& buf, std::string_view event, std::span<const event_field> fields) const {
-    detail::append_event_line(buf, event, id_, fields);
+    internal::append_event_line(buf, event, id_, fields);
   }
 
   std::shared_ptr<events::sink> sink_;
@@ -212,7 +212,7 @@ class event_log {
   bool (*keep_)(std::string_view) noexcept = nullptr;  ///< nullptr: every event
 };
 
-namespace detail {
+namespace internal {
 
 /// The event log's route for warnings from light headers (warning_hook.hpp): each becomes an
 /// event of event_log::from_env(), or a line on stderr when that log cannot be opened.
@@ -233,6 +233,6 @@ inline void warn_through_event_log(std::string_view event, std::span<const event
 inline const bool event_log_takes_warnings =
     (warning_route.store(&warn_through_event_log, std::memory_order_release), true);
 
-}  // namespace detail
+}  // namespace internal
 
-}  // namespace elastic
+}  // namespace elastic::inline v1

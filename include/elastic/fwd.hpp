@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-namespace elastic {
+namespace elastic::inline v1 {
 
 enum class errc;
 class error;
@@ -72,4 +72,4 @@ using gloo_group = elastic_group<gloo_communicator>;
 using nccl_group = elastic_group<nccl_communicator>;
 }  // namespace comm
 
-}  // namespace elastic
+}  // namespace elastic::inline v1

@@ -10,7 +10,7 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   namespace d = elastic::rendezvous::detail;
-  using elastic::detail::json;
+  using elastic::internal::json;
   const std::string_view text(reinterpret_cast<const char*>(data), size);
   // Any bytes encode and decode back.
   if (d::base64_decode(d::base64_encode(text)) != std::string(text)) std::abort();

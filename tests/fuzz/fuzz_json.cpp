@@ -6,10 +6,10 @@
 #include <cstdlib>
 #include <string_view>
 
-#include <elastic/detail/json.hpp>
+#include <elastic/internal/json.hpp>
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  using elastic::detail::json;
+  using elastic::internal::json;
   const std::string_view text(reinterpret_cast<const char*>(data), size);
   try {
     const json doc = json::parse(text);

@@ -33,8 +33,8 @@
 
 #include <elastic/checkpoint.hpp>
 #include <elastic/comm/gloo_group.hpp>
-#include <elastic/detail/clock.hpp>
-#include <elastic/detail/crc32c.hpp>
+#include <elastic/internal/clock.hpp>
+#include <elastic/internal/crc32c.hpp>
 #include <elastic/rendezvous/open_store.hpp>
 
 namespace {
@@ -178,7 +178,7 @@ int main(int argc, char** argv) {
     for (auto& step : loop) {
       if (!announced) {
         say("joined round=" + std::to_string(group.round()) + " rank=" + std::to_string(group.rank()) +
-            " world=" + std::to_string(group.size()) + " t=" + std::to_string(elastic::detail::monotonic_ns()));
+            " world=" + std::to_string(group.size()) + " t=" + std::to_string(elastic::internal::monotonic_ns()));
         announced = true;
       }
       if (group.rebuilds() != rebuilds_seen) {
@@ -203,7 +203,7 @@ int main(int argc, char** argv) {
         for (std::size_t k = 0; k < o.dim; ++k) grad[k] += std::llround(static_cast<double>(r * data.at(x, k)) * scale);
       }
       if (o.stop_self_at >= 0 && idx == static_cast<std::uint64_t>(o.stop_self_at)) {
-        say("stopping t=" + std::to_string(elastic::detail::monotonic_ns()));
+        say("stopping t=" + std::to_string(elastic::internal::monotonic_ns()));
         ::raise(SIGSTOP);  // frozen inside the step's timer scope, as a hung kernel or NFS read would be
       }
       std::jthread killer;
@@ -212,7 +212,7 @@ int main(int argc, char** argv) {
         std::this_thread::sleep_for(20ms);
         killer = std::jthread([] {
           std::this_thread::sleep_for(std::chrono::microseconds(300));
-          say("killing t=" + std::to_string(elastic::detail::monotonic_ns()));
+          say("killing t=" + std::to_string(elastic::internal::monotonic_ns()));
           ::kill(::getpid(), SIGKILL);
         });
       }
@@ -221,22 +221,22 @@ int main(int argc, char** argv) {
       for (std::size_t k = 0; k < o.dim; ++k) {
         w[k] -= lr * static_cast<float>(static_cast<double>(grad[k]) / scale / static_cast<double>(o.batch));
       }
-      const auto crc = elastic::detail::crc32c(w.data(), w.size() * sizeof(float));
+      const auto crc = elastic::internal::crc32c(w.data(), w.size() * sizeof(float));
       samples_seen += o.batch;
       hist.recent.push_back(crc);
       if (hist.recent.size() > 8) hist.recent.erase(hist.recent.begin());
       char line[160];
       std::snprintf(line, sizeof line, "step=%llu world=%d rank=%d t=%lld crc=%08x",
                     static_cast<unsigned long long>(idx + 1), group.size(), group.rank(),
-                    static_cast<long long>(elastic::detail::monotonic_ns()), crc);
+                    static_cast<long long>(elastic::internal::monotonic_ns()), crc);
       say(line);
       if (o.step_sleep.count() > 0) std::this_thread::sleep_for(o.step_sleep);
     }
     char line[160];
     // The crc covers the weights, the value and the object: all of the replicated state.
-    std::uint32_t all = elastic::detail::crc32c(w.data(), w.size() * sizeof(float));
-    all = elastic::detail::crc32c(&samples_seen, sizeof samples_seen, all);
-    all = elastic::detail::crc32c(hist.recent.data(), hist.recent.size() * sizeof(std::uint32_t), all);
+    std::uint32_t all = elastic::internal::crc32c(w.data(), w.size() * sizeof(float));
+    all = elastic::internal::crc32c(&samples_seen, sizeof samples_seen, all);
+    all = elastic::internal::crc32c(hist.recent.data(), hist.recent.size() * sizeof(std::uint32_t), all);
     std::snprintf(line, sizeof line, "final step=%llu crc=%08x reason=%s redone=%llu",
                   static_cast<unsigned long long>(loop.completed_steps()), all,
                   std::string(elastic::to_string(loop.reason())).c_str(),

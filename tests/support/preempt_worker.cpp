@@ -123,8 +123,8 @@ int main(int argc, char** argv) {
   try {
     // The world and this rank's slice of the state, as the loop will resolve them (a bad
     // setting is left for the loop to refuse: that is what the tests look at).
-    const int world = o.world >= 0 ? o.world : static_cast<int>(elastic::detail::env_index_or_none("ELASTIC_WORLD_SIZE").value_or(1));
-    const int rank = o.rank >= 0 ? o.rank : static_cast<int>(elastic::detail::env_index_or_none("ELASTIC_RANK").value_or(0));
+    const int world = o.world >= 0 ? o.world : static_cast<int>(elastic::internal::env_index_or_none("ELASTIC_WORLD_SIZE").value_or(1));
+    const int rank = o.rank >= 0 ? o.rank : static_cast<int>(elastic::internal::env_index_or_none("ELASTIC_RANK").value_or(0));
     const std::size_t w = static_cast<std::size_t>(std::max(world, 1));
     const std::size_t r = static_cast<std::size_t>(std::clamp(rank, 0, std::max(world - 1, 0)));
     const std::size_t lo = o.size * r / w, hi = o.size * (r + 1) / w;

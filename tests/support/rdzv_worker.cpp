@@ -48,8 +48,8 @@ int main(int argc, char** argv) {
   }
   rdzv::rendezvous_options o;
   o.run_id = argv[2];
-  o.min_ranks = static_cast<int>(elastic::detail::parse_integer(argv[3]).value_or(0));
-  o.max_ranks = static_cast<int>(elastic::detail::parse_integer(argv[4]).value_or(0));
+  o.min_ranks = static_cast<int>(elastic::internal::parse_integer(argv[3]).value_or(0));
+  o.max_ranks = static_cast<int>(elastic::internal::parse_integer(argv[4]).value_or(0));
   if (std::string_view(argv[5]) != "-") o.participant_id = argv[5];
   const std::string mode = argv[6];
   o.heartbeat_interval = milliseconds(100);

@@ -37,9 +37,9 @@
 #include <thread>
 #include <vector>
 
-#include <elastic/detail/clock.hpp>
+#include <elastic/internal/clock.hpp>
 #include <elastic/timer/client.hpp>
-#include <elastic/detail/futex.hpp>
+#include <elastic/internal/futex.hpp>
 #include <elastic/timer/expires.hpp>
 
 using namespace std::chrono_literals;
@@ -113,7 +113,7 @@ int main(int argc, char** argv) {
         say("table full");
         hang();
       }
-      const std::int64_t now = elastic::detail::monotonic_ns();
+      const std::int64_t now = elastic::internal::monotonic_ns();
       auto& e = s->scopes[0];
       e.deadline_ns.store(now - 1'000'000);
       e.entered_ns.store(now - 2'000'000);
@@ -126,7 +126,7 @@ int main(int argc, char** argv) {
       std::uint32_t hw = h.slots_high_water.load();
       while (hw < index + 1 && !h.slots_high_water.compare_exchange_weak(hw, index + 1)) {
       }
-      elastic::detail::futex_ring(h.doorbell);
+      elastic::internal::futex_ring(h.doorbell);
       // The watchdog frees the slot (whatever it decided); wait for that, bounded.
       const auto until = std::chrono::steady_clock::now() + 30s;
       while (s->head.owner.load() == pid && s->head.start_time.load() == start) {

@@ -25,7 +25,7 @@
 #include <vector>
 
 #include <elastic/checkpoint.hpp>
-#include <elastic/detail/crc32c.hpp>
+#include <elastic/internal/crc32c.hpp>
 
 namespace {
 
@@ -129,10 +129,10 @@ int main(int argc, char** argv) {
       }
       step_value = step.index() + 1;
     }
-    std::uint32_t crc = elastic::detail::crc32c(w.data(), w.size() * sizeof(float));
-    crc = elastic::detail::crc32c(m.data(), m.size() * sizeof(float), crc);
-    crc = elastic::detail::crc32c(&rng, sizeof rng, crc);
-    crc = elastic::detail::crc32c(data.order.data(), data.order.size() * sizeof(std::uint32_t), crc);
+    std::uint32_t crc = elastic::internal::crc32c(w.data(), w.size() * sizeof(float));
+    crc = elastic::internal::crc32c(m.data(), m.size() * sizeof(float), crc);
+    crc = elastic::internal::crc32c(&rng, sizeof rng, crc);
+    crc = elastic::internal::crc32c(data.order.data(), data.order.size() * sizeof(std::uint32_t), crc);
     std::printf("end %s %" PRIu64 " %08x %" PRIu64 " %" PRIu64 "\n", std::string(to_string(loop.reason())).c_str(),
                 loop.completed_steps(), crc, step_value, loop.interval_steps());
     std::fflush(stdout);

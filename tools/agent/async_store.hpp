@@ -30,18 +30,18 @@
 #include <vector>
 
 #include <elastic/config.hpp>
-#include <elastic/detail/file.hpp>
+#include <elastic/internal/file.hpp>
 #include <elastic/error.hpp>
 #include <elastic/rendezvous/open_store.hpp>
 #include <elastic/rendezvous/store.hpp>
 
 namespace elastic::agent {
 
-namespace internal {
+namespace detail {
 /// Set once a store thread was left running at exit: the program should end with _Exit, not
 /// run static destructors under a thread still inside a library call.
 inline std::atomic<bool> store_thread_abandoned{false};
-}  // namespace internal
+}  // namespace detail
 
 /// Per-call bounds for an etcd store: the loop never waits for them, but the end of the run does
 /// (boundedly), and a queue must not fall minutes behind.
@@ -66,7 +66,7 @@ class async_store {
     state_->url = std::move(url);
     state_->store = std::move(opened);
     state_->lim = lim;
-    state_->done_fd = elastic::detail::unique_fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+    state_->done_fd = elastic::internal::unique_fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
     if (!state_->done_fd) throw os_error("cannot make an eventfd for the store thread");
     thread_ = std::thread([s = state_] { s->run(); });
   }
@@ -130,7 +130,7 @@ class async_store {
     if (ended) {
       thread_.join();
     } else {
-      internal::store_thread_abandoned.store(true);
+      detail::store_thread_abandoned.store(true);
       thread_.detach();
     }
   }
@@ -154,7 +154,7 @@ class async_store {
     bool stopping = false;
     std::chrono::steady_clock::time_point drain_until{};
     bool ended = false;
-    elastic::detail::unique_fd done_fd;
+    elastic::internal::unique_fd done_fd;
     std::string url;
     std::unique_ptr<rendezvous::store> store;
     limits lim;

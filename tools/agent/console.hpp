@@ -31,7 +31,7 @@
 
 #include <fmt/format.h>
 
-#include <elastic/detail/file.hpp>
+#include <elastic/internal/file.hpp>
 
 namespace elastic::agent {
 
@@ -64,7 +64,7 @@ class console {
       own = ::open(self.c_str(), O_WRONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
     } while (own < 0 && errno == EINTR);
     if (own >= 0) {
-      own_ = elastic::detail::unique_fd(own);
+      own_ = elastic::internal::unique_fd(own);
       fd_ = own;
       how_ = mode::nonblocking;
       return;
@@ -93,7 +93,7 @@ class console {
   void write(std::string_view text) noexcept {
     if (gone_ || text.empty()) return;
     if (how_ == mode::direct) {
-      elastic::detail::write_all_best_effort(fd_, text);
+      elastic::internal::write_all_best_effort(fd_, text);
       return;
     }
     flush();
@@ -202,7 +202,7 @@ class console {
   std::size_t capacity_;
   int fd_ = -1;
   mode how_ = mode::direct;
-  elastic::detail::unique_fd own_;
+  elastic::internal::unique_fd own_;
   int restore_fd_ = -1;
   int restore_flags_ = 0;
   bool gone_ = false;

@@ -42,13 +42,13 @@
 #include <fmt/format.h>
 
 #include "process_tree.hpp"
-#include <elastic/detail/env.hpp>
-#include <elastic/detail/file.hpp>
+#include <elastic/internal/env.hpp>
+#include <elastic/internal/file.hpp>
 #include <elastic/error.hpp>
 
 namespace elastic::agent {
 
-namespace internal {
+namespace detail {
 
 inline constexpr std::size_t guardian_max_groups = 8192;
 inline constexpr std::size_t guardian_max_names = 16;
@@ -101,7 +101,7 @@ struct guardian_state {
   }
 
   static pid_t parse_pid(const char* s) noexcept {
-    const auto v = elastic::detail::parse_integer(s);
+    const auto v = elastic::internal::parse_integer(s);
     return v && *v >= 0 && *v < (1LL << 30) ? static_cast<pid_t>(*v) : 0;
   }
 
@@ -223,7 +223,7 @@ struct guardian_state {
   state.run(in);
 }
 
-}  // namespace internal
+}  // namespace detail
 
 /// The launcher's handle on its guardian. Sending never blocks: lines wait in a buffer while
 /// the pipe is full. Destroying it ends the guardian (closes the pipe, waits a bounded while,
@@ -237,14 +237,14 @@ class guardian {
   static guardian start(std::string marker) {
     int p[2];
     if (::pipe2(p, O_CLOEXEC) != 0) throw os_error("cannot make the guardian's pipe");
-    elastic::detail::unique_fd rd(p[0]), wr(p[1]);
+    elastic::internal::unique_fd rd(p[0]), wr(p[1]);
     guardian g;
     g.marker_ = std::move(marker);
     const pid_t pid = ::fork();
     if (pid < 0) throw os_error("cannot fork the guardian");
     if (pid == 0) {
       wr.reset();
-      internal::guardian_main(rd.get(), g.marker_.c_str(), g.marker_.size());
+      detail::guardian_main(rd.get(), g.marker_.c_str(), g.marker_.size());
     }
     g.pid_ = pid;
     ::fcntl(wr.get(), F_SETFL, ::fcntl(wr.get(), F_GETFL) | O_NONBLOCK);
@@ -342,7 +342,7 @@ class guardian {
   }
 
   pid_t pid_ = -1;
-  elastic::detail::unique_fd out_;
+  elastic::internal::unique_fd out_;
   std::string pending_;
   std::string marker_;
 };

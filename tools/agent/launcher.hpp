@@ -60,11 +60,11 @@
 #include "worker_environment.hpp"
 #include "worker_process.hpp"
 #include "worker_slot.hpp"
-#include <elastic/detail/file.hpp>
-#include <elastic/detail/host_name.hpp>
-#include <elastic/detail/private_dir.hpp>
-#include <elastic/detail/process.hpp>
-#include <elastic/detail/shm_object.hpp>
+#include <elastic/internal/file.hpp>
+#include <elastic/internal/host_name.hpp>
+#include <elastic/internal/private_dir.hpp>
+#include <elastic/internal/process.hpp>
+#include <elastic/internal/shm_object.hpp>
 #include <elastic/error.hpp>
 #include <elastic/events.hpp>
 #include <elastic/rendezvous/host_address.hpp>
@@ -74,7 +74,7 @@
 
 namespace elastic::agent {
 
-namespace internal {
+namespace detail {
 
 inline double wall_now() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -85,7 +85,7 @@ inline std::string plain(const error& e) {
   return e.os_code() ? fmt::format("{} ({})", e.message(), e.os_code().message()) : e.message();
 }
 
-}  // namespace internal
+}  // namespace detail
 
 class launcher {
  public:
@@ -95,22 +95,22 @@ class launcher {
     const bool own_default_store = opts_.rdzv.empty();
     if (own_default_store) opts_.rdzv = "shm://elastic-" + opts_.run_id;
     const auto url = rendezvous::parse_store_url(opts_.rdzv);  // a bad URL fails before anything starts
-    host_ = elastic::detail::host_name_for_ids();
+    host_ = elastic::internal::host_name_for_ids();
     note_inherited_children();
     // First, before any thread exists: the signal mask (inherited by every thread) and the
     // guardian (single-threaded, holding no lock of ours).
     take_signals();
 
     // Objects of launchers that died with nobody left to remove them.
-    elastic::detail::sweep_stale_shm("elastic-store.elastic-");
-    elastic::detail::sweep_stale_shm("elastic-timer.elastic-");
+    elastic::internal::sweep_stale_shm("elastic-store.elastic-");
+    elastic::internal::sweep_stale_shm("elastic-timer.elastic-");
 
     open_logs();
     open_event_log();
     out_.emplace(opts_.quiet ? -1 : STDOUT_FILENO);
     err_.emplace(STDERR_FILENO);
 
-    if (opts_.host_addr.empty()) opts_.host_addr = elastic::detail::env_string("ELASTIC_HOST_ADDR").value_or("");
+    if (opts_.host_addr.empty()) opts_.host_addr = elastic::internal::env_string("ELASTIC_HOST_ADDR").value_or("");
     if (opts_.host_addr.empty()) opts_.host_addr = rendezvous::host_address_for(url);
     open_store(url, own_default_store);
     start_watchdog();
@@ -179,18 +179,18 @@ class launcher {
   /// --run-id, else $ELASTIC_RUN_ID, else a random one; checked wherever it came from.
   void choose_run_id() {
     if (opts_.run_id.empty()) {
-      opts_.run_id = elastic::detail::env_string("ELASTIC_RUN_ID").value_or("");
-      if (!opts_.run_id.empty()) internal::check_run_id(opts_.run_id, "ELASTIC_RUN_ID");
+      opts_.run_id = elastic::internal::env_string("ELASTIC_RUN_ID").value_or("");
+      if (!opts_.run_id.empty()) detail::check_run_id(opts_.run_id, "ELASTIC_RUN_ID");
     }
-    if (opts_.run_id.empty()) opts_.run_id = internal::random_run_id();
-    internal::check_run_id(opts_.run_id, "run id");
+    if (opts_.run_id.empty()) opts_.run_id = detail::random_run_id();
+    detail::check_run_id(opts_.run_id, "run id");
   }
 
   /// Children we had before we started anything are not ours to end: a shell running
   /// `elastic-run ... > >(tee log) &` forks `tee` and then execs us, making `tee` our child.
   /// Killing it with the workers would cut the console before the summary.
   void note_inherited_children() {
-    internal::for_each_process([&](const internal::proc_info& p) {
+    detail::for_each_process([&](const detail::proc_info& p) {
       if (p.ppid != ::getpid()) return;
       try {
         inherited_children_.push_back(p.pid);
@@ -202,13 +202,13 @@ class launcher {
   /// Blocks the notice signals (before any thread exists: every thread inherits the mask),
   /// starts the guardian, becomes the workers' subreaper and opens the signalfd.
   void take_signals() {
-    signals_ = internal::launcher_signals(opts_.preempt_signals);
+    signals_ = detail::launcher_signals(opts_.preempt_signals);
     ::signal(SIGPIPE, SIG_IGN);
     ::pthread_sigmask(SIG_BLOCK, &signals_, nullptr);
     guardian_ = guardian::start(fmt::format("ELASTIC_PARTICIPANT_ID={}.{}:", host_, ::getpid()));
     // Orphans of the workers (a wrapper's trainers, what escaped with setsid) become ours.
     ::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
-    sigfd_ = elastic::detail::unique_fd(::signalfd(-1, &signals_, SFD_CLOEXEC | SFD_NONBLOCK));
+    sigfd_ = elastic::internal::unique_fd(::signalfd(-1, &signals_, SFD_CLOEXEC | SFD_NONBLOCK));
     if (!sigfd_) throw os_error("cannot make a signalfd");
   }
 
@@ -269,9 +269,9 @@ class launcher {
     try {
       s.proc = worker_process::spawn(opts_.command, environment(s));
     } catch (const error& e) {
-      s.log->note(fmt::format("worker {} could not start: {}", s.index, internal::plain(e)));
+      s.log->note(fmt::format("worker {} could not start: {}", s.index, detail::plain(e)));
       events_.emit("worker_start_failed", {{"slot", s.index}, {"message", e.what()}});
-      report_.outcome = fmt::format("failed: {}", internal::plain(e));
+      report_.outcome = fmt::format("failed: {}", detail::plain(e));
       begin_shutdown(ending::failed);
       s.done = true;
       return false;
@@ -459,7 +459,7 @@ class launcher {
         reap();
         continue;
       }
-      const std::string name = internal::signal_display_name(sig);
+      const std::string name = detail::signal_display_name(sig);
       if (ending_ == ending::none) {
         events_.emit("launcher_signal", {{"signal", name}, {"sender_pid", static_cast<std::int64_t>(si.ssi_pid)},
                                          {"grace_ms", opts_.grace.count()}});
@@ -467,7 +467,7 @@ class launcher {
                         running_count(), opts_.grace.count() / 1e3));
         report_.outcome = "preempted";
         begin_shutdown(ending::preempted);
-      } else if (clock::now() - shutdown_at_ < internal::same_notice_window) {
+      } else if (clock::now() - shutdown_at_ < detail::same_notice_window) {
         // Slurm, systemd and time limits signal every process, sometimes with several signals:
         // one notice, not an order to kill.
         events_.emit("launcher_signal", {{"signal", name}, {"sender_pid", static_cast<std::int64_t>(si.ssi_pid)},
@@ -537,7 +537,7 @@ class launcher {
     s.last_code = code;
     std::string how;
     if (signaled) {
-      how = fmt::format("killed by {}{}", internal::signal_display_name(-code),
+      how = fmt::format("killed by {}{}", detail::signal_display_name(-code),
                         by_watchdog ? " (the watchdog: a timer scope expired)" : "");
     } else if (code == exit_preempted) {
       how = seen_.saved_final_checkpoint(pid)                ? fmt::format("exited with code {} (preempted, state saved)", code)
@@ -552,7 +552,7 @@ class launcher {
     events_.emit("worker_exit", {{"slot", s.index},
                                  {"worker_pid", pid},
                                  {"code", signaled ? event_value(nullptr) : event_value(code)},
-                                 {"signal", signaled ? event_value(internal::signal_display_name(-code)) : event_value(nullptr)},
+                                 {"signal", signaled ? event_value(detail::signal_display_name(-code)) : event_value(nullptr)},
                                  {"watchdog", by_watchdog}});
     if (by_watchdog) ++report_.watchdog_kills;
     retire_alive_key(s);
@@ -572,7 +572,7 @@ class launcher {
       return;
     }
     ++report_.failures;
-    if (!by_watchdog) failures_at_.push_back(internal::wall_now());  // a hang's cost starts with the hang
+    if (!by_watchdog) failures_at_.push_back(detail::wall_now());  // a hang's cost starts with the hang
     if (report_.failures > opts_.max_restarts) {
       report_.outcome = fmt::format("failed: worker {} {}, and all {} restarts are used up", s.index, how, opts_.max_restarts);
       say(fmt::format("worker {} {}; {} restarts used up: stopping the others", s.index, how, opts_.max_restarts));
@@ -590,7 +590,7 @@ class launcher {
   void tempfail(slot& s, const std::string& how) {
     if (seen_.checkpoints() > s.checkpoints_at_start) {  // progress: a new row begins
       s.tempfail_streak = 0;
-      s.backoff = internal::first_backoff;
+      s.backoff = detail::first_backoff;
     }
     ++s.tempfail_streak;
     if (s.tempfail_streak > opts_.max_restarts) {
@@ -606,7 +606,7 @@ class launcher {
       return;
     }
     restart(s, s.backoff);
-    s.backoff = std::min(s.backoff * 2, internal::max_backoff);
+    s.backoff = std::min(s.backoff * 2, detail::max_backoff);
     ++report_.backoff_restarts;
     say(fmt::format("worker {} {}: restarting it in {:.1f} s ({} of {} such exits in a row without a checkpoint)",
                     s.index, how, s.delay.count() / 1e3, s.tempfail_streak, opts_.max_restarts));
@@ -684,9 +684,9 @@ class launcher {
         if (si.si_pid == guardian_.pid()) guardian_.reaped();
       }
       bool left = false;
-      internal::for_each_process([&](const internal::proc_info& p) {
+      detail::for_each_process([&](const detail::proc_info& p) {
         if (p.pid == self || p.pid == guardian_.pid() || p.state == 'Z' || p.state == 'X' || inherited(p.pid)) return;
-        if (p.ppid == self || (p.uid == ::geteuid() && internal::environ_has_prefix(p.pid, mark.c_str(), mark.size()))) {
+        if (p.ppid == self || (p.uid == ::geteuid() && detail::environ_has_prefix(p.pid, mark.c_str(), mark.size()))) {
           left = true;
           ::kill(p.pid, SIGKILL);
         }
@@ -742,7 +742,7 @@ class launcher {
     std::vector<double> failures = failures_at_;
     const auto hangs = watchdog_kills_.hangs();
     failures.insert(failures.end(), hangs.begin(), hangs.end());
-    report_.seconds_lost = internal::seconds_lost(failures, resumed);
+    report_.seconds_lost = detail::seconds_lost(failures, resumed);
   }
 
   void print_summary() {
@@ -759,7 +759,7 @@ class launcher {
   std::vector<pid_t> inherited_children_;  ///< children from before we started: not ours to end
   sigset_t signals_{};
   guardian guardian_;
-  elastic::detail::unique_fd sigfd_;
+  elastic::internal::unique_fd sigfd_;
   run_files files_;
   event_log events_;
   run_events seen_;

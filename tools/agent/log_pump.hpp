@@ -11,7 +11,7 @@
 #include <fmt/format.h>
 
 #include "console.hpp"
-#include <elastic/detail/file.hpp>
+#include <elastic/internal/file.hpp>
 #include <elastic/error.hpp>
 
 namespace elastic::agent {
@@ -20,7 +20,7 @@ class log_pump {
  public:
   /// Appends to `file` (an open log, owned from now on); `console` gets the lines with the
   /// slot's prefix, nullptr for none.
-  log_pump(elastic::detail::unique_fd file, std::size_t slot, console* out)
+  log_pump(elastic::internal::unique_fd file, std::size_t slot, console* out)
       : file_(std::move(file)), prefix_(fmt::format("[rank {}] ", slot)), console_(out) {}
 
   /// A line of the launcher's own about this slot (start, exit), in the log and on the console.
@@ -54,12 +54,12 @@ class log_pump {
     std::string out;
     out.reserve(prefix_.size() + line.size() + 1);
     out.append(prefix_).append(line).push_back('\n');
-    elastic::detail::write_all_best_effort(file_.get(), std::string_view(out).substr(prefix_.size()));
+    elastic::internal::write_all_best_effort(file_.get(), std::string_view(out).substr(prefix_.size()));
     // One piece per line: lines of different workers never interleave on the console.
     if (console_ != nullptr) console_->write(out);
   }
 
-  elastic::detail::unique_fd file_;
+  elastic::internal::unique_fd file_;
   std::string prefix_;
   console* console_;
   std::string pending_[2];

@@ -9,7 +9,7 @@
 #include <chrono>
 #include <vector>
 
-namespace elastic::agent::internal {
+namespace elastic::agent::detail {
 
 /// Within this window after a notice, further signals are the same notice.
 inline constexpr std::chrono::milliseconds same_notice_window{2000};
@@ -34,4 +34,4 @@ inline sigset_t launcher_signals(const std::vector<int>& extra) {
   return s;
 }
 
-}  // namespace elastic::agent::internal
+}  // namespace elastic::agent::detail

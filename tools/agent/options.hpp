@@ -30,13 +30,13 @@
 #include "run_id.hpp"
 #include "worker_count.hpp"
 #include <elastic/error.hpp>
-#include <elastic/detail/names.hpp>
+#include <elastic/internal/names.hpp>
 #include <elastic/rendezvous/rendezvous.hpp>
 #include <elastic/rendezvous/store_url.hpp>
 
 namespace elastic::agent {
 
-namespace internal {
+namespace detail {
 
 using elastic::tools::any_text;
 using elastic::tools::check;
@@ -84,22 +84,22 @@ inline void add_worker_options(CLI::App& app, raw_flags& f, launch_options& o) {
   app.add_option("--nproc-per-node,--nproc_per_node", f.nproc,
                  "workers on this host: a number from 1 to 4096, gpu (one per visible GPU), cpu (one per CPU "
                  "core) or auto (default: one per GPU, else one per CPU core)")
-      ->check(internal::check("N|gpu|cpu|auto", [](std::string_view v) {
-        return v == "gpu" || v == "cpu" || v == "auto" || internal::to_count(v, 1, 4096)
+      ->check(detail::check("N|gpu|cpu|auto", [](std::string_view v) {
+        return v == "gpu" || v == "cpu" || v == "auto" || detail::to_count(v, 1, 4096)
                    ? std::string()
                    : fmt::format("wants a whole number from 1 to 4096, gpu, cpu or auto, got '{}'", v);
       }));
   app.add_option("--nnodes", f.nnodes, "hosts in the job, as torchrun counts them (default 1)")
-      ->check(internal::check("MIN[:MAX]", [](std::string_view v) {
+      ->check(detail::check("MIN[:MAX]", [](std::string_view v) {
         const auto colon = v.find(':');
-        const auto lo = internal::to_count(v.substr(0, colon), 1, internal::max_nodes_allowed);
-        const auto hi = colon == std::string_view::npos ? lo : internal::to_count(v.substr(colon + 1), 1, internal::max_nodes_allowed);
-        if (!lo || !hi) return fmt::format("wants MIN or MIN:MAX, whole numbers from 1 to {}, got '{}'", internal::max_nodes_allowed, v);
+        const auto lo = detail::to_count(v.substr(0, colon), 1, detail::max_nodes_allowed);
+        const auto hi = colon == std::string_view::npos ? lo : detail::to_count(v.substr(colon + 1), 1, detail::max_nodes_allowed);
+        if (!lo || !hi) return fmt::format("wants MIN or MIN:MAX, whole numbers from 1 to {}, got '{}'", detail::max_nodes_allowed, v);
         if (*hi < *lo) return fmt::format("{}: MAX must not be below MIN", v);
         return std::string();
       }));
   app.add_option("--min-ranks", o.min_ranks, "fewest workers the group trains with (default MIN * nproc-per-node)")
-      ->check(internal::whole_number(1, 1 << 20));
+      ->check(detail::whole_number(1, 1 << 20));
 }
 
 /// Where the workers meet, and what this host and the run are called there.
@@ -107,7 +107,7 @@ inline void add_store_options(CLI::App& app, raw_flags& f, launch_options& o) {
   app.add_option("--rdzv", f.rdzv,
                  "store: shm://NAME (one host) or etcd://HOST:PORT[,HOST:PORT] (default shm://elastic-RUN_ID, this "
                  "launcher's own: a second elastic-run of the same run on this host is refused)")
-      ->check(internal::check("URL", [](std::string_view v) {
+      ->check(detail::check("URL", [](std::string_view v) {
         try {
           (void)rendezvous::parse_store_url(v);
           return std::string();
@@ -118,20 +118,20 @@ inline void add_store_options(CLI::App& app, raw_flags& f, launch_options& o) {
   app.add_option("--rdzv-backend,--rdzv_backend", f.rdzv_backend,
                  "torchrun's: c10d or static (this host's own store, as --rdzv shm://), etcd or etcd-v2 (with "
                  "--rdzv-endpoint)")
-      ->check(internal::check("BACKEND", [](std::string_view v) {
+      ->check(detail::check("BACKEND", [](std::string_view v) {
         return v == "c10d" || v == "static" || v == "etcd" || v == "etcd-v2"
                    ? std::string()
                    : fmt::format("'{}' is not a backend elastic-run has: c10d or static (one host), etcd or etcd-v2", v);
       }));
   app.add_option("--rdzv-endpoint,--rdzv_endpoint", f.rdzv_endpoint,
                  "torchrun's: HOST:PORT[,HOST:PORT] of the etcd for --rdzv-backend etcd (a URL is taken as --rdzv)")
-      ->check(internal::any_text("HOST:PORT"));
+      ->check(detail::any_text("HOST:PORT"));
   app.add_flag("--standalone", f.standalone, "torchrun's: one host, this launcher's own store (the default)");
   app.add_option("--host-addr,--local-addr,--local_addr", f.host_addr,
                  "the address workers on other hosts reach this host's workers at, exported as ELASTIC_HOST_ADDR "
                  "(default: $ELASTIC_HOST_ADDR, else loopback for shm://, else this host's address on the route to "
                  "etcd)")
-      ->check(internal::check("ADDR", [](std::string_view v) {
+      ->check(detail::check("ADDR", [](std::string_view v) {
         return v.find_first_of(" \t\n/") == std::string_view::npos
                    ? std::string()
                    : fmt::format("wants an IP address or host name, got '{}'", v);
@@ -139,7 +139,7 @@ inline void add_store_options(CLI::App& app, raw_flags& f, launch_options& o) {
   app.add_option("--run-id,--run_id,--rdzv-id,--rdzv_id", o.run_id,
                  "the job's name in the store, the logs and the events: 1 to 64 of A-Z a-z 0-9 . _ -, not starting "
                  "with . or - (default $ELASTIC_RUN_ID, else random)")
-      ->check(internal::check("ID", internal::run_id_problem));
+      ->check(detail::check("ID", detail::run_id_problem));
 }
 
 /// Restarts, timeouts and preemption notices.
@@ -149,26 +149,26 @@ inline void add_failure_options(CLI::App& app, raw_flags& f, launch_options& o) 
                  "notice is restarted without counting; one that exits 75 on its own is restarted after a backoff "
                  "(0.1 s doubling to 30 s), and more than K such exits of a slot in a row with no checkpoint committed "
                  "end the run (exit 3)")
-      ->check(internal::whole_number(0, 1'000'000));
+      ->check(detail::whole_number(0, 1'000'000));
   app.add_option("--step-timeout", "a step longer than S seconds is killed by the watchdog (exported as "
                                    "ELASTIC_STEP_TIMEOUT; default: the trainer's own)")
-      ->check(internal::seconds())
-      ->each([&](const std::string& v) { o.step_timeout = *internal::to_seconds(v); });
+      ->check(detail::seconds())
+      ->each([&](const std::string& v) { o.step_timeout = *detail::to_seconds(v); });
   app.add_option("--grace", "after a notice, seconds the workers get to checkpoint and exit 75 before SIGKILL (default 25)")
-      ->check(internal::seconds())
-      ->each([&](const std::string& v) { o.grace = *internal::to_seconds(v); });
+      ->check(detail::seconds())
+      ->each([&](const std::string& v) { o.grace = *detail::to_seconds(v); });
   app.add_option("--preempt-signal", f.signals,
                  "also treat SIG (a name such as USR2 or WINCH, or a number) as a preemption notice; repeat or "
                  "separate with commas. Every signal that would end the launcher already is one; signals within 2 s "
                  "of a notice are the same notice, a later one kills the workers now")
       ->expected(1)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
-      ->check(internal::check("SIG[,SIG]", [](std::string_view v) {
+      ->check(detail::check("SIG[,SIG]", [](std::string_view v) {
         for (std::size_t start = 0; start <= v.size();) {
           const auto comma = std::min(v.find(',', start), v.size());
           int sig = 0;
           if (comma == start) return std::string("needs a value, got an empty one");
-          if (auto why = internal::signal_problem(v.substr(start, comma - start), sig); !why.empty()) return why;
+          if (auto why = detail::signal_problem(v.substr(start, comma - start), sig); !why.empty()) return why;
           start = comma + 1;
         }
         return std::string();
@@ -179,10 +179,10 @@ inline void add_failure_options(CLI::App& app, raw_flags& f, launch_options& o) 
 inline void add_output_options(CLI::App& app, launch_options& o) {
   app.add_option("--log-dir,--log_dir", "worker logs go to DIR/RUN_ID/rank-N.log (default ./elastic-logs); DIR/RUN_ID "
                                          "must be this user's (or root's) and writable by no other")
-      ->check(internal::any_text("DIR"))
+      ->check(detail::any_text("DIR"))
       ->each([&](const std::string& v) { o.log_dir = v; });
   app.add_option("--events", "JSON-lines events (default DIR/RUN_ID/events.jsonl)")
-      ->check(internal::any_text("FILE"))
+      ->check(detail::any_text("FILE"))
       ->each([&](const std::string& v) { o.events = v; });
   app.add_flag("--quiet", o.quiet, "worker output to the logs only, not the console");
 }
@@ -191,19 +191,19 @@ inline void add_output_options(CLI::App& app, launch_options& o) {
 inline void add_torchrun_only_options(CLI::App& app, raw_flags& f) {
   app.add_option("--monitor-interval,--monitor_interval", f.monitor_interval,
                  "torchrun's; accepted and unused: elastic-run learns of a worker's end at once")
-      ->check(internal::seconds());
+      ->check(detail::seconds());
   app.add_flag("--no-python,--no_python", f.no_python, "torchrun's; accepted: elastic-run always runs PROGRAM itself");
   app.add_option("-r,--redirects", f.redirects,
                  "torchrun's: 3 (every rank's output to its log only) is --quiet; other values are accepted and "
                  "unused: the output always goes to the console and to the per-rank logs")
-      ->check(internal::any_text("0-3|RANK:0-3,..."));
+      ->check(detail::any_text("0-3|RANK:0-3,..."));
   app.add_option("-t,--tee", f.tee, "torchrun's; accepted: the output always goes to the console and to the logs")
-      ->check(internal::any_text("0-3|RANK:0-3,..."));
+      ->check(detail::any_text("0-3|RANK:0-3,..."));
 }
 
 /// The app with every option, in the order --help lists them.
 inline void define_options(CLI::App& app, raw_flags& f, launch_options& o) {
-  app.formatter(std::make_shared<internal::help_formatter>());
+  app.formatter(std::make_shared<detail::help_formatter>());
   app.get_formatter()->column_width(40);
   app.prefix_command();  // the first positional starts the program: the rest is its arguments
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
@@ -225,7 +225,7 @@ inline void define_options(CLI::App& app, raw_flags& f, launch_options& o) {
 /// Workers per host, as torchrun reads --nproc-per-node.
 inline std::size_t workers_per_host(const std::string& nproc) {
   if (nproc == "gpu") {
-    const std::size_t gpus = internal::visible_gpu_count();
+    const std::size_t gpus = detail::visible_gpu_count();
     if (gpus == 0) {
       throw error(errc::invalid_argument,
                   "--nproc-per-node gpu: no GPU is visible (CUDA_VISIBLE_DEVICES, /proc/driver/nvidia/gpus): give a "
@@ -233,12 +233,12 @@ inline std::size_t workers_per_host(const std::string& nproc) {
     }
     return gpus;
   } else if (nproc == "cpu") {
-    return internal::cpu_count();
+    return detail::cpu_count();
   } else if (nproc.empty() || nproc == "auto") {
-    const std::size_t gpus = internal::visible_gpu_count();
-    return gpus > 0 ? gpus : internal::cpu_count();
+    const std::size_t gpus = detail::visible_gpu_count();
+    return gpus > 0 ? gpus : detail::cpu_count();
   } else {
-    return static_cast<std::size_t>(*internal::to_count(nproc, 1, 4096));
+    return static_cast<std::size_t>(*detail::to_count(nproc, 1, 4096));
   }
 }
 
@@ -246,10 +246,10 @@ inline std::size_t workers_per_host(const std::string& nproc) {
 inline void read_hosts(const raw_flags& f, launch_options& o) {
   if (!f.nnodes.empty()) {
     const auto colon = f.nnodes.find(':');
-    o.min_nodes = *internal::to_count(std::string_view(f.nnodes).substr(0, colon), 1, internal::max_nodes_allowed);
+    o.min_nodes = *detail::to_count(std::string_view(f.nnodes).substr(0, colon), 1, detail::max_nodes_allowed);
     o.max_nodes = colon == std::string::npos
                       ? o.min_nodes
-                      : *internal::to_count(std::string_view(f.nnodes).substr(colon + 1), 1, internal::max_nodes_allowed);
+                      : *detail::to_count(std::string_view(f.nnodes).substr(colon + 1), 1, detail::max_nodes_allowed);
   }
 }
 
@@ -259,7 +259,7 @@ inline void read_preempt_signals(const raw_flags& f, launch_options& o) {
     for (std::size_t start = 0; start <= list.size();) {
       const auto comma = std::min(list.find(',', start), list.size());
       int sig = 0;
-      (void)internal::signal_problem(std::string_view(list).substr(start, comma - start), sig);
+      (void)detail::signal_problem(std::string_view(list).substr(start, comma - start), sig);
       o.preempt_signals.push_back(sig);
       start = comma + 1;
     }
@@ -342,7 +342,7 @@ inline void check_rank_bounds(launch_options& o) {
                             max_ranks));
   }}
 
-}  // namespace internal
+}  // namespace detail
 
 /// What a command line asks for: a run (then `options` hold it), or the help or the version.
 struct command_line {
@@ -361,13 +361,13 @@ struct command_line {
 inline command_line parse_command_line(std::span<const std::string_view> args) {
   command_line out;
   launch_options& o = out.options;
-  internal::raw_flags f;
+  detail::raw_flags f;
   CLI::App app(
       "Starts PROGRAM once per worker slot on this host, hosts the watchdog, restarts workers that fail (the others "
       "keep running and the group rebuilds around them), forwards a preemption notice (SIGTERM, SIGINT, SIGUSR1, ...) "
       "to the workers as SIGTERM and keeps every worker's log. torchrun's spellings of the flags are accepted too.",
       "elastic-run");
-  internal::define_options(app, f, o);
+  detail::define_options(app, f, o);
   out.help = app.help();
 
 
@@ -397,13 +397,13 @@ inline command_line parse_command_line(std::span<const std::string_view> args) {
   if (!o.command.empty() && o.command.front() == "--") o.command.erase(o.command.begin());
   if (o.command.empty()) throw error(errc::invalid_argument, "no program to run: elastic-run [options] -- PROGRAM [ARGS...]");
 
-  o.nproc_per_node = internal::workers_per_host(f.nproc);
-  internal::read_hosts(f, o);
+  o.nproc_per_node = detail::workers_per_host(f.nproc);
+  detail::read_hosts(f, o);
   if (!f.host_addr.empty()) o.host_addr = f.host_addr;
-  internal::read_preempt_signals(f, o);
-  internal::resolve_store(f, o, out.notes);
-  internal::note_unused_torchrun_flags(f, o, out.notes);
-  internal::check_rank_bounds(o);
+  detail::read_preempt_signals(f, o);
+  detail::resolve_store(f, o, out.notes);
+  detail::note_unused_torchrun_flags(f, o, out.notes);
+  detail::check_rank_bounds(o);
   return out;
 }
 

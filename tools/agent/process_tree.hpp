@@ -19,9 +19,9 @@
 #include <cstring>
 #include <limits>
 
-#include <elastic/detail/env.hpp>
+#include <elastic/internal/env.hpp>
 
-namespace elastic::agent::internal {
+namespace elastic::agent::detail {
 
 /// Writes "/proc/PID/<file>" into `out` (48 bytes) without snprintf, which may allocate.
 inline void proc_path(char* out, pid_t pid, const char* file) noexcept {
@@ -97,7 +97,7 @@ void for_each_process(F&& f) noexcept {
       const auto* e = reinterpret_cast<const entry*>(buf + at);
       at += e->reclen;
       if (e->name[0] < '1' || e->name[0] > '9') continue;  // not a process
-      const auto number = elastic::detail::parse_integer(e->name);
+      const auto number = elastic::internal::parse_integer(e->name);
       if (!number || *number > std::numeric_limits<pid_t>::max()) continue;
       const auto pid = static_cast<pid_t>(*number);
       proc_info info;
@@ -145,4 +145,4 @@ inline bool environ_has_prefix(pid_t pid, const char* prefix, std::size_t len) n
   return found;
 }
 
-}  // namespace elastic::agent::internal
+}  // namespace elastic::agent::detail

@@ -20,19 +20,19 @@
 #include <string_view>
 #include <vector>
 
-#include <elastic/detail/env.hpp>
-#include <elastic/detail/json.hpp>
+#include <elastic/internal/env.hpp>
+#include <elastic/internal/json.hpp>
 #include <elastic/error.hpp>
 
 namespace elastic::agent {
 
-namespace internal {
+namespace detail {
 
 /// The whole number in `text` up to the first of `ends` (or its end), taken off `text` with that
 /// separator; nothing when it is not a number.
 inline std::optional<long long> take_number(std::string_view& text, std::string_view ends) {
   const auto stop = std::min(text.find_first_of(ends), text.size());
-  const auto n = elastic::detail::parse_integer(text.substr(0, stop));
+  const auto n = elastic::internal::parse_integer(text.substr(0, stop));
   text.remove_prefix(std::min(stop + 1, text.size()));
   return n;
 }
@@ -54,7 +54,7 @@ inline double parse_ts(std::string_view ts) {
   return static_cast<double>(::timegm(&tm)) + static_cast<double>(us) / 1e6;
 }
 
-}  // namespace internal
+}  // namespace detail
 
 class run_events {
  public:
@@ -119,7 +119,7 @@ class run_events {
       return;
     }
     try {
-      const auto j = elastic::detail::json::parse(line);
+      const auto j = elastic::internal::json::parse(line);
       const std::string& ev = j.at("event").as_string();
       if (ev == "checkpoint_commit") {
         ++checkpoints_;
@@ -134,7 +134,7 @@ class run_events {
       } else if (ev == "group_rebuilt") {
         rebuilt_rounds_.insert(j.at("round").as_int64());
       } else if (ev == "group_resynced") {
-        resumed_.push_back(internal::parse_ts(j.at("ts").as_string()));
+        resumed_.push_back(detail::parse_ts(j.at("ts").as_string()));
       }
     } catch (const error&) {
       // a line we cannot read is left out of the figures

@@ -17,13 +17,13 @@
 #include <fmt/format.h>
 
 #include "launch_options.hpp"
-#include <elastic/detail/file.hpp>
-#include <elastic/detail/private_dir.hpp>
+#include <elastic/internal/file.hpp>
+#include <elastic/internal/private_dir.hpp>
 #include <elastic/error.hpp>
 
 namespace elastic::agent {
 
-namespace internal {
+namespace detail {
 
 /// A path given on the command line that cannot be used: exit 2 (unsafe_path keeps its code).
 inline error bad_path(std::string_view flag, const std::filesystem::path& p, const error& e) {
@@ -32,27 +32,27 @@ inline error bad_path(std::string_view flag, const std::filesystem::path& p, con
 }
 
 /// The events file --events names, opened for reading back and appending.
-inline elastic::detail::unique_fd open_events_file(const std::filesystem::path& events, int flags) {
+inline elastic::internal::unique_fd open_events_file(const std::filesystem::path& events, int flags) {
   const auto name = events.filename();
   if (name.empty() || name == "." || name == "..") {
     throw error(errc::invalid_argument, fmt::format("--events {}: name a file, not a directory", events.string()));
   }
   try {
     const auto parent = events.parent_path();
-    return elastic::detail::private_dir::open(parent.empty() ? std::filesystem::path(".") : parent)
+    return elastic::internal::private_dir::open(parent.empty() ? std::filesystem::path(".") : parent)
         .open_file(name.string(), flags);
   } catch (const error& e) {
     throw bad_path("--events", events, e);
   }
 }
 
-}  // namespace internal
+}  // namespace detail
 
 /// The run's directory, its rank logs and its events file, open.
 struct run_files {
-  elastic::detail::private_dir dir;            ///< DIR/RUN_ID
-  std::vector<elastic::detail::unique_fd> logs;  ///< rank-N.log, one per slot (taken by the slots)
-  elastic::detail::unique_fd events;
+  elastic::internal::private_dir dir;            ///< DIR/RUN_ID
+  std::vector<elastic::internal::unique_fd> logs;  ///< rank-N.log, one per slot (taken by the slots)
+  elastic::internal::unique_fd events;
   std::uint64_t events_offset = 0;  ///< the events file's size when opened: what follows is this run's
 
   /// Creates (or opens) DIR/RUN_ID, the rank logs and the events file of `o`; fills in
@@ -60,15 +60,15 @@ struct run_files {
   static run_files open(launch_options& o) {
     run_files f;
     try {
-      f.dir = elastic::detail::private_dir::open(o.log_dir).subdir(o.run_id);
+      f.dir = elastic::internal::private_dir::open(o.log_dir).subdir(o.run_id);
     } catch (const error& e) {
-      throw internal::bad_path("--log-dir", o.log_dir, e);
+      throw detail::bad_path("--log-dir", o.log_dir, e);
     }
     for (std::size_t i = 0; i < o.nproc_per_node; ++i) {
       try {
         f.logs.push_back(f.dir.open_file(fmt::format("rank-{}.log", i), O_WRONLY | O_APPEND | O_CREAT));
       } catch (const error& e) {
-        throw internal::bad_path("--log-dir", o.log_dir, e);
+        throw detail::bad_path("--log-dir", o.log_dir, e);
       }
     }
     constexpr int events_flags = O_RDWR | O_APPEND | O_CREAT;  // we read it back too
@@ -77,10 +77,10 @@ struct run_files {
       try {
         f.events = f.dir.open_file("events.jsonl", events_flags);
       } catch (const error& e) {
-        throw internal::bad_path("--log-dir", o.log_dir, e);
+        throw detail::bad_path("--log-dir", o.log_dir, e);
       }
     } else {
-      f.events = internal::open_events_file(o.events, events_flags);
+      f.events = detail::open_events_file(o.events, events_flags);
     }
     // A retried run appends to the same file: only what comes after this point is ours.
     struct stat st {};

@@ -10,11 +10,11 @@
 
 #include <fmt/format.h>
 
-#include <elastic/detail/names.hpp>
+#include <elastic/internal/names.hpp>
 #include <elastic/error.hpp>
 #include <elastic/rendezvous/rendezvous.hpp>
 
-namespace elastic::agent::internal {
+namespace elastic::agent::detail {
 
 /// Why `id` is not a run id, or "" when it is one: 1 to 64 characters of A-Z a-z 0-9 . _ -,
 /// not starting with '.' or '-' (so never ".", ".." or a path: it names a directory).
@@ -23,7 +23,7 @@ inline std::string run_id_problem(std::string_view id) {
   if (!id.empty() && id.size() <= 64 && chars_ok && id.front() != '.' && id.front() != '-') return {};
   return fmt::format("'{}' is not a run id: use 1 to 64 characters of A-Z a-z 0-9 . _ -, not starting with '.' or "
                      "'-' (it names a directory under --log-dir and the run's store)",
-                     elastic::detail::printable(id));
+                     elastic::internal::printable(id));
 }
 
 /// Throws errc::invalid_argument unless `id` is a plain name (see run_id_problem); `where` says
@@ -38,4 +38,4 @@ inline std::string random_run_id() {
   return fmt::format("run-{:08x}", rd());
 }
 
-}  // namespace elastic::agent::internal
+}  // namespace elastic::agent::detail

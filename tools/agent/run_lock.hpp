@@ -31,13 +31,13 @@
 #include <fmt/format.h>
 
 #include "guardian.hpp"
-#include <elastic/detail/file.hpp>
+#include <elastic/internal/file.hpp>
 #include <elastic/error.hpp>
 #include <elastic/rendezvous/shm_store.hpp>
 
 namespace elastic::agent {
 
-namespace internal {
+namespace detail {
 
 /// "/dev/shm/NAME".
 inline std::string shm_path(std::string_view object) { return "/dev/shm/" + std::string(object); }
@@ -103,7 +103,7 @@ inline unsigned long long mapped_inode(std::string_view object) {
   return 0;
 }
 
-}  // namespace internal
+}  // namespace detail
 
 /// A name under /dev/shm that this launcher owns: the guardian knows it from construction on,
 /// and it is removed on destruction unless another process holds its lock (then it is not ours).
@@ -123,10 +123,10 @@ class owned_shm {
     if (guardian_ != nullptr) guardian_->own(object_);
   }
   [[nodiscard]] const std::string& object() const noexcept { return object_; }
-  [[nodiscard]] std::string path() const { return internal::shm_path(object_); }
+  [[nodiscard]] std::string path() const { return detail::shm_path(object_); }
 
   /// Takes `fd`, an open descriptor of the object holding its exclusive flock.
-  void hold_lock(elastic::detail::unique_fd fd) noexcept { lock_ = std::move(fd); }
+  void hold_lock(elastic::internal::unique_fd fd) noexcept { lock_ = std::move(fd); }
   [[nodiscard]] bool locked() const noexcept { return static_cast<bool>(lock_); }
 
   /// Not ours after all (another launcher holds it): forget it without removing it.
@@ -164,7 +164,7 @@ class owned_shm {
  private:
   std::string object_;
   guardian* guardian_ = nullptr;
-  elastic::detail::unique_fd lock_;
+  elastic::internal::unique_fd lock_;
 };
 
 /// Opens (creating) the shm store `name` as the run's owner: holds the flock on its object in
@@ -174,7 +174,7 @@ inline std::unique_ptr<rendezvous::shm_store> open_owned_store(const std::string
                                                                std::string_view run_id) {
   const std::string path = owned.path();
   auto refuse = [&](int fd) -> error {
-    const pid_t holder = internal::flock_holder(fd);
+    const pid_t holder = detail::flock_holder(fd);
     owned.release();
     return error(errc::already_running,
                  fmt::format("run '{}' is already running on this host: {} holds its store {}. Wait for it to end "
@@ -184,7 +184,7 @@ inline std::unique_ptr<rendezvous::shm_store> open_owned_store(const std::string
   };
   for (int attempt = 0; attempt < 20; ++attempt) {
     {
-      elastic::detail::unique_fd old(::open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC));
+      elastic::internal::unique_fd old(::open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC));
       if (old) {
         if (::flock(old.get(), LOCK_EX | LOCK_NB) != 0) {
           if (errno == EWOULDBLOCK) throw refuse(old.get());
@@ -196,7 +196,7 @@ inline std::unique_ptr<rendezvous::shm_store> open_owned_store(const std::string
       }
     }
     auto store = std::make_unique<rendezvous::shm_store>(name);
-    elastic::detail::unique_fd fd(::open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC));
+    elastic::internal::unique_fd fd(::open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC));
     if (!fd) {
       if (errno == ENOENT) continue;  // removed under us (a stale-store cleanup): again
       throw os_error("cannot open " + path);
@@ -208,7 +208,7 @@ inline std::unique_ptr<rendezvous::shm_store> open_owned_store(const std::string
     struct stat st {};
     if (::fstat(fd.get(), &st) != 0) throw os_error("cannot stat " + path);
     // The lock must be on the object the store maps, not on one that replaced it meanwhile.
-    if (internal::mapped_inode(owned.object()) != static_cast<unsigned long long>(st.st_ino)) continue;
+    if (detail::mapped_inode(owned.object()) != static_cast<unsigned long long>(st.st_ino)) continue;
     owned.hold_lock(std::move(fd));
     return store;
   }

@@ -45,7 +45,7 @@ struct summary_context {
   std::filesystem::path events;
 };
 
-namespace internal {
+namespace detail {
 
 /// Seconds from each failure (seconds since the epoch) to the first time the group trained
 /// again after it (`resumed`, sorted); a failure the group never recovered from costs nothing
@@ -111,16 +111,16 @@ inline std::string shortfall_lines(const run_report& r) {
   return text;
 }
 
-}  // namespace internal
+}  // namespace detail
 
 /// The summary elastic-run prints at the end of a run, every line ending in '\n'.
 inline std::string summary_text(const run_report& r, const summary_context& c) {
   std::string text = fmt::format("elastic-run: run '{}' {}\n", c.run_id, r.outcome);
-  text += fmt::format("  exit code        {}{}\n", r.exit_code, internal::exit_code_note(r));
+  text += fmt::format("  exit code        {}{}\n", r.exit_code, detail::exit_code_note(r));
   text += fmt::format("  run time         {:.1f} s, {} workers\n", r.seconds, r.workers);
-  text += internal::failure_lines(r, c.max_restarts);
-  text += internal::progress_lines(r);
-  text += internal::shortfall_lines(r);
+  text += detail::failure_lines(r, c.max_restarts);
+  text += detail::progress_lines(r);
+  text += detail::shortfall_lines(r);
   text += fmt::format("  logs             {}/rank-*.log, events {}\n", c.log_dir.string(), c.events.string());
   return text;
 }

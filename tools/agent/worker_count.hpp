@@ -13,7 +13,7 @@
 #include <system_error>
 #include <thread>
 
-namespace elastic::agent::internal {
+namespace elastic::agent::detail {
 
 /// CUDA devices this process may use, as torchrun's `--nproc-per-node gpu` counts them: the
 /// entries of CUDA_VISIBLE_DEVICES when it is set (up to the first that cannot be a device, as
@@ -57,4 +57,4 @@ inline std::size_t cpu_count() {
   return std::max<std::size_t>(1, std::thread::hardware_concurrency());
 }
 
-}  // namespace elastic::agent::internal
+}  // namespace elastic::agent::detail

@@ -35,7 +35,7 @@ struct worker_identity {
   std::string watchdog;        ///< the segment name of the launcher's watchdog
 };
 
-namespace internal {
+namespace detail {
 
 /// Variables of the worker contract (and torchrun's) a worker never inherits from the launcher.
 inline constexpr std::string_view contract_prefixes[] = {
@@ -59,7 +59,7 @@ inline std::vector<std::string> inherited_environment() {
   return env;
 }
 
-}  // namespace internal
+}  // namespace detail
 
 /// "HOST.LAUNCHER_PID:SLOT": a worker's participant id in the rendezvous, and (its prefix up to
 /// ':') the guardian's mark of this launcher's descendants (guardian.hpp): keep the format.
@@ -69,7 +69,7 @@ inline std::string participant_id(std::string_view host, pid_t launcher_pid, std
 
 /// The environment of worker `w` of the run `o` describes.
 inline std::vector<std::string> worker_environment(const launch_options& o, const worker_identity& w) {
-  std::vector<std::string> env = internal::inherited_environment();
+  std::vector<std::string> env = detail::inherited_environment();
   const std::size_t world = o.min_nodes * o.nproc_per_node;  // a first guess: the group decides
   auto set = [&](std::string_view k, const std::string& v) { env.push_back(fmt::format("{}={}", k, v)); };
   set("ELASTIC_RUN_ID", o.run_id);

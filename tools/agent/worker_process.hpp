@@ -19,7 +19,7 @@
 
 #include <fmt/format.h>
 
-#include <elastic/detail/file.hpp>
+#include <elastic/internal/file.hpp>
 #include <elastic/error.hpp>
 
 namespace elastic::agent {
@@ -34,11 +34,11 @@ class worker_process {
     if (argv.empty()) throw error(errc::invalid_argument, "worker_process: no program");
     int out[2], err[2], status[2];
     if (::pipe2(out, O_CLOEXEC) != 0) throw os_error("cannot make a pipe for a worker's stdout");
-    elastic::detail::unique_fd out_r(out[0]), out_w(out[1]);
+    elastic::internal::unique_fd out_r(out[0]), out_w(out[1]);
     if (::pipe2(err, O_CLOEXEC) != 0) throw os_error("cannot make a pipe for a worker's stderr");
-    elastic::detail::unique_fd err_r(err[0]), err_w(err[1]);
+    elastic::internal::unique_fd err_r(err[0]), err_w(err[1]);
     if (::pipe2(status, O_CLOEXEC) != 0) throw os_error("cannot make a pipe to start a worker");
-    elastic::detail::unique_fd status_r(status[0]), status_w(status[1]);
+    elastic::internal::unique_fd status_r(status[0]), status_w(status[1]);
 
     // Everything the child needs is made before fork: between fork and exec only
     // async-signal-safe calls (the launcher has threads).
@@ -133,7 +133,7 @@ class worker_process {
   }
 
   pid_t pid_ = -1;
-  elastic::detail::unique_fd out_, err_;
+  elastic::internal::unique_fd out_, err_;
 };
 
 }  // namespace elastic::agent

@@ -14,13 +14,13 @@
 
 namespace elastic::agent {
 
-namespace internal {
+namespace detail {
 
 /// Restarts of a worker that exits 75 on its own wait this long, doubling up to the cap.
 inline constexpr std::chrono::milliseconds first_backoff{100};
 inline constexpr std::chrono::milliseconds max_backoff{30000};
 
-}  // namespace internal
+}  // namespace detail
 
 struct worker_slot {
   using clock = std::chrono::steady_clock;
@@ -37,7 +37,7 @@ struct worker_slot {
   /// otherwise erase the new worker's key, which has the same name), or after retire_by.
   async_store::ticket retire = 0;
   clock::time_point retire_by{};
-  std::chrono::milliseconds backoff = internal::first_backoff;
+  std::chrono::milliseconds backoff = detail::first_backoff;
   std::chrono::milliseconds delay{0};  ///< the backoff the pending restart waits
   std::size_t tempfail_streak = 0;  ///< exits 75 with no notice in a row, with no progress between
   std::size_t checkpoints_at_start = 0;

@@ -23,7 +23,7 @@
 
 #include <elastic/error.hpp>
 
-namespace elastic::checkpoint {
+namespace elastic::inline v1::checkpoint {
 
 class output_archive;
 class input_archive;
@@ -156,4 +156,4 @@ class input_archive {
   std::string what_;
 };
 
-}  // namespace elastic::checkpoint
+}  // namespace elastic::inline v1::checkpoint

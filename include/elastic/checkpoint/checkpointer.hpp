@@ -33,23 +33,23 @@
 #include <thread>
 #include <vector>
 
-#include <elastic/detail/cuda.hpp>
+#include <elastic/internal/cuda.hpp>
 #include <elastic/checkpoint/detail/checkpoint_dir.hpp>
 #include <elastic/checkpoint/detail/host_memory.hpp>
 #include <elastic/checkpoint/detail/library_error.hpp>
 #include <elastic/checkpoint/format.hpp>
 #include <elastic/checkpoint/state.hpp>
 #include <elastic/checkpoint/storage.hpp>
-#include <elastic/detail/clock.hpp>
-#include <elastic/detail/env.hpp>
-#include <elastic/detail/private_dir.hpp>
+#include <elastic/internal/clock.hpp>
+#include <elastic/internal/env.hpp>
+#include <elastic/internal/private_dir.hpp>
 #include <elastic/error.hpp>
 #include <elastic/events.hpp>
 
-namespace elastic::checkpoint {
+namespace elastic::inline v1::checkpoint {
 
 /// A CUDA stream as the caller has it (cudaStream_t), or the default stream.
-using stream_handle = elastic::detail::cuda::stream_t;
+using stream_handle = internal::cuda::stream_t;
 
 struct checkpointer_options {
   std::filesystem::path dir{};      ///< where steps are written (created if missing; must be ours, see private_dir)
@@ -79,9 +79,9 @@ class checkpointer {
  public:
   checkpointer(state& st, checkpointer_options opts) : st_(st), opts_(std::move(opts)), events_(resolve_events(opts_)) {
     if (opts_.dir.empty()) throw error(errc::invalid_argument, "checkpointer: no directory given");
-    if (opts_.rank < 0) opts_.rank = static_cast<int>(elastic::detail::env_index("ELASTIC_RANK").value_or(0));
-    if (opts_.world_size < 0) opts_.world_size = static_cast<int>(elastic::detail::env_index("ELASTIC_WORLD_SIZE").value_or(1));
-    if (opts_.run_id.empty()) opts_.run_id = elastic::detail::env_string("ELASTIC_RUN_ID").value_or("");
+    if (opts_.rank < 0) opts_.rank = static_cast<int>(internal::env_index("ELASTIC_RANK").value_or(0));
+    if (opts_.world_size < 0) opts_.world_size = static_cast<int>(internal::env_index("ELASTIC_WORLD_SIZE").value_or(1));
+    if (opts_.run_id.empty()) opts_.run_id = internal::env_string("ELASTIC_RUN_ID").value_or("");
     if (opts_.world_size < 1 || opts_.rank >= opts_.world_size) {
       throw error(errc::invalid_argument, "checkpointer: rank " + std::to_string(opts_.rank) + " of world size " +
                                               std::to_string(opts_.world_size) + " is impossible");
@@ -89,7 +89,7 @@ class checkpointer {
     if (opts_.chunk_bytes == 0) throw error(errc::invalid_argument, "checkpointer: chunk_bytes must be positive");
     dir_ = detail::open_checkpoint_dir(opts_.dir);
     allocate_slots();
-    if (st_.has_device_entries()) side_ = elastic::detail::cuda::stream::create();
+    if (st_.has_device_entries()) side_ = internal::cuda::stream::create();
     copier_ = std::jthread([this] { copy_loop(); });
     persister_ = std::jthread([this] { persist_loop(); });
   }
@@ -234,7 +234,7 @@ class checkpointer {
     bool has_host_copies = false;
     bool has_device_copies = false;
     bool device_fenced = false;
-    elastic::detail::cuda::event ready, copied;
+    internal::cuda::event ready, copied;
   };
 
   static event_log resolve_events(const checkpointer_options& o) { return o.events ? *o.events : event_log::from_env(); }
@@ -313,14 +313,14 @@ class checkpointer {
     cv_.notify_all();
   }
 
-  static std::string now_rfc3339() { return elastic::detail::rfc3339_now(); }
+  static std::string now_rfc3339() { return internal::rfc3339_now(); }
 
   state& st_;
   checkpointer_options opts_;
   event_log events_;
   std::vector<std::size_t> offsets_;
   std::vector<std::unique_ptr<slot>> slots_;
-  elastic::detail::cuda::stream side_;
+  internal::cuda::stream side_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool stopping_ = false;
@@ -328,7 +328,7 @@ class checkpointer {
   std::uint64_t sequence_ = 0;
   slot* fence_slot_ = nullptr;
   checkpointer_stats stats_;
-  elastic::detail::private_dir dir_;          // every write goes through it (no planted link is followed)
+  internal::private_dir dir_;          // every write goes through it (no planted link is followed)
   std::optional<std::uint64_t> resumed_from_;  // the step restore() loaded
   std::uint64_t committed_max_ = 0;            // the newest step this checkpointer committed
   std::uint64_t settled_sequence_ = 0;         // the newest snapshot that has ended, and
@@ -336,7 +336,7 @@ class checkpointer {
   std::jthread copier_, persister_;  // last: they stop before the members they use go away
 };
 
-}  // namespace elastic::checkpoint
+}  // namespace elastic::inline v1::checkpoint
 
 // The out-of-class definitions of the staging and the background threads.
 #include <elastic/checkpoint/detail/checkpointer_workers.hpp>

@@ -3,7 +3,7 @@
 
 #include <cstddef>
 
-namespace elastic::checkpoint {
+namespace elastic::inline v1::checkpoint {
 
 /// `count` elements of T in device memory. Registering one with a checkpoint state makes the
 /// snapshot copy it on a side CUDA stream; in a build without CUDA it cannot be snapshotted.
@@ -21,9 +21,9 @@ struct device_span {
 template <class T>
 device_span(T*, std::size_t) -> device_span<T>;
 
-}  // namespace elastic::checkpoint
+}  // namespace elastic::inline v1::checkpoint
 
-namespace elastic {
+namespace elastic::inline v1 {
 // Re-exported at elastic:: (the common entry points, STYLE.md): users write elastic::device_span.
 using checkpoint::device_span;
-}  // namespace elastic
+}  // namespace elastic::inline v1

@@ -9,7 +9,7 @@
 
 #include <elastic/error.hpp>
 
-namespace elastic::checkpoint {
+namespace elastic::inline v1::checkpoint {
 
 /// What one element of a buffer is. `bytes` is anything else trivially copyable: it restores
 /// byte for byte, but cannot be resharded by element.
@@ -73,4 +73,4 @@ constexpr dtype dtype_of() noexcept {
   else return dtype::bytes;
 }
 
-}  // namespace elastic::checkpoint
+}  // namespace elastic::inline v1::checkpoint

@@ -27,10 +27,10 @@
 #include <elastic/checkpoint/detail/sealed_json.hpp>
 #include <elastic/checkpoint/dtype.hpp>
 #include <elastic/checkpoint/state.hpp>
-#include <elastic/detail/json.hpp>
+#include <elastic/internal/json.hpp>
 #include <elastic/error.hpp>
 
-namespace elastic::checkpoint {
+namespace elastic::inline v1::checkpoint {
 
 /// The format this build writes; it reads this one and older.
 inline constexpr std::int64_t format_version = 1;
@@ -136,7 +136,7 @@ inline void check_version(std::int64_t v, const std::string& what) {
 }
 
 inline std::string encode(const rank_manifest& m) {
-  using elastic::detail::json;
+  using internal::json;
   json doc;
   doc["format"] = "elastic-checkpoint-rank";
   doc["version"] = m.version;
@@ -226,7 +226,7 @@ inline rank_manifest decode_rank(std::string_view text, const std::string& what)
 }
 
 inline std::string encode(const step_manifest& m) {
-  using elastic::detail::json;
+  using internal::json;
   json doc;
   doc["format"] = "elastic-checkpoint";
   doc["version"] = m.version;
@@ -260,4 +260,4 @@ inline step_manifest decode_step(std::string_view text, const std::string& what)
 }
 
 }  // namespace format
-}  // namespace elastic::checkpoint
+}  // namespace elastic::inline v1::checkpoint

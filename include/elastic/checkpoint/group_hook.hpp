@@ -7,7 +7,7 @@
 
 #include <elastic/checkpoint/state.hpp>
 
-namespace elastic::checkpoint {
+namespace elastic::inline v1::checkpoint {
 
 /// The loop's view of a data-parallel group whose membership can change.
 ///
@@ -41,9 +41,9 @@ class group_hook {
   group_hook& operator=(const group_hook&) = default;
 };
 
-}  // namespace elastic::checkpoint
+}  // namespace elastic::inline v1::checkpoint
 
-namespace elastic {
+namespace elastic::inline v1 {
 // Re-exported at elastic:: (the common entry points, STYLE.md): users write elastic::group_hook.
 using checkpoint::group_hook;
-}  // namespace elastic
+}  // namespace elastic::inline v1

@@ -15,7 +15,7 @@
 #include <elastic/checkpoint/group_hook.hpp>
 #include <elastic/events.hpp>
 
-namespace elastic::checkpoint {
+namespace elastic::inline v1::checkpoint {
 
 /// Why a loop ended.
 enum class loop_reason { running, finished, preempted, stopped };
@@ -61,11 +61,11 @@ struct loop_options {
   group_hook* group = nullptr;
 };
 
-}  // namespace elastic::checkpoint
+}  // namespace elastic::inline v1::checkpoint
 
-namespace elastic {
+namespace elastic::inline v1 {
 // Re-exported at elastic:: (the common entry points, STYLE.md): users write elastic::loop_options.
 using checkpoint::loop_options;
 using checkpoint::loop_reason;
 using checkpoint::to_string;
-}  // namespace elastic
+}  // namespace elastic::inline v1

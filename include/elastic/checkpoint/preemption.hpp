@@ -17,15 +17,15 @@
 #include <csignal>
 #include <cstdint>
 
-#include <elastic/detail/clock.hpp>
+#include <elastic/internal/clock.hpp>
 #include <elastic/error.hpp>
 
-namespace elastic::checkpoint {
+namespace elastic::inline v1::checkpoint {
 /// Exit status of a worker that stopped for a preemption and can be retried (EX_TEMPFAIL).
 inline constexpr int exit_preempted = 75;
-}  // namespace elastic::checkpoint
+}  // namespace elastic::inline v1::checkpoint
 
-namespace elastic::detail {
+namespace elastic::inline v1::internal {
 // The process's one signal flag: the signal number of the first notice, 0 for none, and when it
 // came (CLOCK_MONOTONIC ns; clock_gettime is async-signal-safe).
 inline std::atomic<int> preemption_signal{0};
@@ -47,16 +47,16 @@ inline void on_preemption_signal(int sig) noexcept {
   [[maybe_unused]] auto n = ::write(STDERR_FILENO, msg, sizeof msg - 1);
   ::_exit(checkpoint::exit_preempted);
 }
-}  // namespace elastic::detail
+}  // namespace elastic::inline v1::internal
 
-namespace elastic::checkpoint {
+namespace elastic::inline v1::checkpoint {
 
 /// Installs the SIGTERM/SIGINT handlers for its lifetime and restores the previous ones after.
 class preemption_handler {
  public:
   preemption_handler() {
     struct sigaction sa {};
-    sa.sa_handler = elastic::detail::on_preemption_signal;
+    sa.sa_handler = internal::on_preemption_signal;
     sigemptyset(&sa.sa_mask);
     sa.sa_flags = SA_RESTART;
     if (::sigaction(SIGTERM, &sa, &old_term_) != 0 || ::sigaction(SIGINT, &sa, &old_int_) != 0) {
@@ -71,16 +71,16 @@ class preemption_handler {
   }
 
   /// The signal of the first notice, or 0.
-  [[nodiscard]] static int requested() noexcept { return elastic::detail::preemption_signal.load(std::memory_order_relaxed); }
+  [[nodiscard]] static int requested() noexcept { return internal::preemption_signal.load(std::memory_order_relaxed); }
   /// When the first notice came (CLOCK_MONOTONIC ns), or 0.
-  [[nodiscard]] static std::int64_t requested_at_ns() noexcept { return elastic::detail::preemption_ns.load(std::memory_order_relaxed); }
+  [[nodiscard]] static std::int64_t requested_at_ns() noexcept { return internal::preemption_ns.load(std::memory_order_relaxed); }
   /// Asks for a preemption as if a signal had come (for tests and for a launcher in-process);
   /// like a signal, a second request more than 2 s after the first exits 75 at once.
-  static void request(int sig = SIGTERM) noexcept { elastic::detail::on_preemption_signal(sig); }
+  static void request(int sig = SIGTERM) noexcept { internal::on_preemption_signal(sig); }
   /// Forgets a notice (a new loop in the same process starts clean).
   static void clear() noexcept {
-    elastic::detail::preemption_signal.store(0);
-    elastic::detail::preemption_ns.store(0);
+    internal::preemption_signal.store(0);
+    internal::preemption_ns.store(0);
   }
 
  private:
@@ -88,10 +88,10 @@ class preemption_handler {
   struct sigaction old_int_ {};
 };
 
-}  // namespace elastic::checkpoint
+}  // namespace elastic::inline v1::checkpoint
 
-namespace elastic {
+namespace elastic::inline v1 {
 // Re-exported at elastic:: (the common entry points, STYLE.md): users write elastic::preemption_handler.
 using checkpoint::preemption_handler;
 using checkpoint::exit_preempted;
-}  // namespace elastic
+}  // namespace elastic::inline v1

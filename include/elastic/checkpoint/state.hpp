@@ -24,7 +24,7 @@
 #include <elastic/config.hpp>
 #include <elastic/error.hpp>
 
-namespace elastic::checkpoint {
+namespace elastic::inline v1::checkpoint {
 
 /// Where an entry's bytes live.
 enum class location : std::uint8_t { host, device };
@@ -200,4 +200,4 @@ class state {
   std::vector<entry> entries_;
 };
 
-}  // namespace elastic::checkpoint
+}  // namespace elastic::inline v1::checkpoint

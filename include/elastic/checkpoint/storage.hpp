@@ -34,7 +34,7 @@
 #include <elastic/error.hpp>
 #include <elastic/events.hpp>
 
-namespace elastic::checkpoint {
+namespace elastic::inline v1::checkpoint {
 
 namespace fs = std::filesystem;
 
@@ -111,4 +111,4 @@ inline std::optional<format::step_manifest> restore_newest(const fs::path& dir, 
 }
 
 }  // namespace storage
-}  // namespace elastic::checkpoint
+}  // namespace elastic::inline v1::checkpoint

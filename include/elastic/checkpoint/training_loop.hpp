@@ -58,14 +58,14 @@
 #include <elastic/checkpoint/group_hook.hpp>
 #include <elastic/checkpoint/preemption.hpp>
 #include <elastic/checkpoint/state.hpp>
-#include <elastic/detail/clock.hpp>
-#include <elastic/detail/env.hpp>
+#include <elastic/internal/clock.hpp>
+#include <elastic/internal/env.hpp>
 #include <elastic/error.hpp>
 #include <elastic/events.hpp>
 #include <elastic/timer/client.hpp>
 #include <elastic/timer/expires.hpp>
 
-namespace elastic::checkpoint {
+namespace elastic::inline v1::checkpoint {
 
 class training_loop {
  public:
@@ -391,12 +391,12 @@ class training_loop {
   bool stop_requested_ = false;
 };
 
-}  // namespace elastic::checkpoint
+}  // namespace elastic::inline v1::checkpoint
 
 // The out-of-class definitions of how a loop ends.
 #include <elastic/checkpoint/detail/loop_ending.hpp>
 
-namespace elastic {
+namespace elastic::inline v1 {
 // Re-exported at elastic:: (the common entry points, STYLE.md): users write elastic::training_loop.
 using checkpoint::training_loop;
-}  // namespace elastic
+}  // namespace elastic::inline v1

@@ -13,7 +13,7 @@
 
 #include <elastic/comm/half.hpp>
 
-namespace elastic::comm {
+namespace elastic::inline v1::comm {
 
 /// How allreduce combines the ranks' buffers.
 enum class reduce_op {
@@ -71,4 +71,4 @@ concept communicator = requires(C& c, const C& cc, std::span<float> f32, std::sp
   { c.abort() } noexcept;
 };
 
-}  // namespace elastic::comm
+}  // namespace elastic::inline v1::comm

@@ -55,15 +55,15 @@
 #include <elastic/checkpoint/state.hpp>
 #include <elastic/comm/communicator.hpp>
 #include <elastic/comm/detail/state_packing.hpp>
-#include <elastic/detail/clock.hpp>
-#include <elastic/detail/periodic_thread.hpp>
+#include <elastic/internal/clock.hpp>
+#include <elastic/internal/periodic_thread.hpp>
 #include <elastic/error.hpp>
 #include <elastic/events.hpp>
 #include <elastic/rendezvous/rendezvous.hpp>
 #include <elastic/rendezvous/store.hpp>
 #include <elastic/timer/expires.hpp>
 
-namespace elastic::comm {
+namespace elastic::inline v1::comm {
 
 struct group_options {
   rendezvous::rendezvous_options rendezvous{};  ///< run id, min/max ranks, join and heartbeat timeouts
@@ -239,7 +239,7 @@ class elastic_group final : public group_hook {
     failed_ = true;
     failure_ = fmt::format("{} failed: {}", what,
                            e.code() == errc::timeout ? "a peer did not answer in time" : "a peer's connection broke");
-    noticed_ns_ = elastic::detail::monotonic_ns();
+    noticed_ns_ = internal::monotonic_ns();
     events_.emit("group_failure", {{"round", round()},
                                    {"collective", what},
                                    {"code", to_string(e.code())},
@@ -259,7 +259,7 @@ class elastic_group final : public group_hook {
   /// Tears the communicator down, forms the next round and connects its communicator; again
   /// while a peer dies during the connect, until the rendezvous's join timeout.
   void rebuild(const std::string& cause) {
-    const std::int64_t noticed = failed_ ? noticed_ns_ : elastic::detail::monotonic_ns();
+    const std::int64_t noticed = failed_ ? noticed_ns_ : internal::monotonic_ns();
     retire();
     const auto deadline = clock::now() + opts_.rendezvous.join_timeout;
     std::lock_guard lk(rdzv_mu_);
@@ -273,7 +273,7 @@ class elastic_group final : public group_hook {
                                 sig, cause));
       }
       const auto& info = joined_ ? rdzv_.next_round(bootstrap_) : rdzv_.join(bootstrap_);
-      const std::int64_t met = elastic::detail::monotonic_ns();
+      const std::int64_t met = internal::monotonic_ns();
       try {
         comm_ = make_(store_, info);
       } catch (const error& e) {
@@ -286,7 +286,7 @@ class elastic_group final : public group_hook {
       joined_ = true;
       failed_ = false;
       change_pending_.store(false, std::memory_order_release);
-      last_ = {info.round, info.world_size, cause, noticed, met, elastic::detail::monotonic_ns(), 0};
+      last_ = {info.round, info.world_size, cause, noticed, met, internal::monotonic_ns(), 0};
       if (!first) ++rebuilds_;
       events_.emit(first ? "group_formed" : "group_rebuilt",
                    {{"round", info.round},
@@ -298,7 +298,7 @@ class elastic_group final : public group_hook {
       break;
     }
     if (!watcher_.started()) {
-      watcher_ = elastic::detail::periodic_thread(opts_.poll_interval,
+      watcher_ = internal::periodic_thread(opts_.poll_interval,
                                                   [this, store_down = false]() mutable { return watch(store_down); });
     }
   }
@@ -306,7 +306,7 @@ class elastic_group final : public group_hook {
   /// Every rank ends with rank 0's step and state. Nothing when a collective failed on the way.
   std::optional<std::uint64_t> resync(std::uint64_t step, checkpoint::state& st) {
     if (size() <= 1) {
-      last_.resynced_ns = elastic::detail::monotonic_ns();
+      last_.resynced_ns = internal::monotonic_ns();
       return step;
     }
     // Header: step, layout fingerprint, payload words.
@@ -332,7 +332,7 @@ class elastic_group final : public group_hook {
         if (!broadcast_device(e)) return std::nullopt;
       }
     }
-    last_.resynced_ns = elastic::detail::monotonic_ns();
+    last_.resynced_ns = internal::monotonic_ns();
     events_.emit("group_resynced", {{"round", round()},
                                     {"step", head[0]},
                                     {"bytes", words.size() * 8},
@@ -408,7 +408,7 @@ class elastic_group final : public group_hook {
   std::size_t rebuilds_ = 0;
   recovery_timings last_;
   std::jthread reaper_;  // destroys a retired communicator
-  elastic::detail::periodic_thread watcher_;  // last: it stops before the members it uses go away
+  internal::periodic_thread watcher_;  // last: it stops before the members it uses go away
 };
 
-}  // namespace elastic::comm
+}  // namespace elastic::inline v1::comm

@@ -38,7 +38,7 @@
 #include <elastic/error.hpp>
 #include <elastic/rendezvous/store.hpp>
 
-namespace elastic::comm {
+namespace elastic::inline v1::comm {
 
 /// A Gloo communicator over TCP: `size` ranks that meet under `prefix` in `store`.
 ///
@@ -256,4 +256,4 @@ class gloo_communicator {
 
 static_assert(communicator<gloo_communicator>);
 
-}  // namespace elastic::comm
+}  // namespace elastic::inline v1::comm

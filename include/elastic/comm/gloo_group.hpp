@@ -14,11 +14,11 @@
 
 #include <elastic/comm/elastic_group.hpp>
 #include <elastic/comm/gloo.hpp>
-#include <elastic/detail/env.hpp>
-#include <elastic/detail/names.hpp>
+#include <elastic/internal/env.hpp>
+#include <elastic/internal/names.hpp>
 #include <elastic/error.hpp>
 
-namespace elastic::comm {
+namespace elastic::inline v1::comm {
 
 using gloo_group = elastic_group<gloo_communicator>;
 
@@ -38,7 +38,7 @@ inline void ignore_sigpipe() noexcept {
 /// The address a Gloo rank listens on and publishes: $ELASTIC_HOST_ADDR (elastic-run sets it to
 /// this host's address towards the store, so that ranks on other hosts reach it), else loopback.
 inline std::string default_host_address() {
-  auto addr = elastic::detail::env_string("ELASTIC_HOST_ADDR");
+  auto addr = internal::env_string("ELASTIC_HOST_ADDR");
   if (!addr) return "127.0.0.1";
   // A host name, an IPv4 or an IPv6 address: anything else would fail later, inside Gloo's
   // connect, with a message that does not say where the value came from.
@@ -47,7 +47,7 @@ inline std::string default_host_address() {
   });
   if (!ok) {
     throw error(errc::invalid_argument,
-                "ELASTIC_HOST_ADDR='" + elastic::detail::printable(*addr) +
+                "ELASTIC_HOST_ADDR='" + internal::printable(*addr) +
                     "' is not a host name or an IP address (up to 253 characters of A-Z a-z 0-9 . - :); fix or "
                     "unset it (elastic-run sets it)");
   }
@@ -67,4 +67,4 @@ inline communicator_factory<gloo_communicator> gloo_factory(std::chrono::millise
   };
 }
 
-}  // namespace elastic::comm
+}  // namespace elastic::inline v1::comm

@@ -18,7 +18,7 @@
 #include <cstdint>
 #include <type_traits>
 
-namespace elastic::comm {
+namespace elastic::inline v1::comm {
 
 /// bfloat16: the top half of a float (sign, 8-bit exponent, 7-bit mantissa).
 struct bfloat16 {
@@ -135,4 +135,4 @@ static_assert(std::is_trivial_v<bfloat16> && std::is_trivial_v<float16>);
 template <class T>
 inline constexpr bool is_half_v = std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>;
 
-}  // namespace elastic::comm
+}  // namespace elastic::inline v1::comm

@@ -56,8 +56,8 @@
 #include <elastic/comm/communicator.hpp>
 #include <elastic/comm/detail/nccl_runtime.hpp>
 #include <elastic/comm/half.hpp>
-#include <elastic/detail/cuda.hpp>
-#include <elastic/detail/periodic_thread.hpp>
+#include <elastic/internal/cuda.hpp>
+#include <elastic/internal/periodic_thread.hpp>
 #include <elastic/error.hpp>
 #include <elastic/timer/expires.hpp>
 
@@ -65,10 +65,10 @@
 #error "elastic/comm/nccl.hpp needs NCCL >= 2.18 (non-blocking communicators, ncclGetLastError)"
 #endif
 
-namespace elastic::comm {
+namespace elastic::inline v1::comm {
 
 namespace detail {
-namespace cuda = elastic::detail::cuda;
+namespace cuda = internal::cuda;
 }  // namespace detail
 
 /// Tuning of an nccl_communicator; the defaults suit training.
@@ -412,7 +412,7 @@ class nccl_communicator {
     }
     comm_ = comm;
     try {
-      watcher_ = elastic::detail::periodic_thread(options_.watch_interval, [this] { return watch(); });
+      watcher_ = internal::periodic_thread(options_.watch_interval, [this] { return watch(); });
     } catch (...) {
       ncclCommAbort(comm_);
       comm_ = nullptr;
@@ -605,9 +605,9 @@ class nccl_communicator {
   mutable std::mutex error_mu_;
   std::optional<error> last_error_;
   std::mutex abort_mu_;
-  elastic::detail::periodic_thread watcher_;  // last: stopped (in abort(), from the destructor) before anything above goes
+  internal::periodic_thread watcher_;  // last: stopped (in abort(), from the destructor) before anything above goes
 };
 
 static_assert(communicator<nccl_communicator>);
 
-}  // namespace elastic::comm
+}  // namespace elastic::inline v1::comm

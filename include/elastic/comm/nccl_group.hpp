@@ -19,7 +19,7 @@
 #include <elastic/comm/elastic_group.hpp>
 #include <elastic/comm/nccl.hpp>
 
-namespace elastic::comm {
+namespace elastic::inline v1::comm {
 
 using nccl_group = elastic_group<nccl_communicator>;
 
@@ -38,4 +38,4 @@ inline communicator_factory<nccl_communicator> nccl_factory(int device, std::chr
   };
 }
 
-}  // namespace elastic::comm
+}  // namespace elastic::inline v1::comm

@@ -5,7 +5,7 @@
 #include <chrono>
 #include <string>
 
-namespace elastic::rendezvous {
+namespace elastic::inline v1::rendezvous {
 
 /// How an etcd_store talks to etcd.
 struct etcd_options {
@@ -27,4 +27,4 @@ struct etcd_options {
   std::string key_file;
 };
 
-}  // namespace elastic::rendezvous
+}  // namespace elastic::inline v1::rendezvous

@@ -43,8 +43,8 @@
 
 #include <fmt/format.h>
 
-#include <elastic/detail/json.hpp>
-#include <elastic/detail/names.hpp>
+#include <elastic/internal/json.hpp>
+#include <elastic/internal/names.hpp>
 #include <elastic/error.hpp>
 #include <elastic/rendezvous/detail/etcd_gateway.hpp>
 #include <elastic/rendezvous/detail/etcd_reply.hpp>
@@ -53,7 +53,7 @@
 #include <elastic/rendezvous/store.hpp>
 #include <elastic/rendezvous/store_url.hpp>
 
-namespace elastic::rendezvous {
+namespace elastic::inline v1::rendezvous {
 
 /// A store on an etcd v3 cluster (3.4 or newer). Thread-safe: calls from several threads run
 /// concurrently, each on a curl handle borrowed from a small pool, so a long wait() in one
@@ -186,7 +186,7 @@ class etcd_store final : public store {
       const auto now = clock::now();
       if (now >= deadline) {
         std::string list;
-        for (const auto& k : missing) list += (list.empty() ? "'" : ", '") + elastic::detail::printable(k) + "'";
+        for (const auto& k : missing) list += (list.empty() ? "'" : ", '") + internal::printable(k) + "'";
         throw error(errc::timeout,
                     fmt::format("store {}: {} still missing after {} ms", gateway_.url(), list, timeout.count()));
       }
@@ -218,7 +218,7 @@ class etcd_store final : public store {
         for (const auto& e : found->elements()) {
           std::string k = detail::bytes_field(e, "key");
           if (k.compare(0, gateway_.options().prefix.size(), gateway_.options().prefix) != 0) {
-            throw error(errc::corrupt, fmt::format("a key outside the range asked for, '{}'", elastic::detail::printable(k)));
+            throw error(errc::corrupt, fmt::format("a key outside the range asked for, '{}'", internal::printable(k)));
           }
           kvs.emplace_back(k.substr(gateway_.options().prefix.size()), detail::bytes_field(e, "value"));
         }
@@ -268,7 +268,7 @@ class etcd_store final : public store {
   }
 
  private:
-  using json = elastic::detail::json;
+  using json = internal::json;
   using clock = std::chrono::steady_clock;
 
   std::string full_key(std::string_view key) const { return gateway_.options().prefix + std::string(key); }
@@ -321,4 +321,4 @@ class etcd_store final : public store {
   detail::etcd_gateway gateway_;
 };
 
-}  // namespace elastic::rendezvous
+}  // namespace elastic::inline v1::rendezvous

@@ -15,11 +15,11 @@
 
 #include <fmt/format.h>
 
-#include <elastic/detail/file.hpp>
+#include <elastic/internal/file.hpp>
 #include <elastic/error.hpp>
 #include <elastic/rendezvous/store_url.hpp>
 
-namespace elastic::rendezvous {
+namespace elastic::inline v1::rendezvous {
 
 /// This host's source address on the route to `to` (the kernel's choice for a UDP socket
 /// connected there; no packet is sent). Fails, saying why, if `to` does not resolve or route.
@@ -35,7 +35,7 @@ inline std::string host_address_towards(const endpoint& to) {
   const std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> list(found, &::freeaddrinfo);
   std::string why = "no address";
   for (const addrinfo* a = list.get(); a != nullptr; a = a->ai_next) {
-    elastic::detail::unique_fd fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, 0));
+    internal::unique_fd fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, 0));
     sockaddr_storage self{};
     socklen_t len = sizeof self;
     if (!fd || ::connect(fd.get(), a->ai_addr, a->ai_addrlen) != 0 ||
@@ -77,4 +77,4 @@ inline std::string host_address_for(const store_url& url) {
                                            why));
 }
 
-}  // namespace elastic::rendezvous
+}  // namespace elastic::inline v1::rendezvous

@@ -15,7 +15,7 @@
 #include <elastic/rendezvous/etcd_store.hpp>
 #endif
 
-namespace elastic::rendezvous {
+namespace elastic::inline v1::rendezvous {
 
 #if ELASTIC_WITH_ETCD
 /// Opens (an shm:// store: creates if needed) the store `url` names; `etcd` configures an etcd one.
@@ -35,4 +35,4 @@ inline std::unique_ptr<store> open_store(std::string_view url) {
 }
 #endif
 
-}  // namespace elastic::rendezvous
+}  // namespace elastic::inline v1::rendezvous

@@ -66,8 +66,8 @@
 #include <fmt/format.h>
 
 #include <elastic/checkpoint/preemption.hpp>
-#include <elastic/detail/env.hpp>
-#include <elastic/detail/names.hpp>
+#include <elastic/internal/env.hpp>
+#include <elastic/internal/names.hpp>
 #include <elastic/error.hpp>
 #include <elastic/events.hpp>
 #include <elastic/rendezvous/detail/lease_keeper.hpp>
@@ -78,7 +78,7 @@
 #include <elastic/rendezvous/rendezvous_options.hpp>
 #include <elastic/rendezvous/store.hpp>
 
-namespace elastic::rendezvous {
+namespace elastic::inline v1::rendezvous {
 
 /// The outcome of a round, as this participant sees it.
 struct round_info {
@@ -117,14 +117,14 @@ class rendezvous {
  public:
   /// Validates `opts`; talks to the store only in join().
   rendezvous(store& s, rendezvous_options opts) : store_(s), opts_(std::move(opts)), keeper_(s) {
-    if (opts_.run_id.empty()) opts_.run_id = elastic::detail::env_string("ELASTIC_RUN_ID").value_or("");
+    if (opts_.run_id.empty()) opts_.run_id = internal::env_string("ELASTIC_RUN_ID").value_or("");
     events_ = opts_.events ? *opts_.events : event_log::from_env();
     detail::resolve_options(opts_);
     prefix_ = opts_.key_prefix + "/" + opts_.run_id;
     if (prefix_.size() + 40 + opts_.participant_id.size() > 255) {
       detail::refuse_options(fmt::format("key prefix '{}' with participant id '{}' makes store keys longer than "
                                          "255 bytes",
-                                         elastic::detail::printable(prefix_), opts_.participant_id));
+                                         internal::printable(prefix_), opts_.participant_id));
     }
     // How often a joiner looks at the round again: its waits wake on the round's outcome only,
     // and the last member to join is seen at the next look, so this bounds a recovery's
@@ -299,8 +299,8 @@ class rendezvous {
     throw error(errc::mismatch,
                 fmt::format("participant '{}' of run '{}' refused: the store serves run '{}' ({}): give this "
                             "participant ELASTIC_RUN_ID={}, or use another store for run '{}'",
-                            opts_.participant_id, opts_.run_id, elastic::detail::printable(*actual), key,
-                            elastic::detail::printable(*actual), opts_.run_id));
+                            opts_.participant_id, opts_.run_id, internal::printable(*actual), key,
+                            internal::printable(*actual), opts_.run_id));
   }
 
   /// P/config: written by the first participant; every other must declare the same bounds.
@@ -333,7 +333,7 @@ class rendezvous {
         throw error(errc::already_running,
                     fmt::format("participant id '{}' of run '{}' is in use by a live participant (incarnation {}): "
                                 "give each participant its own id",
-                                opts_.participant_id, opts_.run_id, elastic::detail::printable(actual.value_or(""))));
+                                opts_.participant_id, opts_.run_id, internal::printable(actual.value_or(""))));
       }
       std::this_thread::sleep_for(step_);
     }
@@ -348,7 +348,7 @@ class rendezvous {
       v = actual;
       if (!v) return read_round();
     }
-    const auto r = elastic::detail::parse_integer(*v);
+    const auto r = internal::parse_integer(*v);
     if (!r || *r < 1) throw detail::corrupt_key(key, *v, "a round number (a positive integer)", prefix_);
     return *r;
   }
@@ -614,4 +614,4 @@ class rendezvous {
   detail::lease_keeper keeper_;  // last: its thread stops before the members it uses go away
 };
 
-}  // namespace elastic::rendezvous
+}  // namespace elastic::inline v1::rendezvous

@@ -10,7 +10,7 @@
 
 #include <elastic/events.hpp>
 
-namespace elastic::rendezvous {
+namespace elastic::inline v1::rendezvous {
 
 /// How a run's participants find each other. Every participant of a run must declare the same
 /// run_id, min_ranks and max_ranks; the timeouts are each participant's own.
@@ -33,4 +33,4 @@ struct rendezvous_options {
   std::optional<event_log> events{};     ///< nothing: event_log::from_env()
 };
 
-}  // namespace elastic::rendezvous
+}  // namespace elastic::inline v1::rendezvous

@@ -32,15 +32,15 @@
 #include <boost/interprocess/shared_memory_object.hpp>
 #include <fmt/format.h>
 
-#include <elastic/detail/clock.hpp>
-#include <elastic/detail/futex.hpp>
-#include <elastic/detail/names.hpp>
-#include <elastic/detail/process.hpp>
-#include <elastic/detail/shm_object.hpp>
+#include <elastic/internal/clock.hpp>
+#include <elastic/internal/futex.hpp>
+#include <elastic/internal/names.hpp>
+#include <elastic/internal/process.hpp>
+#include <elastic/internal/shm_object.hpp>
 #include <elastic/error.hpp>
 #include <elastic/rendezvous/store.hpp>
 
-namespace elastic::rendezvous {
+namespace elastic::inline v1::rendezvous {
 
 namespace detail {
 
@@ -106,9 +106,9 @@ class shm_store final : public store {
   /// Opens the store NAME, creating it if it does not exist.
   explicit shm_store(std::string_view name, std::chrono::milliseconds ready_timeout = std::chrono::seconds(2))
       : name_(name) {
-    elastic::detail::validate_shm_name("store", name);
+    internal::validate_shm_name("store", name);
     bool created = false;
-    shm_ = elastic::detail::create_or_open_shm(object_name(name), created, [&](const auto& e) { return open_error(e); });
+    shm_ = internal::create_or_open_shm(object_name(name), created, [&](const auto& e) { return open_error(e); });
     if (created) {
       initialize();
       return;
@@ -176,7 +176,7 @@ class shm_store final : public store {
   }
 
   void wait(std::span<const std::string> keys, std::chrono::milliseconds timeout) override {
-    const std::int64_t deadline = elastic::detail::monotonic_ns() + std::chrono::nanoseconds(timeout).count();
+    const std::int64_t deadline = internal::monotonic_ns() + std::chrono::nanoseconds(timeout).count();
     for (;;) {
       const std::uint32_t seen = head().changes.load(std::memory_order_acquire);
       std::vector<std::string> missing;
@@ -186,14 +186,14 @@ class shm_store final : public store {
           if (!find_locked(k)) missing.push_back(k);
       }
       if (missing.empty()) return;
-      if (elastic::detail::monotonic_ns() >= deadline) {
+      if (internal::monotonic_ns() >= deadline) {
         std::string list;
         for (const auto& k : missing) list += (list.empty() ? "'" : ", '") + k + "'";
         throw error(errc::timeout, fmt::format("store shm://{}: {} still missing after {} ms", name_, list, timeout.count()));
       }
       // Leases may expire while we sleep: wake at least every 100 ms to let them.
-      elastic::detail::futex_wait_until(head().changes, seen,
-                                        std::min(deadline, elastic::detail::monotonic_ns() + 100'000'000));
+      internal::futex_wait_until(head().changes, seen,
+                                        std::min(deadline, internal::monotonic_ns() + 100'000'000));
     }
   }
 
@@ -218,9 +218,9 @@ class shm_store final : public store {
       if (l.id != 0) continue;
       l.id = ++head().next_lease;
       l.ttl_ns = std::chrono::nanoseconds(ttl).count();
-      l.expires_ns = elastic::detail::monotonic_ns() + l.ttl_ns;
+      l.expires_ns = internal::monotonic_ns() + l.ttl_ns;
       l.owner_pid = static_cast<std::int32_t>(::getpid());
-      l.owner_start = elastic::detail::process_start_time(::getpid());
+      l.owner_start = internal::process_start_time(::getpid());
       l.owner_pidns = pidns_;
       return l.id;
     }
@@ -233,7 +233,7 @@ class shm_store final : public store {
     locked lk(*this);
     auto* l = find_lease_locked(lease);
     if (!l) throw error(errc::not_found, fmt::format("store shm://{}: lease {} has expired; its keys are gone", name_, lease));
-    l->expires_ns = elastic::detail::monotonic_ns() + l->ttl_ns;
+    l->expires_ns = internal::monotonic_ns() + l->ttl_ns;
   }
 
   void revoke(lease_id lease) override {
@@ -287,7 +287,7 @@ class shm_store final : public store {
   }
 
   void attach(std::chrono::milliseconds ready_timeout) {
-    elastic::detail::check_shm_owner(shm_.get_mapping_handle().handle, "store shm://" + name_,
+    internal::check_shm_owner(shm_.get_mapping_handle().handle, "store shm://" + name_,
                                      "use another name, or run as its owner");
     const auto until = std::chrono::steady_clock::now() + ready_timeout;
     for (;;) {
@@ -331,11 +331,11 @@ class shm_store final : public store {
 
   void changed_locked() noexcept {
     head().changes.fetch_add(1, std::memory_order_release);
-    elastic::detail::futex_wake(head().changes);
+    internal::futex_wake(head().changes);
   }
 
   void expire_locked() {
-    const std::int64_t now = elastic::detail::monotonic_ns();
+    const std::int64_t now = internal::monotonic_ns();
     // Owners are looked up in /proc (a few microseconds each), so at most every 2 ms per handle.
     const bool check_owners = pidns_ != 0 && now - owners_checked_ns_ >= 2'000'000;
     if (check_owners) owners_checked_ns_ = now;
@@ -344,7 +344,7 @@ class shm_store final : public store {
       if (l.expires_ns <= now) {
         drop_lease_locked(l);
       } else if (check_owners && l.owner_pid > 0 && l.owner_pidns == pidns_ &&
-                 !elastic::detail::process_alive(l.owner_pid, l.owner_start)) {
+                 !internal::process_alive(l.owner_pid, l.owner_start)) {
         drop_lease_locked(l);
       }
     }
@@ -405,14 +405,14 @@ class shm_store final : public store {
   void check_key(std::string_view key) const {
     if (key.empty() || key.size() > detail::max_key) {
       throw error(errc::invalid_argument,
-                  fmt::format("store key '{}' is {} bytes: use 1 to {}", elastic::detail::printable(key.substr(0, 64)),
+                  fmt::format("store key '{}' is {} bytes: use 1 to {}", internal::printable(key.substr(0, 64)),
                               key.size(), detail::max_key));
     }
   }
   void check_value(std::string_view key, std::string_view value) const {
     if (value.size() > detail::max_value) {
       throw error(errc::invalid_argument, fmt::format("value for store key '{}' is {} bytes; shm:// stores hold at most {}",
-                                                      elastic::detail::printable(key), value.size(), detail::max_value));
+                                                      internal::printable(key), value.size(), detail::max_value));
     }
   }
   std::string name_;
@@ -422,4 +422,4 @@ class shm_store final : public store {
   std::int64_t owners_checked_ns_ = 0;  // guarded by the store's lock
 };
 
-}  // namespace elastic::rendezvous
+}  // namespace elastic::inline v1::rendezvous

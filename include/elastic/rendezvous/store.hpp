@@ -17,11 +17,11 @@
 
 #include <fmt/format.h>
 
-#include <elastic/detail/env.hpp>
-#include <elastic/detail/names.hpp>
+#include <elastic/internal/env.hpp>
+#include <elastic/internal/names.hpp>
 #include <elastic/error.hpp>
 
-namespace elastic::rendezvous {
+namespace elastic::inline v1::rendezvous {
 
 namespace detail {
 
@@ -30,11 +30,11 @@ namespace detail {
 inline std::int64_t parse_counter(std::string_view key, std::string_view v) {
   // At most 18 digits, so that add() never overflows on what it reads.
   const std::size_t digits = v.size() - (v.starts_with('-') ? 1 : 0);
-  const auto out = digits <= 18 ? elastic::detail::parse_integer(v) : std::nullopt;
+  const auto out = digits <= 18 ? internal::parse_integer(v) : std::nullopt;
   if (!out) {
     throw error(errc::invalid_argument, fmt::format("store key '{}' holds '{}', not an integer: add() cannot count on it",
-                                                    elastic::detail::printable(key),
-                                                    elastic::detail::printable(v.substr(0, 64))));
+                                                    internal::printable(key),
+                                                    internal::printable(v.substr(0, 64))));
   }
   return *out;
 }
@@ -84,4 +84,4 @@ class store {
   }
 };
 
-}  // namespace elastic::rendezvous
+}  // namespace elastic::inline v1::rendezvous

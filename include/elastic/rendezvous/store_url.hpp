@@ -10,11 +10,11 @@
 
 #include <fmt/format.h>
 
-#include <elastic/detail/env.hpp>
-#include <elastic/detail/names.hpp>
+#include <elastic/internal/env.hpp>
+#include <elastic/internal/names.hpp>
 #include <elastic/error.hpp>
 
-namespace elastic::rendezvous {
+namespace elastic::inline v1::rendezvous {
 
 struct endpoint {
   std::string host;
@@ -34,7 +34,7 @@ struct store_url {
 inline store_url parse_store_url(std::string_view url) {
   auto bad = [&](const std::string& why) -> store_url {
     throw error(errc::invalid_argument, fmt::format("store URL '{}' {}: use shm://NAME or etcd://HOST:PORT[,HOST:PORT]",
-                                                    elastic::detail::printable(url), why));
+                                                    internal::printable(url), why));
   };
   const auto sep = url.find("://");
   if (sep == std::string_view::npos) return bad("has no scheme");
@@ -42,7 +42,7 @@ inline store_url parse_store_url(std::string_view url) {
   store_url out;
   if (scheme == "shm") {
     out.scheme = store_url::kind::shm;
-    elastic::detail::validate_shm_name("store", rest);
+    internal::validate_shm_name("store", rest);
     out.name = std::string(rest);
     return out;
   }
@@ -70,9 +70,9 @@ inline store_url parse_store_url(std::string_view url) {
     if (host.empty()) return bad("has an endpoint without a host");
     for (char c : host) {
       const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '-' || c == ':';
-      if (!ok) return bad("has a host with the character '" + elastic::detail::printable(std::string_view(&c, 1)) + "'");
+      if (!ok) return bad("has a host with the character '" + internal::printable(std::string_view(&c, 1)) + "'");
     }
-    const auto p = port.size() <= 5 ? elastic::detail::parse_integer(port) : std::nullopt;
+    const auto p = port.size() <= 5 ? internal::parse_integer(port) : std::nullopt;
     if (!p || *p < 1 || *p > 65535) return bad("has the port '" + std::string(port) + "', not 1 to 65535");
     out.endpoints.push_back({std::string(host), static_cast<std::uint16_t>(*p)});
     if (comma == std::string_view::npos) break;
@@ -81,4 +81,4 @@ inline store_url parse_store_url(std::string_view url) {
   return out;
 }
 
-}  // namespace elastic::rendezvous
+}  // namespace elastic::inline v1::rendezvous

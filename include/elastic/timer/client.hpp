@@ -18,17 +18,17 @@
 #include <string>
 #include <string_view>
 
-#include <elastic/detail/clock.hpp>
-#include <elastic/detail/env.hpp>
-#include <elastic/detail/futex.hpp>
-#include <elastic/detail/no_destroy.hpp>
-#include <elastic/detail/process.hpp>
-#include <elastic/detail/warning_hook.hpp>
+#include <elastic/internal/clock.hpp>
+#include <elastic/internal/env.hpp>
+#include <elastic/internal/futex.hpp>
+#include <elastic/internal/no_destroy.hpp>
+#include <elastic/internal/process.hpp>
+#include <elastic/internal/warning_hook.hpp>
 #include <elastic/error.hpp>
 #include <elastic/timer/detail/attached_segment.hpp>
 #include <elastic/timer/detail/table.hpp>
 
-namespace elastic::timer {
+namespace elastic::inline v1::timer {
 
 class client;
 
@@ -114,14 +114,14 @@ class client {
   /// Binds the calling thread to a free slot. False when the table is full (logged once per
   /// process; the thread looks again at most once a second).
   bool bind(detail::thread_binding& b) noexcept {
-    const std::int64_t now = elastic::detail::monotonic_ns();
+    const std::int64_t now = internal::monotonic_ns();
     if (b.owner == this && now < b.retry_after_ns) return false;
     b.release();
     const auto t = table();
     auto& h = t.header();
     const auto pid = static_cast<std::uint64_t>(::getpid());
-    const std::uint64_t start = elastic::detail::process_start_time(static_cast<pid_t>(pid));
-    const auto tid = elastic::detail::current_tid();
+    const std::uint64_t start = internal::process_start_time(static_cast<pid_t>(pid));
+    const auto tid = internal::current_tid();
     // First fit keeps the slots in use packed at the bottom, so the watchdog scans only up to
     // the high-water mark.
     for (std::uint32_t i = 0; i < t.slot_count(); ++i) {
@@ -152,7 +152,7 @@ class client {
     b.owner = this;  // remembered only to rate-limit the next search
     b.retry_after_ns = now + 1'000'000'000;
     if (!warned_full_.exchange(true, std::memory_order_relaxed)) {
-      elastic::detail::warn("timer_table_full",
+      internal::warn("timer_table_full",
                             {{"segment", name()},
                              {"slots", t.slot_count()},
                              {"effect", "scopes of threads without a slot are not watched until one frees up"},
@@ -166,7 +166,7 @@ class client {
   void note_stack_full(detail::thread_binding& b) noexcept {
     b.held->head.dropped.fetch_add(1, std::memory_order_relaxed);
     if (!warned_depth_.exchange(true, std::memory_order_relaxed)) {
-      elastic::detail::warn("timer_stack_full",
+      internal::warn("timer_stack_full",
                             {{"segment", name()},
                              {"depth", detail::scopes_per_slot},
                              {"effect", "scopes nested deeper than this are not watched; outer ones still are"}});
@@ -175,7 +175,7 @@ class client {
 
   explicit client(detail::attached_segment seg)
       : segment_(std::move(seg)),
-        rank_(static_cast<int>(elastic::detail::env_index_or_none("ELASTIC_RANK").value_or(-1))) {}
+        rank_(static_cast<int>(internal::env_index_or_none("ELASTIC_RANK").value_or(-1))) {}
   client(const client&) = delete;
   client& operator=(const client&) = delete;
 
@@ -185,7 +185,7 @@ class client {
     std::list<client> clients;  // never shrinks: live scopes point into every mapping
   };
   static registry_t& registry() noexcept {
-    static elastic::detail::no_destroy<registry_t> r;
+    static internal::no_destroy<registry_t> r;
     return r.get();
   }
 
@@ -197,7 +197,7 @@ class client {
     std::string why;
     std::optional<std::string> name;
     try {
-      name = elastic::detail::env_string("ELASTIC_WATCHDOG");
+      name = internal::env_string("ELASTIC_WATCHDOG");
       if (name) {
         out = &r.clients.emplace_back(detail::attached_segment::open(*name));
         install_fork_handler();
@@ -208,7 +208,7 @@ class client {
       why = e.what();
     }
     if (out == nullptr) {
-      elastic::detail::warn("timer_unwatched", {{"segment", name.value_or("")},
+      internal::warn("timer_unwatched", {{"segment", name.value_or("")},
                                                 {"reason", why},
                                                 {"effect", "timer scopes are not enforced in this process"}});
     }
@@ -260,4 +260,4 @@ inline void detail::thread_binding::release() noexcept {
   depth = 0;
 }
 
-}  // namespace elastic::timer
+}  // namespace elastic::inline v1::timer

@@ -17,12 +17,12 @@
 #include <cstdint>
 #include <string_view>
 
-#include <elastic/detail/clock.hpp>
-#include <elastic/detail/futex.hpp>
+#include <elastic/internal/clock.hpp>
+#include <elastic/internal/futex.hpp>
 #include <elastic/timer/client.hpp>
 #include <elastic/timer/detail/table.hpp>
 
-namespace elastic::timer {
+namespace elastic::inline v1::timer {
 
 /// An RAII timer scope. Movable, not copyable. While it lives, its deadline is watched; the
 /// earliest deadline among a thread's live scopes governs. A default-constructed or moved-from
@@ -44,8 +44,8 @@ class [[nodiscard]] scope {
       b.owner->note_stack_full(b);
       return;
     }
-    const std::int64_t now = elastic::detail::monotonic_ns();
-    const std::int64_t deadline = elastic::detail::deadline_after(now, timeout_ns);
+    const std::int64_t now = internal::monotonic_ns();
+    const std::int64_t deadline = internal::deadline_after(now, timeout_ns);
     detail::scope_entry& e = b.held->scopes[b.depth];
     const std::uint64_t g = ++b.generation;
     // Pairs with the acquire fence in read_entry(): a reader that sees any field written below
@@ -63,7 +63,7 @@ class [[nodiscard]] scope {
     generation_ = g;
     index_ = b.depth - 1;
     if (deadline < b.header->next_wake_ns.load(std::memory_order_relaxed)) [[unlikely]] {
-      elastic::detail::futex_ring(b.header->doorbell);
+      internal::futex_ring(b.header->doorbell);
     }
   }
 
@@ -99,7 +99,7 @@ class [[nodiscard]] scope {
     auto& e = slot_->scopes[index_];
     if (e.generation.load(std::memory_order_relaxed) != generation_) return;
     const std::int64_t want =
-        elastic::detail::deadline_after(elastic::detail::monotonic_ns(), elastic::detail::saturating_ns(d));
+        internal::deadline_after(internal::monotonic_ns(), internal::saturating_ns(d));
     // One atomic word: the watchdog reads either deadline, each consistent with the entry.
     if (want > e.deadline_ns.load(std::memory_order_relaxed)) e.deadline_ns.store(want, std::memory_order_release);
   }
@@ -108,7 +108,7 @@ class [[nodiscard]] scope {
   [[nodiscard]] std::chrono::nanoseconds remaining() const noexcept {
     if (slot_ == nullptr) return std::chrono::nanoseconds(0);
     return std::chrono::nanoseconds(slot_->scopes[index_].deadline_ns.load(std::memory_order_relaxed) -
-                                    elastic::detail::monotonic_ns());
+                                    internal::monotonic_ns());
   }
 
   /// Ends the scope now (as its destructor would).
@@ -150,11 +150,11 @@ class [[nodiscard]] scope {
 template <class Rep, class Period>
 [[nodiscard]] scope expires(std::chrono::duration<Rep, Period> timeout, std::string_view name = {},
                             int signal = 0) noexcept {
-  return scope(elastic::detail::saturating_ns(timeout), name, signal);
+  return scope(internal::saturating_ns(timeout), name, signal);
 }
 
-}  // namespace elastic::timer
+}  // namespace elastic::inline v1::timer
 
-namespace elastic {
+namespace elastic::inline v1 {
 using timer::expires;
-}  // namespace elastic
+}  // namespace elastic::inline v1

@@ -16,7 +16,7 @@
 // can make another process map it. Before every signal, the scope's and the SIGKILL escalation
 // alike, the watchdog pins the process with a pidfd, checks its start time against the slot,
 // checks that the pinned process maps the segment, and only then sends the signal through the
-// pidfd (elastic::detail::signal_client). A process that fails is never signalled: its slots are
+// pidfd (internal::signal_client). A process that fails is never signalled: its slots are
 // freed and one `watchdog_refused` event per process says why.
 //
 // Why not a registration handshake instead: see docs/design.md, "Whom the watchdog may signal".
@@ -43,16 +43,16 @@
 #include <utility>
 #include <vector>
 
-#include <elastic/detail/clock.hpp>
-#include <elastic/detail/process.hpp>
-#include <elastic/detail/futex.hpp>
+#include <elastic/internal/clock.hpp>
+#include <elastic/internal/process.hpp>
+#include <elastic/internal/futex.hpp>
 #include <elastic/error.hpp>
 #include <elastic/events.hpp>
 #include <elastic/timer/detail/segment.hpp>
 #include <elastic/timer/detail/table.hpp>
 #include <elastic/timer/watchdog_options.hpp>
 
-namespace elastic::timer {
+namespace elastic::inline v1::timer {
 
 class watchdog {
  public:
@@ -74,7 +74,7 @@ class watchdog {
                                         {"reason", "no process maps it and no watchdog serves it"}});
       }
       if (segment_.adopted()) {
-        const std::uint32_t reclaimed = sweep(elastic::detail::monotonic_ns());
+        const std::uint32_t reclaimed = sweep(internal::monotonic_ns());
         events_.emit("watchdog_adopt", {{"segment", opts_.name},
                                         {"slots", h.slot_count},
                                         {"reclaimed_slots", reclaimed},
@@ -83,7 +83,7 @@ class watchdog {
       events_.emit("watchdog_start", {{"segment", opts_.name},
                                       {"slots", h.slot_count},
                                       {"poll_ms", static_cast<std::int64_t>(opts_.poll.count())},
-                                      {"signal", elastic::detail::signal_name(opts_.signal)}});
+                                      {"signal", internal::signal_name(opts_.signal)}});
       if (opts_.start_thread) {
         thread_ = std::jthread([this](std::stop_token st) {
           raise_priority();
@@ -115,7 +115,7 @@ class watchdog {
     if (stopped_.exchange(true)) return;
     if (thread_.joinable()) {
       thread_.request_stop();
-      elastic::detail::futex_ring(segment_.table().header().doorbell);
+      internal::futex_ring(segment_.table().header().doorbell);
       thread_.join();
     }
     segment_.table().header().watchdog_pid.store(0, std::memory_order_release);
@@ -130,12 +130,12 @@ class watchdog {
   /// only with start_thread = false.
   void run(std::stop_token stop) {
     auto& h = segment_.table().header();
-    std::int64_t next_sweep = elastic::detail::monotonic_ns() + ns(opts_.reclaim_interval);
+    std::int64_t next_sweep = internal::monotonic_ns() + ns(opts_.reclaim_interval);
     while (!stop.stop_requested()) {
       const std::uint32_t seen = h.doorbell.load(std::memory_order_acquire);
       // While we scan, a worker entering any scope rings: we might scan its slot too early.
       h.next_wake_ns.store(std::numeric_limits<std::int64_t>::max(), std::memory_order_relaxed);
-      std::int64_t now = elastic::detail::monotonic_ns();
+      std::int64_t now = internal::monotonic_ns();
       if (now >= next_sweep) {
         sweep(now);
         next_sweep = now + ns(opts_.reclaim_interval);
@@ -144,13 +144,13 @@ class watchdog {
       const std::int64_t wake = std::min({r.next_deadline_ns, now + ns(opts_.poll), next_sweep});
       h.next_wake_ns.store(wake, std::memory_order_release);
       if (stop.stop_requested()) break;
-      elastic::detail::futex_wait_until(h.doorbell, seen, wake);
+      internal::futex_wait_until(h.doorbell, seen, wake);
     }
   }
 
   /// One pass over the table at time `now`: signals processes whose scopes expired, escalates,
   /// and returns the earliest deadline still ahead.
-  scan_result scan_once(std::int64_t now = elastic::detail::monotonic_ns()) {
+  scan_result scan_once(std::int64_t now = internal::monotonic_ns()) {
     scan_result r;
     for_each_owned([&](detail::slot& s, pid_t pid, std::uint64_t start) {
       if (start == 0) return;  // being claimed
@@ -173,7 +173,7 @@ class watchdog {
   }
 
   /// Frees the slots of processes that are gone; returns how many.
-  std::uint32_t sweep(std::int64_t now = elastic::detail::monotonic_ns()) {
+  std::uint32_t sweep(std::int64_t now = internal::monotonic_ns()) {
     (void)now;
     std::uint32_t freed = 0;
     std::unordered_map<pid_t, bool> alive;
@@ -181,17 +181,17 @@ class watchdog {
       if (start == 0) {
         // Claiming: only a process that died mid-claim stays here; any process with the pid
         // being alive keeps the slot until the next sweep.
-        if (elastic::detail::process_alive(pid, 0)) return;
+        if (internal::process_alive(pid, 0)) return;
       } else {
         auto [it, inserted] = alive.try_emplace(pid, false);
-        if (inserted) it->second = elastic::detail::process_alive(pid, start);
+        if (inserted) it->second = internal::process_alive(pid, start);
         if (it->second) return;
       }
       freed += reclaim_process(pid, start, "process gone");
     });
     // Forget refusals of processes that are gone, so the set stays as small as the live ones.
     for (auto it = refused_.begin(); it != refused_.end();) {
-      it = elastic::detail::process_alive(it->first, it->second) ? std::next(it) : refused_.erase(it);
+      it = internal::process_alive(it->first, it->second) ? std::next(it) : refused_.erase(it);
     }
     return freed;
   }
@@ -264,12 +264,12 @@ class watchdog {
   /// slots (their content came from someone else, or from a process that no longer maps the
   /// segment) and logs one `watchdog_refused` per process.
   void refuse(pid_t pid, std::uint64_t start, int sig, std::string_view scope, std::string_view stage,
-              const elastic::detail::client_check& why) {
+              const internal::client_check& why) {
     stats_.refused.fetch_add(1, std::memory_order_relaxed);
     reclaim_process(pid, start, "refused: not a client");
     if (!refused_.emplace(pid, start).second) return;
     std::string reason;
-    if (why.maps == elastic::detail::maps_result::does_not_map) {
+    if (why.maps == internal::maps_result::does_not_map) {
       reason = "pid " + std::to_string(pid) + " does not map segment " + opts_.name +
                (stage == "escalate" ? ": it no longer maps it" : ": it never attached");
     } else {
@@ -280,7 +280,7 @@ class watchdog {
                                       {"target_pid", pid},
                                       {"target_start_time", start},
                                       {"scope", scope},
-                                      {"signal", elastic::detail::signal_name(sig)},
+                                      {"signal", internal::signal_name(sig)},
                                       {"stage", stage},
                                       {"reason", reason},
                                       {"effect", "not signalled; its slots were freed"}});
@@ -300,30 +300,30 @@ class watchdog {
     auto it = kills_.find(pid);
     if (it != kills_.end() && it->second.start_time == start) {
       // Already signalled for this process; escalate() follows up. Free its slots once it died.
-      if (!elastic::detail::process_alive(pid, start)) reclaim_process(pid, start, "killed");
+      if (!internal::process_alive(pid, start)) reclaim_process(pid, start, "killed");
       return false;
     }
     const int sig = e.signal != 0 ? e.signal : opts_.signal;
-    elastic::detail::client_check why;
-    const auto result = elastic::detail::signal_client(pid, start, sig, segment_id_, &why);
+    internal::client_check why;
+    const auto result = internal::signal_client(pid, start, sig, segment_id_, &why);
     const int err = errno;
-    if (result == elastic::detail::signal_result::gone) {
+    if (result == internal::signal_result::gone) {
       // Died on its own (or the pid now names a newer process): nothing to kill.
       reclaim_process(pid, start, "process gone");
       return false;
     }
-    if (result == elastic::detail::signal_result::refused) {
+    if (result == internal::signal_result::refused) {
       refuse(pid, start, sig, e.name, "signal", why);
       return false;
     }
-    kill_record& k = kills_[pid] = kill_record{start, sig, now, sig == SIGKILL || result != elastic::detail::signal_result::sent, {}};
+    kill_record& k = kills_[pid] = kill_record{start, sig, now, sig == SIGKILL || result != internal::signal_result::sent, {}};
     std::memcpy(k.scope, e.name, sizeof k.scope);
     const std::int64_t late = now - e.deadline_ns;
     const int rank = s.head.rank.load(std::memory_order_relaxed);
-    if (result == elastic::detail::signal_result::failed) {
+    if (result == internal::signal_result::failed) {
       events_.emit("watchdog_kill_failed",
                         {{"segment", opts_.name}, {"target_pid", pid}, {"scope", std::string_view(e.name)},
-                         {"signal", elastic::detail::signal_name(sig)}, {"errno", err}});
+                         {"signal", internal::signal_name(sig)}, {"errno", err}});
       return false;
     }
     stats_.signals.fetch_add(1, std::memory_order_relaxed);
@@ -336,7 +336,7 @@ class watchdog {
                        {"target_tid", s.head.tid.load(std::memory_order_relaxed)},
                        {"target_rank", rank >= 0 ? event_value(rank) : event_value(nullptr)},
                        {"scope", std::string_view(e.name)},
-                       {"signal", elastic::detail::signal_name(sig)},
+                       {"signal", internal::signal_name(sig)},
                        {"signo", sig},
                        {"limit_ms", static_cast<double>(e.deadline_ns - e.entered_ns) / 1e6},
                        {"held_ms", static_cast<double>(now - e.entered_ns) / 1e6},
@@ -360,7 +360,7 @@ class watchdog {
     for (auto it = kills_.begin(); it != kills_.end();) {
       const pid_t pid = it->first;
       kill_record& k = it->second;
-      if (!elastic::detail::process_alive(pid, k.start_time)) {
+      if (!internal::process_alive(pid, k.start_time)) {
         reclaim_process(pid, k.start_time, "killed");
         it = kills_.erase(it);
         continue;
@@ -369,18 +369,18 @@ class watchdog {
         const std::int64_t due = k.sent_ns + ns(opts_.escalate_after);
         if (now >= due) {
           k.final = true;
-          elastic::detail::client_check why;
-          const auto result = elastic::detail::signal_client(pid, k.start_time, SIGKILL, segment_id_, &why);
-          if (result == elastic::detail::signal_result::refused) {
+          internal::client_check why;
+          const auto result = internal::signal_client(pid, k.start_time, SIGKILL, segment_id_, &why);
+          if (result == internal::signal_result::refused) {
             refuse(pid, k.start_time, SIGKILL, k.scope, "escalate", why);
             it = kills_.erase(it);
             continue;
           }
-          if (result == elastic::detail::signal_result::sent) {
+          if (result == internal::signal_result::sent) {
             stats_.escalations.fetch_add(1, std::memory_order_relaxed);
             events_.emit("watchdog_escalate", {{"segment", opts_.name},
                                                     {"target_pid", pid},
-                                                    {"after_signal", elastic::detail::signal_name(k.signal)},
+                                                    {"after_signal", internal::signal_name(k.signal)},
                                                     {"signal", "SIGKILL"},
                                                     {"grace_ms", static_cast<std::int64_t>(opts_.escalate_after.count())}});
           }
@@ -433,7 +433,7 @@ class watchdog {
   watchdog_options opts_;
   event_log events_;
   detail::segment segment_;
-  elastic::detail::file_identity segment_id_;  // what a client's /proc/PID/maps shows
+  internal::file_identity segment_id_;  // what a client's /proc/PID/maps shows
   std::unordered_map<pid_t, kill_record> kills_;  // only the scanning thread touches it
   std::set<std::pair<pid_t, std::uint64_t>> refused_;  // logged refusals; only the scanning thread
   atomic_stats stats_;
@@ -441,4 +441,4 @@ class watchdog {
   std::jthread thread_;  // last: it must stop before the members it uses go away
 };
 
-}  // namespace elastic::timer
+}  // namespace elastic::inline v1::timer

@@ -18,7 +18,7 @@
 #include <elastic/events.hpp>
 #include <elastic/timer/detail/table.hpp>
 
-namespace elastic::timer {
+namespace elastic::inline v1::timer {
 
 /// A signal the watchdog sent to a process whose scope expired (what `watchdog_kill` logs).
 struct watchdog_kill_report {
@@ -91,4 +91,4 @@ struct scan_result {
   std::uint32_t signals_sent = 0;
 };
 
-}  // namespace elastic::timer
+}  // namespace elastic::inline v1::timer

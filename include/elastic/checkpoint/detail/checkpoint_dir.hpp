@@ -13,18 +13,18 @@
 
 #include <elastic/checkpoint/format.hpp>
 #include <elastic/checkpoint/storage.hpp>
-#include <elastic/detail/private_dir.hpp>
+#include <elastic/internal/private_dir.hpp>
 #include <elastic/error.hpp>
 
-namespace elastic::checkpoint::detail {
+namespace elastic::inline v1::checkpoint::detail {
 
 /// Opens (creating) the checkpoint directory and proves that this process can write into it,
 /// so that a run never trains for hours before learning that no checkpoint can be saved.
-inline elastic::detail::private_dir open_checkpoint_dir(const std::filesystem::path& dir) {
+inline internal::private_dir open_checkpoint_dir(const std::filesystem::path& dir) {
   const auto uid = std::to_string(::geteuid());
-  elastic::detail::private_dir d;
+  internal::private_dir d;
   try {
-    d = elastic::detail::private_dir::open(dir, true);
+    d = internal::private_dir::open(dir, true);
   } catch (const error& e) {
     if (e.code() == errc::unsafe_path) throw;  // says which path and why
     struct stat st {};
@@ -60,4 +60,4 @@ inline elastic::detail::private_dir open_checkpoint_dir(const std::filesystem::p
   return d;
 }
 
-}  // namespace elastic::checkpoint::detail
+}  // namespace elastic::inline v1::checkpoint::detail

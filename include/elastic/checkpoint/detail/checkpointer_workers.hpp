@@ -6,7 +6,7 @@
 
 #include <elastic/checkpoint/checkpointer.hpp>
 
-namespace elastic::checkpoint {
+namespace elastic::inline v1::checkpoint {
 
 inline void checkpointer::allocate_slots() {
   std::size_t fixed = 0;
@@ -32,8 +32,8 @@ inline void checkpointer::allocate_slots() {
     auto& s = slots_.emplace_back(std::make_unique<slot>());
     s->memory = detail::host_memory(fixed, pinned);
     if (st_.has_device_entries()) {
-      s->ready = elastic::detail::cuda::event::create();
-      s->copied = elastic::detail::cuda::event::create();
+      s->ready = internal::cuda::event::create();
+      s->copied = internal::cuda::event::create();
     }
   }
 }
@@ -68,7 +68,7 @@ inline void checkpointer::fill(slot& s, std::unique_lock<std::mutex>& lk, std::c
         s.ready.record(stream);
         s.ready.make_wait(side_.get());
       }
-      elastic::detail::cuda::copy_to_host_async(dst, e.data, e.bytes, side_.get());
+      internal::cuda::copy_to_host_async(dst, e.data, e.bytes, side_.get());
       s.has_device_copies = true;
     } else {
       s.has_host_copies = true;
@@ -189,4 +189,4 @@ inline void checkpointer::persist_loop() {
   }
 }
 
-}  // namespace elastic::checkpoint
+}  // namespace elastic::inline v1::checkpoint

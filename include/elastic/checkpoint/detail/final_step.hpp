@@ -57,13 +57,13 @@
 
 #include <fmt/format.h>
 
-#include <elastic/detail/env.hpp>
-#include <elastic/detail/file.hpp>
-#include <elastic/detail/private_dir.hpp>
-#include <elastic/detail/process.hpp>
+#include <elastic/internal/env.hpp>
+#include <elastic/internal/file.hpp>
+#include <elastic/internal/private_dir.hpp>
+#include <elastic/internal/process.hpp>
 #include <elastic/error.hpp>
 
-namespace elastic::checkpoint::detail {
+namespace elastic::inline v1::checkpoint::detail {
 
 /// One rank's proposal (or ack), as read back.
 struct final_proposal {
@@ -88,7 +88,7 @@ class final_step_agreement {
   /// earlier (their ranks are gone: this incarnation resumed after them).
   final_step_agreement(const std::filesystem::path& dir, int rank, int world_size, std::uint64_t resumed_step,
                        std::chrono::milliseconds stale_after)
-      : parent_(elastic::detail::private_dir::open(dir)),
+      : parent_(internal::private_dir::open(dir)),
         name_(fmt::format(".final-{:012}", resumed_step)),
         rank_(rank),
         world_size_(world_size),
@@ -198,7 +198,7 @@ class final_step_agreement {
     for (char* c = host; *c; ++c)
       if (*c == ' ' || *c == '\n') *c = '_';
     const pid_t pid = ::getpid();
-    return fmt::format("{} {} {} {}", host, pid_namespace(), pid, elastic::detail::process_start_time(pid));
+    return fmt::format("{} {} {} {}", host, pid_namespace(), pid, internal::process_start_time(pid));
   }
 
   static std::uint64_t pid_namespace() noexcept {
@@ -206,7 +206,7 @@ class final_step_agreement {
     return ::stat("/proc/self/ns/pid", &st) == 0 ? static_cast<std::uint64_t>(st.st_ino) : 0;
   }
 
-  std::optional<elastic::detail::private_dir> open_namespace(bool create) const {
+  std::optional<internal::private_dir> open_namespace(bool create) const {
     try {
       return parent_.subdir(name_, create);
     } catch (const error& e) {
@@ -218,16 +218,16 @@ class final_step_agreement {
   void write_atomic(const std::string& name, const std::string& content) const { ns_->write_atomic(name, content); }
 
   /// The names in `d`; nothing when it cannot be read (it is being removed, or never was).
-  static std::vector<std::string> list(const elastic::detail::private_dir& d) {
+  static std::vector<std::string> list(const internal::private_dir& d) {
     try {
-      return elastic::detail::list_dir_at(d.fd(), d.path());
+      return internal::list_dir_at(d.fd(), d.path());
     } catch (const error&) {
       return {};
     }
   }
 
   /// The live files named `<prefix><rank>`, one per rank, parsed.
-  std::vector<final_proposal> read_all(const elastic::detail::private_dir& d, std::string_view prefix) const {
+  std::vector<final_proposal> read_all(const internal::private_dir& d, std::string_view prefix) const {
     std::vector<final_proposal> out;
     for (const auto& n : list(d)) {
       if (!n.starts_with(prefix)) continue;
@@ -263,13 +263,13 @@ class final_step_agreement {
 
   /// A non-negative integer field (a step, a pid namespace inode, a start time).
   static std::optional<std::uint64_t> parse_count(std::string_view field) noexcept {
-    const auto n = elastic::detail::parse_integer(field);
+    const auto n = internal::parse_integer(field);
     if (!n || *n < 0) return std::nullopt;
     return static_cast<std::uint64_t>(*n);
   }
 
   /// A file of the namespace, if it is there, well formed and live.
-  std::optional<final_proposal> read_one(const elastic::detail::private_dir& d, const std::string& name,
+  std::optional<final_proposal> read_one(const internal::private_dir& d, const std::string& name,
                                          bool proposal) const {
     std::string text;
     struct stat st {};
@@ -290,7 +290,7 @@ class final_step_agreement {
     const std::string_view* id = fields->data() + (proposal ? 2 : 0);  // host pidns pid start
     const auto step = proposal ? parse_count((*fields)[0]) : std::optional<std::uint64_t>(0);
     const auto pidns = parse_count(id[1]), start = parse_count(id[3]);
-    const auto pid = elastic::detail::parse_integer(id[2]);
+    const auto pid = internal::parse_integer(id[2]);
     if (!step || !pidns || !pid || !start) return std::nullopt;
     if ((proposal && (*fields)[1].size() > 31) || id[0].size() > 255) return std::nullopt;
     p.step = *step;
@@ -305,7 +305,7 @@ class final_step_agreement {
 
   bool live(std::string_view host, std::uint64_t pidns, pid_t pid, std::uint64_t start, const struct stat& st) const {
     if (host == host_of(identity_) && pidns == pid_namespace() && pidns != 0) {
-      return elastic::detail::process_alive(pid, start);
+      return internal::process_alive(pid, start);
     }
     const auto written = std::chrono::system_clock::time_point(std::chrono::duration_cast<std::chrono::system_clock::duration>(
         std::chrono::seconds(st.st_mtim.tv_sec) + std::chrono::nanoseconds(st.st_mtim.tv_nsec)));
@@ -314,7 +314,7 @@ class final_step_agreement {
 
   static std::string_view host_of(std::string_view identity) { return identity.substr(0, identity.find(' ')); }
 
-  static void remove_quietly(const elastic::detail::private_dir& d, const std::string& name) noexcept {
+  static void remove_quietly(const internal::private_dir& d, const std::string& name) noexcept {
     ::unlinkat(d.fd(), name.c_str(), 0);
   }
 
@@ -339,8 +339,8 @@ class final_step_agreement {
     }
   }
 
-  elastic::detail::private_dir parent_;
-  std::optional<elastic::detail::private_dir> ns_;
+  internal::private_dir parent_;
+  std::optional<internal::private_dir> ns_;
   std::string name_;
   int rank_;
   int world_size_;
@@ -351,4 +351,4 @@ class final_step_agreement {
   std::size_t proposals_seen_ = 0;
 };
 
-}  // namespace elastic::checkpoint::detail
+}  // namespace elastic::inline v1::checkpoint::detail

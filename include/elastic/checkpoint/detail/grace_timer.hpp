@@ -12,7 +12,7 @@
 #include <elastic/checkpoint/preemption.hpp>
 #include <elastic/events.hpp>
 
-namespace elastic::checkpoint::detail {
+namespace elastic::inline v1::checkpoint::detail {
 
 /// Exits 75 if the final checkpoint is not durable within the grace: the orchestrator's
 /// SIGKILL is coming, and an orderly exit keeps the logs; the previous step stays committed.
@@ -40,4 +40,4 @@ class grace_timer {
   std::jthread thread_;
 };
 
-}  // namespace elastic::checkpoint::detail
+}  // namespace elastic::inline v1::checkpoint::detail

@@ -10,10 +10,10 @@
 #include <string>
 #include <utility>
 
-#include <elastic/detail/cuda.hpp>
+#include <elastic/internal/cuda.hpp>
 #include <elastic/error.hpp>
 
-namespace elastic::checkpoint::detail {
+namespace elastic::inline v1::checkpoint::detail {
 
 class host_memory {
  public:
@@ -23,7 +23,7 @@ class host_memory {
     if (bytes == 0) return;
 #if ELASTIC_WITH_CUDA
     if (pinned) {
-      elastic::detail::cuda::check(cudaHostAlloc(&data_, bytes, cudaHostAllocDefault), "cudaHostAlloc of checkpoint staging");
+      internal::cuda::check(cudaHostAlloc(&data_, bytes, cudaHostAllocDefault), "cudaHostAlloc of checkpoint staging");
       pinned_ = true;
       return;
     }
@@ -68,4 +68,4 @@ class host_memory {
   bool pinned_ = false;
 };
 
-}  // namespace elastic::checkpoint::detail
+}  // namespace elastic::inline v1::checkpoint::detail

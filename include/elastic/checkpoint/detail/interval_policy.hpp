@@ -13,7 +13,7 @@
 #include <cmath>
 #include <cstdint>
 
-namespace elastic::checkpoint::detail {
+namespace elastic::inline v1::checkpoint::detail {
 
 class interval_policy {
  public:
@@ -83,4 +83,4 @@ class interval_policy {
   bool pending_update_ = false;
 };
 
-}  // namespace elastic::checkpoint::detail
+}  // namespace elastic::inline v1::checkpoint::detail

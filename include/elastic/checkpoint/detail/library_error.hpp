@@ -12,7 +12,7 @@
 
 #include <elastic/error.hpp>
 
-namespace elastic::checkpoint::detail {
+namespace elastic::inline v1::checkpoint::detail {
 
 /// `e` as an elastic::error: nothing else may reach the caller (a std::filesystem_error
 /// rethrown by wait_durable() once ended a finished run in std::terminate).
@@ -32,4 +32,4 @@ inline std::exception_ptr as_library_error(std::exception_ptr e, std::string_vie
   }
 }
 
-}  // namespace elastic::checkpoint::detail
+}  // namespace elastic::inline v1::checkpoint::detail

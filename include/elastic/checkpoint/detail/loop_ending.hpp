@@ -12,7 +12,7 @@
 
 #include <elastic/checkpoint/training_loop.hpp>
 
-namespace elastic::checkpoint {
+namespace elastic::inline v1::checkpoint {
 
 inline void training_loop::final_checkpoint(loop_reason why) {
   reason_ = why;
@@ -135,7 +135,7 @@ inline void training_loop::interrupted_while_regrouping(const error& e) {
 
 inline void training_loop::start_grace(std::int64_t since) {
   if (grace_) return;
-  const std::int64_t now = elastic::detail::monotonic_ns();
+  const std::int64_t now = internal::monotonic_ns();
   if (since <= 0 || since > now) since = now;
   const auto left = std::chrono::nanoseconds(
       std::max<std::int64_t>(0, std::chrono::nanoseconds(*opts_.grace).count() - (now - since)));
@@ -158,4 +158,4 @@ inline void training_loop::emit_end(std::string_view interrupted) {
                 {"durable_step", s.last_durable_step ? static_cast<long long>(*s.last_durable_step) : -1LL}});
 }
 
-}  // namespace elastic::checkpoint
+}  // namespace elastic::inline v1::checkpoint

@@ -8,15 +8,15 @@
 #include <fmt/format.h>
 
 #include <elastic/checkpoint/loop_options.hpp>
-#include <elastic/detail/env.hpp>
+#include <elastic/internal/env.hpp>
 #include <elastic/error.hpp>
 #include <elastic/timer/client.hpp>
 
-namespace elastic::checkpoint::detail {
+namespace elastic::inline v1::checkpoint::detail {
 
 /// Options with what the environment fills in, every value checked.
 inline loop_options resolve_loop_options(loop_options o) {
-  namespace env = elastic::detail;
+  namespace env = elastic::internal;
   using std::chrono::milliseconds;
   if (o.max_overhead < 0 || o.max_overhead >= 1) {
     throw error(errc::invalid_argument, "training_loop: max_overhead is a fraction in [0, 1)");
@@ -54,7 +54,7 @@ inline loop_options resolve_loop_options(loop_options o) {
 /// must be there. (Unset: scopes are no-ops, and one timer_unwatched event says so.)
 inline void check_watchdog(std::chrono::milliseconds step_timeout) {
   if (step_timeout.count() <= 0) return;
-  const auto name = elastic::detail::env_string("ELASTIC_WATCHDOG");
+  const auto name = internal::env_string("ELASTIC_WATCHDOG");
   if (!name || timer::client::current() != nullptr) return;
   try {
     timer::client::attach(*name);
@@ -62,9 +62,9 @@ inline void check_watchdog(std::chrono::milliseconds step_timeout) {
     throw error(e.code(), fmt::format("ELASTIC_WATCHDOG='{}' cannot be attached ({}), so the step timeout of {} ms "
                                       "would not be enforced: start the watchdog (elastic-run hosts one), fix "
                                       "ELASTIC_WATCHDOG, or unset it to run unwatched",
-                                      elastic::detail::printable(*name), e.message(), step_timeout.count()),
+                                      internal::printable(*name), e.message(), step_timeout.count()),
                 e.os_code());
   }
 }
 
-}  // namespace elastic::checkpoint::detail
+}  // namespace elastic::inline v1::checkpoint::detail

@@ -17,11 +17,11 @@
 
 #include <elastic/checkpoint/detail/step_files.hpp>
 #include <elastic/checkpoint/format.hpp>
-#include <elastic/detail/private_dir.hpp>
+#include <elastic/internal/private_dir.hpp>
 #include <elastic/error.hpp>
 #include <elastic/events.hpp>
 
-namespace elastic::checkpoint {
+namespace elastic::inline v1::checkpoint {
 
 namespace fs = std::filesystem;
 
@@ -47,7 +47,7 @@ inline bool is_damage(const error& e) noexcept {
 /// Moves step `step` aside as corrupt-step-<12 digits> (or -2, -3... when taken) so that it no
 /// longer shadows the valid ones, and says so with a checkpoint_quarantined event. Returns
 /// where it went, or nothing when the step was no longer there (another process moved it).
-inline std::optional<fs::path> quarantine_step(const elastic::detail::private_dir& root, std::uint64_t step,
+inline std::optional<fs::path> quarantine_step(const internal::private_dir& root, std::uint64_t step,
                                                std::string_view reason, const event_log& events = {}) {
   const std::string from = format::step_dir_name(step);
   for (int attempt = 1; attempt <= 1000; ++attempt) {
@@ -78,9 +78,9 @@ inline std::optional<fs::path> quarantine_step(const elastic::detail::private_di
 
 /// Removes the directory `name` under `root` (best effort: a failure is reported as an event,
 /// since the step it held is no longer in anyone's way).
-inline void remove_quietly(const elastic::detail::private_dir& root, const std::string& name, const event_log& events) {
+inline void remove_quietly(const internal::private_dir& root, const std::string& name, const event_log& events) {
   try {
-    elastic::detail::remove_tree_at(root.fd(), name, root / name);
+    internal::remove_tree_at(root.fd(), name, root / name);
   } catch (const error& e) {
     events.emit("checkpoint_retention_failed", {{"dir", (root / name).string()}, {"reason", e.what()}});
   }
@@ -88,16 +88,16 @@ inline void remove_quietly(const elastic::detail::private_dir& root, const std::
 
 /// Deletes committed step `step`: renamed to .removing-step-... first, so that a crash half-way
 /// leaves a name retention sweeps, never a half-deleted step that reads as corrupt.
-inline void remove_step(const elastic::detail::private_dir& root, std::uint64_t step, const event_log& events = {}) {
+inline void remove_step(const internal::private_dir& root, std::uint64_t step, const event_log& events = {}) {
   const std::string name = format::step_dir_name(step), trash = format::removing_dir_name(step);
-  elastic::detail::remove_tree_at(root.fd(), trash, root / trash);  // a leftover of a crash
+  internal::remove_tree_at(root.fd(), trash, root / trash);  // a leftover of a crash
   if (::renameat(root.fd(), name.c_str(), root.fd(), trash.c_str()) != 0) {
     if (errno == ENOENT) return;  // someone else removed it
     throw os_error("cannot move " + (root / name).string() + " to " + (root / trash).string() + " to remove it");
   }
   root.sync();
   events.emit("checkpoint_removed", {{"step", step}});
-  elastic::detail::remove_tree_at(root.fd(), trash, root / trash);
+  internal::remove_tree_at(root.fd(), trash, root / trash);
 }
 
 /// Keeps the newest `keep_last` valid steps (at least one) and never deletes a step at or after
@@ -105,7 +105,7 @@ inline void remove_step(const elastic::detail::private_dir& root, std::uint64_t 
 /// (quarantine_step); sweeps pending directories of steps at or below the newest step kept and
 /// the leftovers of interrupted removals. Quarantined steps are never deleted. Everything that
 /// can be done is done; the first failure is thrown at the end.
-inline void retain(const elastic::detail::private_dir& root, std::size_t keep_last, std::optional<std::uint64_t> floor,
+inline void retain(const internal::private_dir& root, std::size_t keep_last, std::optional<std::uint64_t> floor,
                    const event_log& events = {}) {
   keep_last = std::max<std::size_t>(keep_last, 1);
   std::optional<error> first;
@@ -133,11 +133,11 @@ inline void retain(const elastic::detail::private_dir& root, std::size_t keep_la
   std::optional<std::uint64_t> newest = floor;
   if (!valid.empty() && (!newest || valid.front() > *newest)) newest = valid.front();
   attempt([&] {
-    for (const auto& n : elastic::detail::list_dir_at(root.fd(), root.path())) {
+    for (const auto& n : internal::list_dir_at(root.fd(), root.path())) {
       const auto pending = format::parse_step_dir(n, true);
       const bool stale_pending = pending && newest && *pending <= *newest;
       if (stale_pending || n.starts_with(format::removing_prefix) || n.starts_with(format::probe_prefix)) {
-        attempt([&] { elastic::detail::remove_tree_at(root.fd(), n, root / n); });
+        attempt([&] { internal::remove_tree_at(root.fd(), n, root / n); });
       }
     }
   });
@@ -145,4 +145,4 @@ inline void retain(const elastic::detail::private_dir& root, std::size_t keep_la
 }
 
 }  // namespace storage
-}  // namespace elastic::checkpoint
+}  // namespace elastic::inline v1::checkpoint

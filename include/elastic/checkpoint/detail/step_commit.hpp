@@ -24,13 +24,13 @@
 #include <elastic/checkpoint/detail/step_files.hpp>
 #include <elastic/checkpoint/format.hpp>
 #include <elastic/checkpoint/state.hpp>
-#include <elastic/detail/crc32c.hpp>
-#include <elastic/detail/file.hpp>
-#include <elastic/detail/private_dir.hpp>
+#include <elastic/internal/crc32c.hpp>
+#include <elastic/internal/file.hpp>
+#include <elastic/internal/private_dir.hpp>
 #include <elastic/error.hpp>
 #include <elastic/events.hpp>
 
-namespace elastic::checkpoint {
+namespace elastic::inline v1::checkpoint {
 
 namespace fs = std::filesystem;
 
@@ -44,7 +44,7 @@ namespace storage {
 
 /// Writes this rank's part of `step` into the pending directory under `root`; durable when it
 /// returns. Returns the number of bytes of the data file.
-inline std::uint64_t write_rank_part(const elastic::detail::private_dir& root, std::uint64_t step, int rank,
+inline std::uint64_t write_rank_part(const internal::private_dir& root, std::uint64_t step, int rank,
                                      int world_size, const std::string& run_id, std::span<const staged_entry> entries,
                                      std::uint64_t chunk_bytes = default_chunk_bytes) {
   const auto pending = root.subdir(format::pending_dir_name(step));
@@ -75,8 +75,8 @@ inline std::uint64_t write_rank_part(const elastic::detail::private_dir& root, s
       for (std::uint64_t at = 0; at < r.bytes; at += chunk_bytes) {
         const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(chunk_bytes, r.bytes - at));
         const std::byte* p = s.bytes.data() + at;
-        r.crc.push_back(elastic::detail::crc32c(p, n));
-        elastic::detail::pwrite_all(fd.get(), p, n, offset + at, data_path);
+        r.crc.push_back(internal::crc32c(p, n));
+        internal::pwrite_all(fd.get(), p, n, offset + at, data_path);
       }
       offset += (r.bytes + data_alignment - 1) / data_alignment * data_alignment;
       m.entries.push_back(std::move(r));
@@ -84,7 +84,7 @@ inline std::uint64_t write_rank_part(const elastic::detail::private_dir& root, s
     m.data_bytes = offset;
     // Holes at the end would leave the file shorter than the manifest says.
     if (::ftruncate(fd.get(), static_cast<off_t>(offset)) != 0) throw os_error("cannot size " + data_path.string());
-    elastic::detail::fsync_fd(fd.get(), data_path);
+    internal::fsync_fd(fd.get(), data_path);
   }
   pending.write_atomic(format::rank_manifest_name(rank), format::encode(m));
   return m.data_bytes;
@@ -92,7 +92,7 @@ inline std::uint64_t write_rank_part(const elastic::detail::private_dir& root, s
 
 /// Rank 0: once every rank's part of `step` is durable in the pending directory, writes the
 /// step manifest and makes the step visible. Waits at most `timeout` for the other ranks.
-inline void commit_step(const elastic::detail::private_dir& root, const format::step_manifest& manifest,
+inline void commit_step(const internal::private_dir& root, const format::step_manifest& manifest,
                         std::chrono::milliseconds timeout, const event_log& events = {}) {
   const std::string pending_name = format::pending_dir_name(manifest.step);
   const auto pending = root.subdir(pending_name);
@@ -138,7 +138,7 @@ inline void commit_step(const elastic::detail::private_dir& root, const format::
     }
     // No RENAME_EXCHANGE here: move the old step out of the way first.
     const std::string trash = format::removing_dir_name(manifest.step);
-    elastic::detail::remove_tree_at(root.fd(), trash, root / trash);
+    internal::remove_tree_at(root.fd(), trash, root / trash);
     if (::renameat(root.fd(), final_name.c_str(), root.fd(), trash.c_str()) != 0 && errno != ENOENT) {
       throw os_error("cannot move " + (root / final_name).string() + " out of the way");
     }
@@ -156,4 +156,4 @@ inline void commit_step(const elastic::detail::private_dir& root, const format::
 }
 
 }  // namespace storage
-}  // namespace elastic::checkpoint
+}  // namespace elastic::inline v1::checkpoint

@@ -19,11 +19,11 @@
 #include <fmt/format.h>
 
 #include <elastic/checkpoint/format.hpp>
-#include <elastic/detail/file.hpp>
-#include <elastic/detail/private_dir.hpp>
+#include <elastic/internal/file.hpp>
+#include <elastic/internal/private_dir.hpp>
 #include <elastic/error.hpp>
 
-namespace elastic::checkpoint {
+namespace elastic::inline v1::checkpoint {
 
 namespace fs = std::filesystem;
 
@@ -49,7 +49,7 @@ inline error unreadable_dir(const fs::path& dir, int err) {
 
 /// Opens `dir` for reading: nothing when it does not exist (a fresh start), an error naming it
 /// for any other failure.
-inline std::optional<elastic::detail::unique_fd> open_for_reading(const fs::path& dir) {
+inline std::optional<internal::unique_fd> open_for_reading(const fs::path& dir) {
   int fd;
   do {
     fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -58,7 +58,7 @@ inline std::optional<elastic::detail::unique_fd> open_for_reading(const fs::path
     if (errno == ENOENT) return std::nullopt;
     throw unreadable_dir(dir, errno);
   }
-  return elastic::detail::unique_fd(fd);
+  return internal::unique_fd(fd);
 }
 
 /// Committed steps in the directory `dirfd` (shown as `dir`), newest first. Pending, corrupt
@@ -66,7 +66,7 @@ inline std::optional<elastic::detail::unique_fd> open_for_reading(const fs::path
 inline std::vector<std::uint64_t> list_steps_at(int dirfd, const fs::path& dir) {
   std::vector<std::string> names;
   try {
-    names = elastic::detail::list_dir_at(dirfd, dir);
+    names = internal::list_dir_at(dirfd, dir);
   } catch (const error& e) {
     throw unreadable_dir(dir, e.os_code() ? e.os_code().value() : EIO);
   }
@@ -91,7 +91,7 @@ inline format::rank_manifest read_rank_manifest_at(int sdir, const fs::path& sho
   const fs::path p = shown / name;
   std::string text;
   try {
-    text = elastic::detail::read_small_file_at(sdir, name, p);
+    text = internal::read_small_file_at(sdir, name, p);
   } catch (const error& e) {
     if (e.os_code() == std::errc::no_such_file_or_directory) {
       throw error(errc::corrupt, p.string() + " is missing: rank " + std::to_string(rank) + "'s part of the step is not there");
@@ -112,7 +112,7 @@ inline format::rank_manifest read_rank_manifest(const fs::path& step_dir, int ra
 
 /// A committed step's directory, opened, with its manifests read and checked against each other.
 struct step_files {
-  elastic::detail::unique_fd dir;
+  internal::unique_fd dir;
   fs::path path;
   format::step_manifest manifest;
   std::vector<format::rank_manifest> parts;
@@ -127,7 +127,7 @@ inline step_files open_step_at(int dirfd, const fs::path& dir, std::uint64_t ste
   const std::string name = format::step_dir_name(step);
   f.path = dir / name;
   try {
-    f.dir = elastic::detail::open_dir_at(dirfd, name, f.path);
+    f.dir = internal::open_dir_at(dirfd, name, f.path);
   } catch (const error& e) {
     if (e.os_code() == std::errc::no_such_file_or_directory) {
       throw error(errc::not_found, "checkpoint step " + f.path.string() + " does not exist (removed meanwhile?)");
@@ -138,7 +138,7 @@ inline step_files open_step_at(int dirfd, const fs::path& dir, std::uint64_t ste
   const fs::path mpath = f.path / mname;
   std::string text;
   try {
-    text = elastic::detail::read_small_file_at(f.dir.get(), mname, mpath);
+    text = internal::read_small_file_at(f.dir.get(), mname, mpath);
   } catch (const error& e) {
     if (e.os_code() == std::errc::no_such_file_or_directory) {
       throw error(errc::corrupt, mpath.string() + " is missing: the step was never committed whole");
@@ -166,4 +166,4 @@ inline format::step_manifest check_step(const fs::path& dir, std::uint64_t step)
 }
 
 }  // namespace storage
-}  // namespace elastic::checkpoint
+}  // namespace elastic::inline v1::checkpoint

@@ -21,12 +21,12 @@
 #include <elastic/checkpoint/detail/host_memory.hpp>
 #include <elastic/checkpoint/format.hpp>
 #include <elastic/checkpoint/state.hpp>
-#include <elastic/detail/crc32c.hpp>
-#include <elastic/detail/cuda.hpp>
-#include <elastic/detail/file.hpp>
+#include <elastic/internal/crc32c.hpp>
+#include <elastic/internal/cuda.hpp>
+#include <elastic/internal/file.hpp>
 #include <elastic/error.hpp>
 
-namespace elastic::checkpoint::detail {
+namespace elastic::inline v1::checkpoint::detail {
 
 /// Throws errc::mismatch listing every way step `sdir` (its part `home`) does not fit `st`: an
 /// entry missing, renamed, retyped or resized. All at once, so one fix-and-retry suffices.
@@ -86,8 +86,8 @@ class step_reader {
         partial_.resize(static_cast<std::size_t>(c1 - c0));
         dst = partial_.data();
       }
-      elastic::detail::pread_all(file(r), dst, static_cast<std::size_t>(c1 - c0), rec.offset + c0, p);
-      const std::uint32_t crc = elastic::detail::crc32c(dst, static_cast<std::size_t>(c1 - c0));
+      internal::pread_all(file(r), dst, static_cast<std::size_t>(c1 - c0), rec.offset + c0, p);
+      const std::uint32_t crc = internal::crc32c(dst, static_cast<std::size_t>(c1 - c0));
       if (crc != rec.crc[static_cast<std::size_t>(c)]) {
         throw error(errc::corrupt, fmt::format("{}: entry '{}' bytes {}..{} fail their checksum (stored {:08x}, read {:08x})",
                                                p.string(), rec.name, c0, c1, rec.crc[static_cast<std::size_t>(c)], crc));
@@ -103,7 +103,7 @@ class step_reader {
     if (f) return f.get();
     const std::filesystem::path p = sdir_ / format::rank_data_name(r);
     try {
-      f = elastic::detail::open_regular_at(stepfd_, format::rank_data_name(r), p);
+      f = internal::open_regular_at(stepfd_, format::rank_data_name(r), p);
     } catch (const error& e) {
       if (e.os_code() == std::errc::no_such_file_or_directory) {
         throw error(errc::corrupt, p.string() + " is missing: rank " + std::to_string(r) + "'s data is not there");
@@ -125,7 +125,7 @@ class step_reader {
   int stepfd_;
   const std::filesystem::path& sdir_;
   const std::vector<format::rank_manifest>& parts_;
-  std::vector<elastic::detail::unique_fd> files_;
+  std::vector<internal::unique_fd> files_;
   std::vector<std::byte> partial_;  // a chunk only partly wanted is verified whole here
 };
 
@@ -191,11 +191,11 @@ inline void apply_staged(const state& st, const std::vector<std::span<const std:
     if (e.kind == entry_kind::object) {
       e.load(staged[i]);
     } else if (e.where == location::device) {
-      elastic::detail::cuda::copy_to_device(e.data, staged[i].data(), staged[i].size());
+      internal::cuda::copy_to_device(e.data, staged[i].data(), staged[i].size());
     } else if (!staged[i].empty()) {
       std::memcpy(e.data, staged[i].data(), staged[i].size());
     }
   }
 }
 
-}  // namespace elastic::checkpoint::detail
+}  // namespace elastic::inline v1::checkpoint::detail

@@ -20,7 +20,7 @@
 #include <elastic/error.hpp>
 #include <elastic/rendezvous/store.hpp>
 
-namespace elastic::comm {
+namespace elastic::inline v1::comm {
 
 /// Our store seen through Gloo's `gloo::rendezvous::Store` interface, every key under
 /// `<prefix>/`. Gloo publishes each rank's transport addresses through it while connecting.
@@ -86,4 +86,4 @@ class gloo_store_adapter final : public ::gloo::rendezvous::Store {
   std::chrono::milliseconds timeout_;
 };
 
-}  // namespace elastic::comm
+}  // namespace elastic::inline v1::comm

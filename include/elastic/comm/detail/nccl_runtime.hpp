@@ -27,7 +27,7 @@
 #include <elastic/comm/half.hpp>
 #include <elastic/error.hpp>
 
-namespace elastic::comm::detail {
+namespace elastic::inline v1::comm::detail {
 
 /// `name` in the libnccl this process runs with, or nullptr where that library predates it.
 inline void* nccl_symbol(const char* name) noexcept {
@@ -101,4 +101,4 @@ constexpr ncclDataType_t nccl_type() noexcept {
   else return ncclBfloat16;  // nccl.h declares it for CUDA >= 11, which elastic::cuda requires
 }
 
-}  // namespace elastic::comm::detail
+}  // namespace elastic::inline v1::comm::detail

@@ -17,7 +17,7 @@
 #include <elastic/checkpoint/state.hpp>
 #include <elastic/error.hpp>
 
-namespace elastic::comm::detail {
+namespace elastic::inline v1::comm::detail {
 
 /// Whether entry `e` stays out of the packed host state: device entries travel by the device
 /// communicator (`device_comm`); with a host one they cannot, and that is an error.
@@ -88,4 +88,4 @@ inline void unpack(checkpoint::state& st, std::span<const std::byte> in, bool de
   }
 }
 
-}  // namespace elastic::comm::detail
+}  // namespace elastic::inline v1::comm::detail

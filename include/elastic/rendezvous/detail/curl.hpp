@@ -12,7 +12,7 @@
 
 #include <elastic/error.hpp>
 
-namespace elastic::rendezvous::detail {
+namespace elastic::inline v1::rendezvous::detail {
 
 /// libcurl's global state, initialized once per process: it is process-wide by nature (its
 /// SSL library and resolver), and never cleaned up, since a handle may outlive any owner.
@@ -36,4 +36,4 @@ struct curl_slist_free {
 };
 using curl_headers = std::unique_ptr<curl_slist, curl_slist_free>;
 
-}  // namespace elastic::rendezvous::detail
+}  // namespace elastic::inline v1::rendezvous::detail

@@ -31,20 +31,20 @@
 
 #include <fmt/format.h>
 
-#include <elastic/detail/json.hpp>
-#include <elastic/detail/names.hpp>
+#include <elastic/internal/json.hpp>
+#include <elastic/internal/names.hpp>
 #include <elastic/error.hpp>
 #include <elastic/rendezvous/detail/curl.hpp>
 #include <elastic/rendezvous/detail/etcd_reply.hpp>
 #include <elastic/rendezvous/etcd_options.hpp>
 #include <elastic/rendezvous/store_url.hpp>
 
-namespace elastic::rendezvous::detail {
+namespace elastic::inline v1::rendezvous::detail {
 
 /// The etcd endpoints of one store URL, with failover, retry and authentication.
 class etcd_gateway {
  public:
-  using json = elastic::detail::json;
+  using json = internal::json;
   using clock = std::chrono::steady_clock;
 
   /// Checks `url` and `options`; with a user, authenticates now, so that a wrong password fails
@@ -91,7 +91,7 @@ class etcd_gateway {
           if (e.code() != errc::corrupt) throw;
           throw error(errc::corrupt, fmt::format("store {}: {} sent a reply to {} we cannot read ({}): '{}'", url_,
                                                  endpoint_name(ep), path, e.message(),
-                                                 elastic::detail::printable(r->dump().substr(0, 200))));
+                                                 internal::printable(r->dump().substr(0, 200))));
         }
       }
       auto& down = std::get<unavailable>(outcome);
@@ -241,7 +241,7 @@ class etcd_gateway {
       std::error_code ec;
       if (!f->empty() && !std::filesystem::is_regular_file(*f, ec)) {
         throw error(errc::not_found, fmt::format("TLS file '{}' for {} does not exist or is not a file",
-                                                 elastic::detail::printable(*f), url_));
+                                                 internal::printable(*f), url_));
       }
     }
   }
@@ -319,7 +319,7 @@ class etcd_gateway {
   /// The error for a gRPC failure that retrying does not mend.
   error failure_error(std::size_t ep, std::string_view path, const grpc_failure& f) const {
     const std::string who = fmt::format("store {}: etcd at {}", url_, endpoint_name(ep));
-    const std::string user = elastic::detail::printable(options_.user);
+    const std::string user = internal::printable(options_.user);
     if (path == auth_path && f.code == grpc_invalid_argument) {
       return error(errc::invalid_argument, fmt::format("{} refused user '{}': {}: check etcd_options::user and password",
                                                        who, user, f.message));
@@ -343,7 +343,7 @@ class etcd_gateway {
       case grpc_permission_denied:
         return error(errc::invalid_argument, fmt::format("{}: check that user '{}' and its role may read and write "
                                                          "keys under '{}'",
-                                                         where, user, elastic::detail::printable(options_.prefix)));
+                                                         where, user, internal::printable(options_.prefix)));
       case grpc_invalid_argument:
       case grpc_failed_precondition: return error(errc::invalid_argument, fmt::format("{} (gRPC code {})", where, f.code));
       default: return error(errc::corrupt, fmt::format("{} (gRPC code {})", where, f.code));
@@ -379,7 +379,7 @@ class etcd_gateway {
       r = json::parse(reply);
     } catch (const error&) {
       if (status >= 500) return unavailable{fmt::format("HTTP {}", status)};
-      const std::string quoted = elastic::detail::printable(std::string_view(reply).substr(0, 120));
+      const std::string quoted = internal::printable(std::string_view(reply).substr(0, 120));
       if (status == 404) {
         throw error(errc::version_mismatch,
                     fmt::format("store {}: {} has no etcd v3 JSON gateway at {} (HTTP 404 '{}'): point the URL at the "
@@ -404,7 +404,7 @@ class etcd_gateway {
     if (!r.is_object() || status != 200) {
       throw error(errc::corrupt, fmt::format("store {}: {} sent an unexpected reply to {} (HTTP {}, '{}')", url_,
                                              endpoint_name(ep), path, status,
-                                             elastic::detail::printable(std::string_view(reply).substr(0, 120))));
+                                             internal::printable(std::string_view(reply).substr(0, 120))));
     }
     return r;
   }
@@ -422,4 +422,4 @@ class etcd_gateway {
   std::string token_;
 };
 
-}  // namespace elastic::rendezvous::detail
+}  // namespace elastic::inline v1::rendezvous::detail

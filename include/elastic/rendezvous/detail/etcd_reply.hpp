@@ -12,16 +12,16 @@
 
 #include <fmt/format.h>
 
-#include <elastic/detail/base64.hpp>
-#include <elastic/detail/env.hpp>
-#include <elastic/detail/json.hpp>
-#include <elastic/detail/names.hpp>
+#include <elastic/internal/base64.hpp>
+#include <elastic/internal/env.hpp>
+#include <elastic/internal/json.hpp>
+#include <elastic/internal/names.hpp>
 #include <elastic/error.hpp>
 
-namespace elastic::rendezvous::detail {
+namespace elastic::inline v1::rendezvous::detail {
 
-using elastic::detail::base64_decode;
-using elastic::detail::base64_encode;
+using internal::base64_decode;
+using internal::base64_encode;
 
 /// The smallest key above every key that starts with `prefix`: etcd's range_end for a prefix.
 /// "\0" (every key from `prefix` on) when no such key exists (empty, or all bytes 0xff).
@@ -38,20 +38,20 @@ inline std::string prefix_end(std::string prefix) {
 }
 
 /// An int64 field of a gateway reply: proto3 JSON writes them as strings and leaves zeros out.
-inline std::int64_t int_field(const elastic::detail::json& obj, std::string_view name) {
+inline std::int64_t int_field(const internal::json& obj, std::string_view name) {
   const auto* f = obj.find(name);
   if (!f) return 0;
   if (f->is_integer()) return f->as_int64();
   const std::string& s = f->as_string();
-  const auto v = elastic::detail::parse_integer(s);
+  const auto v = internal::parse_integer(s);
   if (!v) {
-    throw error(errc::corrupt, fmt::format("field '{}' holds '{}', not an integer", name, elastic::detail::printable(s)));
+    throw error(errc::corrupt, fmt::format("field '{}' holds '{}', not an integer", name, internal::printable(s)));
   }
   return *v;
 }
 
 /// A bytes field of a gateway reply, decoded; absent means empty.
-inline std::string bytes_field(const elastic::detail::json& obj, std::string_view name) {
+inline std::string bytes_field(const internal::json& obj, std::string_view name) {
   const auto* f = obj.find(name);
   if (!f) return {};
   auto v = base64_decode(f->as_string());
@@ -66,7 +66,7 @@ struct etcd_kv {
 };
 
 /// The first key of a range reply, or none when the range is empty.
-inline std::optional<etcd_kv> first_kv(const elastic::detail::json& range_reply) {
+inline std::optional<etcd_kv> first_kv(const internal::json& range_reply) {
   const auto* kvs = range_reply.find("kvs");
   if (!kvs || kvs->size() == 0) return std::nullopt;
   const auto& e = kvs->at(std::size_t{0});
@@ -74,9 +74,9 @@ inline std::optional<etcd_kv> first_kv(const elastic::detail::json& range_reply)
 }
 
 /// The first key's value of a range reply, or none when the range is empty.
-inline std::optional<std::string> first_value(const elastic::detail::json& range_reply) {
+inline std::optional<std::string> first_value(const internal::json& range_reply) {
   if (auto e = first_kv(range_reply)) return std::move(e->value);
   return std::nullopt;
 }
 
-}  // namespace elastic::rendezvous::detail
+}  // namespace elastic::inline v1::rendezvous::detail

@@ -13,11 +13,11 @@
 #include <string>
 #include <vector>
 
-#include <elastic/detail/json.hpp>
+#include <elastic/internal/json.hpp>
 #include <elastic/rendezvous/detail/etcd_gateway.hpp>
 #include <elastic/rendezvous/detail/etcd_reply.hpp>
 
-namespace elastic::rendezvous::detail {
+namespace elastic::inline v1::rendezvous::detail {
 
 /// How a watch ended: a put (or a compaction) in the range, nothing within the window, or no
 /// watch at all (etcd away, or it refused this one).
@@ -25,14 +25,14 @@ enum class watch_result { changed, quiet, failed };
 
 /// The create request of a watch on the range spanning `full_keys` (keys with the store's
 /// prefix), for puts only, from `revision` on: any put there wakes the waiter to check again.
-inline elastic::detail::json watch_request(const std::vector<std::string>& full_keys, std::int64_t revision) {
+inline internal::json watch_request(const std::vector<std::string>& full_keys, std::int64_t revision) {
   const auto [lo, hi] = std::minmax_element(full_keys.begin(), full_keys.end());
-  elastic::detail::json create;
+  internal::json create;
   create["key"] = base64_encode(*lo);
   if (full_keys.size() > 1) create["range_end"] = base64_encode(*hi + '\0');
   create["start_revision"] = std::to_string(revision);
   create["filters"].push_back("NODELETE");
-  elastic::detail::json body;
+  internal::json body;
   body["create_request"] = std::move(create);
   return body;
 }
@@ -46,7 +46,7 @@ struct watch_stream {
 
   /// Reads one message; true when it settles the watch.
   bool settle(const std::string& line) {
-    const auto m = elastic::detail::json::parse(line);
+    const auto m = internal::json::parse(line);
     const auto* r = m.find("result");
     if (!r) {
       result = watch_result::failed;
@@ -84,7 +84,7 @@ struct watch_stream {
 
 /// Streams /v3/watch with `request` (see watch_request) on the endpoint that answered last, for
 /// up to `window`. Never throws for a failed stream: that is watch_result::failed.
-inline watch_result run_watch(etcd_gateway& gateway, const elastic::detail::json& request,
+inline watch_result run_watch(etcd_gateway& gateway, const internal::json& request,
                               std::chrono::milliseconds window) {
   const std::string text = request.dump();
   watch_stream st;
@@ -102,4 +102,4 @@ inline watch_result run_watch(etcd_gateway& gateway, const elastic::detail::json
   return watch_result::failed;  // the stream ended or broke: the next check finds out why
 }
 
-}  // namespace elastic::rendezvous::detail
+}  // namespace elastic::inline v1::rendezvous::detail

@@ -13,11 +13,11 @@
 #include <string>
 #include <utility>
 
-#include <elastic/detail/periodic_thread.hpp>
+#include <elastic/internal/periodic_thread.hpp>
 #include <elastic/error.hpp>
 #include <elastic/rendezvous/store.hpp>
 
-namespace elastic::rendezvous::detail {
+namespace elastic::inline v1::rendezvous::detail {
 
 class lease_keeper {
  public:
@@ -45,7 +45,7 @@ class lease_keeper {
     if (!thread_.started()) {
       active_run_key_ = std::move(active_run_key);
       run_id_ = std::move(run_id);
-      thread_ = elastic::detail::periodic_thread(interval, [this] {
+      thread_ = internal::periodic_thread(interval, [this] {
         renew();
         return true;
       });
@@ -78,7 +78,7 @@ class lease_keeper {
   std::string run_id_;
   std::atomic<lease_id> lease_{0};
   std::atomic<bool> lost_{false};
-  elastic::detail::periodic_thread thread_;  // last: it stops before the members it uses go away
+  internal::periodic_thread thread_;  // last: it stops before the members it uses go away
 };
 
-}  // namespace elastic::rendezvous::detail
+}  // namespace elastic::inline v1::rendezvous::detail

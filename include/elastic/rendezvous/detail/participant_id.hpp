@@ -13,7 +13,7 @@
 #include <string>
 #include <string_view>
 
-namespace elastic::rendezvous::detail {
+namespace elastic::inline v1::rendezvous::detail {
 
 inline bool run_id_char(char c) noexcept {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
@@ -43,4 +43,4 @@ inline std::string random_hex(std::size_t bytes) {
   return out;
 }
 
-}  // namespace elastic::rendezvous::detail
+}  // namespace elastic::inline v1::rendezvous::detail

@@ -11,7 +11,7 @@
 
 #include <elastic/rendezvous/detail/round_records.hpp>
 
-namespace elastic::rendezvous::detail {
+namespace elastic::inline v1::rendezvous::detail {
 
 /// The rank order of round `round`: survivors of round-1 by their previous rank, then
 /// newcomers by id; at most `max` of them.
@@ -31,4 +31,4 @@ inline std::vector<member> rank_order(std::vector<join_entry> joins, std::int64_
   return out;
 }
 
-}  // namespace elastic::rendezvous::detail
+}  // namespace elastic::inline v1::rendezvous::detail

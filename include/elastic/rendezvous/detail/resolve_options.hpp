@@ -14,14 +14,14 @@
 
 #include <fmt/format.h>
 
-#include <elastic/detail/env.hpp>
-#include <elastic/detail/host_name.hpp>
-#include <elastic/detail/names.hpp>
+#include <elastic/internal/env.hpp>
+#include <elastic/internal/host_name.hpp>
+#include <elastic/internal/names.hpp>
 #include <elastic/error.hpp>
 #include <elastic/rendezvous/detail/participant_id.hpp>
 #include <elastic/rendezvous/rendezvous_options.hpp>
 
-namespace elastic::rendezvous::detail {
+namespace elastic::inline v1::rendezvous::detail {
 
 /// Refuses options: errc::invalid_argument, "rendezvous: <why>".
 [[noreturn]] inline void refuse_options(const std::string& why) {
@@ -33,22 +33,22 @@ inline void resolve_participant_id(rendezvous_options& opts) {
   if (opts.participant_id.empty()) {
     // elastic-run names each worker slot (HOST:LOCAL_RANK) so it can retire the slot's alive key
     // the moment it reaps a dead worker.
-    opts.participant_id = elastic::detail::env_string("ELASTIC_PARTICIPANT_ID").value_or("");
+    opts.participant_id = internal::env_string("ELASTIC_PARTICIPANT_ID").value_or("");
   }
   if (opts.participant_id.empty()) {
-    opts.participant_id = fmt::format("{}:{}:{}", elastic::detail::host_name_for_ids(), ::getpid(), random_hex(4));
+    opts.participant_id = fmt::format("{}:{}:{}", internal::host_name_for_ids(), ::getpid(), random_hex(4));
   }
   if (!valid_participant(opts.participant_id)) {
     refuse_options(fmt::format("participant id '{}' is not 1 to 128 characters of A-Z a-z 0-9 . _ - : @ (set "
                                "participant_id or ELASTIC_PARTICIPANT_ID)",
-                               elastic::detail::printable(opts.participant_id)));
+                               internal::printable(opts.participant_id)));
   }
 }
 
 /// Of a bound's two variables, the one to read: the current name when it is set, else the
 /// older one when that is, else the current one.
 inline const char* bound_variable(const char* name, const char* older_name) {
-  if (elastic::detail::env_string(name) || !elastic::detail::env_string(older_name)) return name;
+  if (internal::env_string(name) || !internal::env_string(older_name)) return name;
   return older_name;
 }
 
@@ -64,10 +64,10 @@ inline void resolve_bounds(rendezvous_options& opts) {
   const char* min_variable = bound_variable("ELASTIC_MIN_RANKS", "ELASTIC_MIN_NODES");
   const char* max_variable = bound_variable("ELASTIC_MAX_RANKS", "ELASTIC_MAX_NODES");
   if (min_from_env) {
-    opts.min_ranks = static_cast<int>(elastic::detail::env_int(min_variable, 1, 65536).value_or(1));
+    opts.min_ranks = static_cast<int>(internal::env_int(min_variable, 1, 65536).value_or(1));
   }
   if (max_from_env) {
-    opts.max_ranks = static_cast<int>(elastic::detail::env_int(max_variable, 1, 65536).value_or(opts.min_ranks));
+    opts.max_ranks = static_cast<int>(internal::env_int(max_variable, 1, 65536).value_or(opts.min_ranks));
   }
   if (opts.max_ranks < opts.min_ranks) {
     refuse_options(fmt::format("min_ranks {}{} and max_ranks {}{}: need min_ranks <= max_ranks", opts.min_ranks,
@@ -95,11 +95,11 @@ inline void resolve_options(rendezvous_options& opts) {
       !std::all_of(opts.run_id.begin(), opts.run_id.end(), run_id_char)) {
     refuse_options(fmt::format("run id '{}' is not 1 to 64 characters of A-Z a-z 0-9 . _ - (set run_id or "
                                "ELASTIC_RUN_ID)",
-                               elastic::detail::printable(opts.run_id)));
+                               internal::printable(opts.run_id)));
   }
   resolve_participant_id(opts);
   resolve_bounds(opts);
   check_timeouts(opts);
 }
 
-}  // namespace elastic::rendezvous::detail
+}  // namespace elastic::inline v1::rendezvous::detail

@@ -16,12 +16,12 @@
 
 #include <fmt/format.h>
 
-#include <elastic/detail/env.hpp>
-#include <elastic/detail/names.hpp>
+#include <elastic/internal/env.hpp>
+#include <elastic/internal/names.hpp>
 #include <elastic/error.hpp>
 #include <elastic/rendezvous/detail/participant_id.hpp>
 
-namespace elastic::rendezvous::detail {
+namespace elastic::inline v1::rendezvous::detail {
 
 /// A member of a closed round: participant id and the incarnation that joined.
 struct member {
@@ -56,8 +56,8 @@ inline error corrupt_key(std::string_view key, std::string_view value, std::stri
   return error(errc::corrupt,
                fmt::format("store key '{}' holds '{}', not {}: the run's keys are damaged; erase the keys under "
                            "'{}/' or use another run id",
-                           elastic::detail::printable(key), elastic::detail::printable(value.substr(0, 80)), expected,
-                           elastic::detail::printable(run_prefix)));
+                           internal::printable(key), internal::printable(value.substr(0, 80)), expected,
+                           internal::printable(run_prefix)));
 }
 
 /// P/config: the wire names stay min_nodes/max_nodes, so that groups formed by older builds
@@ -74,8 +74,8 @@ inline std::optional<group_bounds> parse_config(std::string_view v) noexcept {
   v.remove_prefix(min_tag.size());
   const auto sep = v.find(max_tag);
   if (sep == std::string_view::npos) return std::nullopt;
-  const auto mn = elastic::detail::parse_integer(v.substr(0, sep));
-  const auto mx = elastic::detail::parse_integer(v.substr(sep + max_tag.size()));
+  const auto mn = internal::parse_integer(v.substr(0, sep));
+  const auto mx = internal::parse_integer(v.substr(sep + max_tag.size()));
   if (!mn || !mx || *mn < 0 || *mx < 0) return std::nullopt;
   return group_bounds{*mn, *mx};
 }
@@ -128,12 +128,12 @@ inline join_entry parse_join(std::string_view key, std::string_view id, std::str
   if (prev == "new") return e;
   const auto colon = prev.find(':');
   if (colon == std::string_view::npos) throw bad();
-  const auto r = elastic::detail::parse_integer(prev.substr(0, colon));
-  const auto k = elastic::detail::parse_integer(prev.substr(colon + 1));
+  const auto r = internal::parse_integer(prev.substr(0, colon));
+  const auto k = internal::parse_integer(prev.substr(colon + 1));
   if (!r || !k || *r < 1 || *k < 0) throw bad();
   e.prev_round = *r;
   e.prev_rank = *k;
   return e;
 }
 
-}  // namespace elastic::rendezvous::detail
+}  // namespace elastic::inline v1::rendezvous::detail

@@ -17,13 +17,13 @@
 #include <thread>
 #include <utility>
 
-#include <elastic/detail/shm_owner.hpp>
-#include <elastic/detail/unique_fd.hpp>
+#include <elastic/internal/shm_owner.hpp>
+#include <elastic/internal/unique_fd.hpp>
 #include <elastic/error.hpp>
 #include <elastic/timer/detail/segment_checks.hpp>
 #include <elastic/timer/detail/table.hpp>
 
-namespace elastic::timer::detail {
+namespace elastic::inline v1::timer::detail {
 
 class attached_segment {
  public:
@@ -35,14 +35,16 @@ class attached_segment {
     validate_segment_name(name);
     attached_segment s;
     s.name_ = std::string(name);
-    const std::string obj = "/" + shm_object_name(name);
+    // Appended, not "/" + name: GCC 12 warns of a false overlap (-Wrestrict) at -O2 for that.
+    std::string obj(1, '/');
+    obj += shm_object_name(name);
     const int fd = ::shm_open(obj.c_str(), O_RDWR | O_CLOEXEC, 0);
     if (fd < 0) {
       const int err = errno;
       throw segment_open_error(name, err, std::strerror(err));
     }
-    s.fd_ = elastic::detail::unique_fd(fd);
-    elastic::detail::check_shm_owner(fd, "watchdog segment '" + s.name_ + "'", "run as that user or choose another --name");
+    s.fd_ = internal::unique_fd(fd);
+    internal::check_shm_owner(fd, "watchdog segment '" + s.name_ + "'", "run as that user or choose another --name");
     const auto until = std::chrono::steady_clock::now() + ready_timeout;
     for (;;) {
       if (s.file_size() >= sizeof(segment_header)) {
@@ -90,10 +92,10 @@ class attached_segment {
     size_ = bytes;
   }
 
-  elastic::detail::unique_fd fd_;
+  internal::unique_fd fd_;
   void* base_ = nullptr;
   std::size_t size_ = 0;
   std::string name_;
 };
 
-}  // namespace elastic::timer::detail
+}  // namespace elastic::inline v1::timer::detail

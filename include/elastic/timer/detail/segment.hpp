@@ -26,13 +26,13 @@
 #include <utility>
 #include <vector>
 
-#include <elastic/detail/shm_object.hpp>
-#include <elastic/detail/process.hpp>
+#include <elastic/internal/shm_object.hpp>
+#include <elastic/internal/process.hpp>
 #include <elastic/error.hpp>
 #include <elastic/timer/detail/segment_checks.hpp>
 #include <elastic/timer/detail/table.hpp>
 
-namespace elastic::timer::detail {
+namespace elastic::inline v1::timer::detail {
 
 namespace bip = boost::interprocess;
 
@@ -60,8 +60,8 @@ class segment {
     segment s;
     s.name_ = std::string(name);
     const std::string obj = shm_object_name(name);
-    s.swept_ = elastic::detail::sweep_stale_shm(shm_object_prefix, 2, obj);
-    s.shm_ = elastic::detail::create_or_open_shm(obj, s.created_, [&](const auto& e) { return open_error(name, e); });
+    s.swept_ = internal::sweep_stale_shm(shm_object_prefix, 2, obj);
+    s.shm_ = internal::create_or_open_shm(obj, s.created_, [&](const auto& e) { return open_error(name, e); });
     s.check_owner();
     if (::flock(s.fd(), LOCK_EX | LOCK_NB) != 0) {
       if (errno != EWOULDBLOCK) throw os_error("cannot lock watchdog segment '" + s.name_ + "'");
@@ -91,7 +91,7 @@ class segment {
       }
     }
     auto& h = s.table().header();
-    h.watchdog_start_time.store(elastic::detail::process_start_time(::getpid()), std::memory_order_relaxed);
+    h.watchdog_start_time.store(internal::process_start_time(::getpid()), std::memory_order_relaxed);
     h.watchdog_pid.store(static_cast<std::int32_t>(::getpid()), std::memory_order_release);
     return s;
   }
@@ -102,8 +102,8 @@ class segment {
   [[nodiscard]] bool adopted() const noexcept { return adopted_; }
   [[nodiscard]] int fd() const noexcept { return shm_.get_mapping_handle().handle; }
   /// The device and inode of the object: what /proc/PID/maps shows for a process that maps it.
-  [[nodiscard]] elastic::detail::file_identity identity() const noexcept {
-    return elastic::detail::file_identity::of(fd());
+  [[nodiscard]] internal::file_identity identity() const noexcept {
+    return internal::file_identity::of(fd());
   }
   /// Shared-memory objects of other, dead segments that create_or_adopt() removed.
   [[nodiscard]] const std::vector<std::string>& swept() const noexcept { return swept_; }
@@ -131,7 +131,7 @@ class segment {
   }
 
   void check_owner() const {
-    elastic::detail::check_shm_owner(fd(), "watchdog segment '" + name_ + "'", "run as that user or choose another --name");
+    internal::check_shm_owner(fd(), "watchdog segment '" + name_ + "'", "run as that user or choose another --name");
   }
 
   void map() { region_ = bip::mapped_region(shm_, bip::read_write); }
@@ -184,4 +184,4 @@ class segment {
   std::vector<std::string> swept_;
 };
 
-}  // namespace elastic::timer::detail
+}  // namespace elastic::inline v1::timer::detail

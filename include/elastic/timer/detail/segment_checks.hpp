@@ -11,17 +11,17 @@
 
 #include <unistd.h>
 
-#include <elastic/detail/names.hpp>
+#include <elastic/internal/names.hpp>
 #include <elastic/error.hpp>
 #include <elastic/timer/detail/table.hpp>
 
-namespace elastic::timer::detail {
+namespace elastic::inline v1::timer::detail {
 
 /// Longest segment name accepted (the shm name adds a prefix; NAME_MAX is 255).
-inline constexpr std::size_t max_segment_name = elastic::detail::max_shm_name;
+inline constexpr std::size_t max_segment_name = internal::max_shm_name;
 
 /// Throws errc::bad_name unless `name` is a valid shared-memory name (see detail/names.hpp).
-inline void validate_segment_name(std::string_view name) { elastic::detail::validate_shm_name("watchdog segment", name); }
+inline void validate_segment_name(std::string_view name) { internal::validate_shm_name("watchdog segment", name); }
 
 /// What every segment's shared-memory object name starts with.
 inline constexpr std::string_view shm_object_prefix = "elastic-timer.";
@@ -79,4 +79,4 @@ inline void validate_segment(const segment_header& h, std::string_view name, std
   }
 }
 
-}  // namespace elastic::timer::detail
+}  // namespace elastic::inline v1::timer::detail

@@ -26,7 +26,7 @@
 #include <cstring>
 #include <string_view>
 
-namespace elastic::timer::detail {
+namespace elastic::inline v1::timer::detail {
 
 /// "ELWDOG01" read as a little-endian integer: the first 8 bytes of every segment.
 inline constexpr std::uint64_t segment_magic = 0x3130474F'44574C45ULL;
@@ -199,4 +199,4 @@ class table_view {
   std::byte* base_ = nullptr;
 };
 
-}  // namespace elastic::timer::detail
+}  // namespace elastic::inline v1::timer::detail

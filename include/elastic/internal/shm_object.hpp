@@ -20,10 +20,10 @@
 #include <boost/interprocess/permissions.hpp>
 #include <boost/interprocess/shared_memory_object.hpp>
 
-#include <elastic/detail/shm_owner.hpp>
+#include <elastic/internal/shm_owner.hpp>
 #include <elastic/error.hpp>
 
-namespace elastic::detail {
+namespace elastic::inline v1::internal {
 
 /// Creates the object `obj` with mode 0600 or, if it exists, opens it; `created` says which.
 /// The object can vanish between a failed create and the open: that race is retried. Any other
@@ -116,5 +116,5 @@ inline std::vector<std::string> sweep_stale_shm(std::string_view prefix, int min
   return removed;
 }
 
-}  // namespace elastic::detail
+}  // namespace elastic::inline v1::internal
 

@@ -6,7 +6,7 @@
 
 #include <utility>
 
-namespace elastic::detail {
+namespace elastic::inline v1::internal {
 
 /// An owned file descriptor; closes on destruction.
 class unique_fd {
@@ -36,4 +36,4 @@ class unique_fd {
   int fd_ = -1;
 };
 
-}  // namespace elastic::detail
+}  // namespace elastic::inline v1::internal

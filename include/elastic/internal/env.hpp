@@ -20,10 +20,10 @@
 #include <string_view>
 #include <system_error>
 
-#include <elastic/detail/names.hpp>
+#include <elastic/internal/names.hpp>
 #include <elastic/error.hpp>
 
-namespace elastic::detail {
+namespace elastic::inline v1::internal {
 
 /// The variable's value, or nullopt when it is unset or empty.
 inline std::optional<std::string> env_string(const char* name) {
@@ -125,4 +125,4 @@ inline std::optional<std::chrono::milliseconds> env_seconds(const char* name) {
   return std::chrono::milliseconds(static_cast<std::int64_t>(std::llround(*s * 1000)));
 }
 
-}  // namespace elastic::detail
+}  // namespace elastic::inline v1::internal

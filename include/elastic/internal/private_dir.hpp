@@ -22,10 +22,10 @@
 #include <string_view>
 #include <utility>
 
-#include <elastic/detail/file.hpp>
+#include <elastic/internal/file.hpp>
 #include <elastic/error.hpp>
 
-namespace elastic::detail {
+namespace elastic::inline v1::internal {
 
 /// Why a directory with status `st` is unsafe to write into for this process, or "" when it is
 /// safe: owned by us or root, and writable by nobody else (unless sticky).
@@ -226,4 +226,4 @@ class private_dir {
   std::filesystem::path path_;
 };
 
-}  // namespace elastic::detail
+}  // namespace elastic::inline v1::internal

@@ -18,11 +18,11 @@
 #include <string>
 #include <string_view>
 
-#include <elastic/detail/env.hpp>
-#include <elastic/detail/unique_fd.hpp>
+#include <elastic/internal/env.hpp>
+#include <elastic/internal/unique_fd.hpp>
 #include <elastic/event_fields.hpp>
 
-namespace elastic::detail {
+namespace elastic::inline v1::internal {
 
 using warning_sink = void (*)(std::string_view event, std::span<const event_field> fields) noexcept;
 
@@ -62,4 +62,4 @@ inline void warn(std::string_view event, std::initializer_list<event_field> fiel
   }
 }
 
-}  // namespace elastic::detail
+}  // namespace elastic::inline v1::internal

@@ -12,7 +12,7 @@
 #include <climits>
 #include <cstdint>
 
-namespace elastic::detail {
+namespace elastic::inline v1::internal {
 
 /// Sleeps while `word` still holds `expected`, until `deadline_ns` on CLOCK_MONOTONIC, a wake,
 /// or a signal. Returns at once when the word has already changed.
@@ -34,4 +34,4 @@ inline void futex_ring(std::atomic<std::uint32_t>& word) noexcept {
   futex_wake(word);
 }
 
-}  // namespace elastic::detail
+}  // namespace elastic::inline v1::internal

@@ -17,7 +17,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
-namespace elastic::detail::cuda {
+namespace elastic::inline v1::internal::cuda {
 
 #if ELASTIC_WITH_CUDA
 using stream_t = cudaStream_t;
@@ -220,4 +220,4 @@ class device_bytes {
   void* p_ = nullptr;
 };
 
-}  // namespace elastic::detail::cuda
+}  // namespace elastic::inline v1::internal::cuda

@@ -6,7 +6,7 @@
 #include <chrono>
 #include <cstdint>
 
-namespace elastic::detail {
+namespace elastic::inline v1::internal {
 
 /// CLOCK_MONOTONIC in nanoseconds. It is shared by all processes of a host (so a deadline
 /// written by a worker means the same to the watchdog), never jumps with wall-clock changes, and
@@ -36,4 +36,4 @@ inline std::int64_t deadline_after(std::int64_t now_ns, std::int64_t d_ns) noexc
   return out;
 }
 
-}  // namespace elastic::detail
+}  // namespace elastic::inline v1::internal

@@ -5,7 +5,7 @@
 #include <new>
 #include <utility>
 
-namespace elastic::detail {
+namespace elastic::inline v1::internal {
 
 /// Holds a T that is constructed on first use and never destroyed. For process-wide state that
 /// other threads may still touch while static destructors run at exit (a mapping that live
@@ -26,4 +26,4 @@ class no_destroy {
   alignas(T) unsigned char storage_[sizeof(T)];
 };
 
-}  // namespace elastic::detail
+}  // namespace elastic::inline v1::internal

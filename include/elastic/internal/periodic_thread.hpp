@@ -12,7 +12,7 @@
 #include <thread>
 #include <utility>
 
-namespace elastic::detail {
+namespace elastic::inline v1::internal {
 
 class periodic_thread {
  public:
@@ -80,4 +80,4 @@ class periodic_thread {
   std::jthread thread_;  // last: joined before wakeup_ goes away
 };
 
-}  // namespace elastic::detail
+}  // namespace elastic::inline v1::internal

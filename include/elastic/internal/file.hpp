@@ -19,10 +19,10 @@
 #include <utility>
 #include <vector>
 
-#include <elastic/detail/unique_fd.hpp>
+#include <elastic/internal/unique_fd.hpp>
 #include <elastic/error.hpp>
 
-namespace elastic::detail {
+namespace elastic::inline v1::internal {
 
 /// Opens `path`, throwing an os_error that names the file and what we were doing.
 inline unique_fd open_file(const std::filesystem::path& path, int flags, mode_t mode = 0644) {
@@ -203,4 +203,4 @@ inline void remove_tree_at(int at, const std::string& name, const std::filesyste
   if (::unlinkat(at, name.c_str(), AT_REMOVEDIR) != 0 && errno != ENOENT) throw os_error("cannot remove " + shown.string());
 }
 
-}  // namespace elastic::detail
+}  // namespace elastic::inline v1::internal

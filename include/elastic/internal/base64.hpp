@@ -8,7 +8,7 @@
 #include <string>
 #include <string_view>
 
-namespace elastic::detail {
+namespace elastic::inline v1::internal {
 
 /// `in` in standard base64 with padding, as etcd's gateway writes bytes.
 inline std::string base64_encode(std::string_view in) {
@@ -66,4 +66,4 @@ inline std::optional<std::string> base64_decode(std::string_view in) {
   return out;
 }
 
-}  // namespace elastic::detail
+}  // namespace elastic::inline v1::internal

@@ -7,7 +7,7 @@
 
 #include <elastic/error.hpp>
 
-namespace elastic::detail {
+namespace elastic::inline v1::internal {
 
 /// Longest name accepted (the shm object adds a prefix; NAME_MAX is 255).
 inline constexpr std::size_t max_shm_name = 200;
@@ -49,4 +49,4 @@ inline void validate_shm_name(std::string_view what, std::string_view name) {
   }
 }
 
-}  // namespace elastic::detail
+}  // namespace elastic::inline v1::internal

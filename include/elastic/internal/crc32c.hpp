@@ -13,7 +13,7 @@
 #include <immintrin.h>
 #endif
 
-namespace elastic::detail {
+namespace elastic::inline v1::internal {
 
 namespace crc32c_impl {
 
@@ -184,4 +184,4 @@ inline std::uint32_t crc32c_software(const void* data, std::size_t n, std::uint3
   return ~crc32c_impl::software(static_cast<const unsigned char*>(data), n, ~crc);
 }
 
-}  // namespace elastic::detail
+}  // namespace elastic::inline v1::internal

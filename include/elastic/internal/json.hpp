@@ -20,10 +20,10 @@
 
 #include <fmt/format.h>
 
-#include <elastic/detail/json_text.hpp>
+#include <elastic/internal/json_text.hpp>
 #include <elastic/error.hpp>
 
-namespace elastic::detail {
+namespace elastic::inline v1::internal {
 
 /// A JSON value: null, boolean, integer, number, string, array or object. Wrong-type access
 /// throws elastic::error(errc::corrupt): a manifest that does not say what we wrote is damaged.
@@ -454,4 +454,4 @@ class json {
   value_t v_{nullptr};
 };
 
-}  // namespace elastic::detail
+}  // namespace elastic::inline v1::internal

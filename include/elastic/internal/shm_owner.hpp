@@ -11,7 +11,7 @@
 
 #include <elastic/error.hpp>
 
-namespace elastic::detail {
+namespace elastic::inline v1::internal {
 
 /// Throws errc::owner_mismatch unless the object open on `fd` belongs to this process's
 /// effective uid. `what` names it ("watchdog segment 'x'"), `remedy` says what to do instead.
@@ -25,4 +25,4 @@ inline void check_shm_owner(int fd, const std::string& what, std::string_view re
   }
 }
 
-}  // namespace elastic::detail
+}  // namespace elastic::inline v1::internal

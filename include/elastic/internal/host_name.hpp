@@ -7,7 +7,7 @@
 
 #include <string>
 
-namespace elastic::detail {
+namespace elastic::inline v1::internal {
 
 /// gethostname(), or "" when the host has no name.
 inline std::string host_name() {
@@ -28,4 +28,4 @@ inline std::string host_name_for_ids() {
   return h.substr(0, 64);
 }
 
-}  // namespace elastic::detail
+}  // namespace elastic::inline v1::internal

@@ -11,7 +11,7 @@
 #include <string_view>
 #include <system_error>
 
-namespace elastic::detail {
+namespace elastic::inline v1::internal {
 
 /// Appends `s` as a JSON string literal (quotes included), escaping what JSON requires:
 /// quote, backslash and every control character (\n \r \t by name, the rest as \u00XX).
@@ -88,4 +88,4 @@ inline bool append_json_double(std::string& out, double d) {
   return true;
 }
 
-}  // namespace elastic::detail
+}  // namespace elastic::inline v1::internal

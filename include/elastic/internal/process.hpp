@@ -15,7 +15,7 @@
 #include <cstring>
 #include <string_view>
 
-namespace elastic::detail {
+namespace elastic::inline v1::internal {
 
 /// The calling thread's kernel id.
 inline pid_t current_tid() noexcept { return static_cast<pid_t>(::syscall(SYS_gettid)); }
@@ -259,4 +259,4 @@ inline std::string_view signal_name(int sig) noexcept {
   }
 }
 
-}  // namespace elastic::detail
+}  // namespace elastic::inline v1::internal
