@@ -437,6 +437,21 @@ TEST_CASE("alive_key names the key a participant's heartbeat lives in: erasing i
   CHECK(r.poll().departed == std::vector<std::string>{"host.42:0"});  // what the others see
 }
 
+TEST_CASE("a run id is a plain name, by the same rule elastic-run applies") {
+  scratch_store st;
+  for (const char* bad : {".", "..", ".hidden", "-x", "a/b", "a b"}) {
+    INFO(bad);
+    const auto e = error_of([&] { rdzv::rendezvous r(st.s, options(bad, 1, 1, "p1")); });
+    CHECK(e.code() == errc::invalid_argument);
+    CHECK(std::string(e.what()).find("not starting with '.' or '-'") != std::string::npos);
+  }
+  for (const char* good : {"job7", "a.b", "x_y-z", "run.1"}) {
+    INFO(good);
+    rdzv::rendezvous r(st.s, options(good, 1, 1, "p1"));
+    CHECK(r.options().run_id == good);
+  }
+}
+
 TEST_CASE("a participant of another run is refused while the run lives") {
   scratch_store t;
   std::optional<rdzv::rendezvous> a(std::in_place, t.s, options("job-a", 1, 1, "a0"));

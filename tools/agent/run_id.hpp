@@ -3,7 +3,6 @@
 // command line names none.
 #pragma once
 
-#include <algorithm>
 #include <random>
 #include <string>
 #include <string_view>
@@ -19,8 +18,7 @@ namespace elastic::agent::detail {
 /// Why `id` is not a run id, or "" when it is one: 1 to 64 characters of A-Z a-z 0-9 . _ -,
 /// not starting with '.' or '-' (so never ".", ".." or a path: it names a directory).
 inline std::string run_id_problem(std::string_view id) {
-  const bool chars_ok = std::all_of(id.begin(), id.end(), rendezvous::detail::run_id_char);
-  if (!id.empty() && id.size() <= 64 && chars_ok && id.front() != '.' && id.front() != '-') return {};
+  if (rendezvous::detail::valid_run_id(id)) return {};
   return fmt::format("'{}' is not a run id: use 1 to 64 characters of A-Z a-z 0-9 . _ -, not starting with '.' or "
                      "'-' (it names a directory under --log-dir and the run's store)",
                      elastic::internal::printable(id));

@@ -42,6 +42,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <elastic/internal/json.hpp>
 #include <elastic/internal/names.hpp>
@@ -185,10 +186,9 @@ class etcd_store final : public store {
       if (missing.empty()) return;
       const auto now = clock::now();
       if (now >= deadline) {
-        std::string list;
-        for (const auto& k : missing) list += (list.empty() ? "'" : ", '") + internal::printable(k) + "'";
-        throw error(errc::timeout,
-                    fmt::format("store {}: {} still missing after {} ms", gateway_.url(), list, timeout.count()));
+        for (auto& k : missing) k = internal::printable(k);
+        throw error(errc::timeout, fmt::format("store {}: '{}' still missing after {} ms", gateway_.url(),
+                                               fmt::join(missing, "', '"), timeout.count()));
       }
       // Watch from the revision after our check, so a key set since is reported at once.
       const auto window = std::min(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now),

@@ -31,6 +31,7 @@
 #include <boost/interprocess/mapped_region.hpp>
 #include <boost/interprocess/shared_memory_object.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <elastic/internal/clock.hpp>
 #include <elastic/internal/futex.hpp>
@@ -187,9 +188,8 @@ class shm_store final : public store {
       }
       if (missing.empty()) return;
       if (internal::monotonic_ns() >= deadline) {
-        std::string list;
-        for (const auto& k : missing) list += (list.empty() ? "'" : ", '") + k + "'";
-        throw error(errc::timeout, fmt::format("store shm://{}: {} still missing after {} ms", name_, list, timeout.count()));
+        throw error(errc::timeout, fmt::format("store shm://{}: '{}' still missing after {} ms", name_,
+                                               fmt::join(missing, "', '"), timeout.count()));
       }
       // Leases may expire while we sleep: wake at least every 100 ms to let them.
       internal::futex_wait_until(head().changes, seen,

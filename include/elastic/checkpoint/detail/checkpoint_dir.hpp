@@ -13,6 +13,7 @@
 
 #include <elastic/checkpoint/format.hpp>
 #include <elastic/checkpoint/storage.hpp>
+#include <elastic/internal/host_name.hpp>
 #include <elastic/internal/private_dir.hpp>
 #include <elastic/error.hpp>
 
@@ -39,11 +40,7 @@ inline internal::private_dir open_checkpoint_dir(const std::filesystem::path& di
                 e.os_code());
   }
   // Unique among the processes that may probe at once (every rank of a group, on any host).
-  char host[64] = {};
-  ::gethostname(host, sizeof host - 1);
-  for (char& c : host)
-    if (c == '/') c = '_';
-  const std::string probe = fmt::format("{}{}-{}-{}", format::probe_prefix, host, ::getpid(),
+  const std::string probe = fmt::format("{}{}-{}-{}", format::probe_prefix, internal::host_name_for_ids(), ::getpid(),
                                         std::chrono::steady_clock::now().time_since_epoch().count());
   try {
     (void)d.create_file(probe);

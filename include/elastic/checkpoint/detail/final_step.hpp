@@ -59,6 +59,7 @@
 
 #include <elastic/internal/env.hpp>
 #include <elastic/internal/file.hpp>
+#include <elastic/internal/host_name.hpp>
 #include <elastic/internal/private_dir.hpp>
 #include <elastic/internal/process.hpp>
 #include <elastic/error.hpp>
@@ -193,12 +194,9 @@ class final_step_agreement {
 
   /// "<host> <pid namespace> <pid> <start time>": who wrote a file, checkable on its host.
   static std::string make_identity() {
-    char host[256] = {};
-    if (::gethostname(host, sizeof host - 1) != 0 || host[0] == '\0') std::snprintf(host, sizeof host, "unknown");
-    for (char* c = host; *c; ++c)
-      if (*c == ' ' || *c == '\n') *c = '_';
     const pid_t pid = ::getpid();
-    return fmt::format("{} {} {} {}", host, pid_namespace(), pid, internal::process_start_time(pid));
+    return fmt::format("{} {} {} {}", internal::host_name_for_ids(), pid_namespace(), pid,
+                       internal::process_start_time(pid));
   }
 
   static std::uint64_t pid_namespace() noexcept {

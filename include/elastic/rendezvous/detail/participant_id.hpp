@@ -19,6 +19,13 @@ inline bool run_id_char(char c) noexcept {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
          c == '-';
 }
+/// The one rule for a run id, wherever it comes from: 1 to 64 characters of A-Z a-z 0-9 . _ -,
+/// not starting with '.' or '-', so never ".", ".." or an option: it names a store, its keys and a
+/// log directory.
+inline bool valid_run_id(std::string_view s) noexcept {
+  return !s.empty() && s.size() <= 64 && s.front() != '.' && s.front() != '-' &&
+         std::all_of(s.begin(), s.end(), run_id_char);
+}
 inline bool participant_char(char c) noexcept { return run_id_char(c) || c == ':' || c == '@'; }
 inline bool hex_char(char c) noexcept { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); }
 

@@ -91,10 +91,9 @@ inline void check_timeouts(const rendezvous_options& opts) {
 /// Fills in `opts` from the environment and checks it, in the order a user fixes them: run id,
 /// participant id, bounds, timeouts.
 inline void resolve_options(rendezvous_options& opts) {
-  if (opts.run_id.empty() || opts.run_id.size() > 64 ||
-      !std::all_of(opts.run_id.begin(), opts.run_id.end(), run_id_char)) {
-    refuse_options(fmt::format("run id '{}' is not 1 to 64 characters of A-Z a-z 0-9 . _ - (set run_id or "
-                               "ELASTIC_RUN_ID)",
+  if (!valid_run_id(opts.run_id)) {
+    refuse_options(fmt::format("run id '{}' is not 1 to 64 characters of A-Z a-z 0-9 . _ -, not starting with '.' "
+                               "or '-' (set run_id or ELASTIC_RUN_ID)",
                                internal::printable(opts.run_id)));
   }
   resolve_participant_id(opts);
