@@ -89,14 +89,8 @@ class file_sink final : public sink {
                        "of its own user: name another file",
                    err != 0 ? std::error_code(err, std::generic_category()) : std::error_code());
     };
-    int fd;
-    // O_NONBLOCK: opening a FIFO planted in the file's place must fail (ENXIO), not wait
-    // forever for a reader; it changes nothing for a regular file.
-    do {
-      fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
-    } while (fd < 0 && errno == EINTR);
-    if (fd < 0) {
-      const int err = errno;
+    auto opened = elastic::internal::open_for_append(path.c_str());
+    if (const int err = opened.open_errno; err != 0) {
       if (err == ELOOP) throw refuse("it is a symbolic link");
       if (err == ENXIO) throw refuse("it is a FIFO or socket", err);
       if (err == EISDIR) {
@@ -108,12 +102,9 @@ class file_sink final : public sink {
                      "user may write there",
                      err);
     }
-    elastic::internal::unique_fd out(fd);
-    struct stat st {};
-    if (::fstat(out.get(), &st) != 0) throw os_error("cannot stat " + shown);
-    if (auto why = elastic::internal::unsafe_file_reason(st); !why.empty()) throw refuse(why);
-    ::fcntl(out.get(), F_SETFL, O_APPEND);  // blocking again: a full disk must not drop half a line
-    return out;
+    if (opened.stat_errno != 0) throw os_error("cannot stat " + shown, opened.stat_errno);
+    if (!opened.unsafe.empty()) throw refuse(opened.unsafe);
+    return std::move(opened.fd);
   }
 
   elastic::internal::unique_fd fd_;

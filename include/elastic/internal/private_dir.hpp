@@ -22,6 +22,7 @@
 #include <string_view>
 #include <utility>
 
+#include <elastic/internal/append_file.hpp>
 #include <elastic/internal/file.hpp>
 #include <elastic/error.hpp>
 
@@ -40,18 +41,6 @@ inline std::string unsafe_dir_reason(const struct stat& st) {
     std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
     return std::string("other users can write to it (mode ") + mode + ", no sticky bit)";
   }
-  return {};
-}
-
-/// Why a file with status `st` is unsafe to append to or read for this process, or "" when it is
-/// a regular file of this user with a single name (so not a planted hard link to another file).
-inline std::string unsafe_file_reason(const struct stat& st) {
-  if (!S_ISREG(st.st_mode)) return "it is not a regular file";
-  if (st.st_uid != ::geteuid()) {
-    return "it belongs to uid " + std::to_string(st.st_uid) + ", not to this process's uid " +
-           std::to_string(::geteuid());
-  }
-  if (st.st_nlink > 1) return "it has " + std::to_string(st.st_nlink) + " names (a hard link to another file)";
   return {};
 }
 
