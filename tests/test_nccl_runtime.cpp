@@ -20,13 +20,58 @@ TEST_CASE("nccl capabilities are those of the library loaded at run time", "[ncc
   // The symbol lookup finds what the dynamic linker would, in the library that holds ncclGetVersion.
   const bool has_shrink = ::dlsym(RTLD_DEFAULT, "ncclCommShrink") != nullptr;
   const bool has_revoke = ::dlsym(RTLD_DEFAULT, "ncclCommRevoke") != nullptr;
-  CHECK(comm::nccl_communicator::can_shrink() == (NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0) && has_shrink));
-  CHECK(comm::nccl_communicator::can_revoke() == (NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0) && has_revoke));
+  const bool has_grow = ::dlsym(RTLD_DEFAULT, "ncclCommGrow") != nullptr &&
+                        ::dlsym(RTLD_DEFAULT, "ncclCommGetUniqueId") != nullptr;
   CHECK(detail::nccl_symbol("ncclGetVersion") != nullptr);
   CHECK(detail::nccl_symbol("ncclNoSuchFunction") == nullptr);
+  CHECK((detail::nccl_shrink_fn() != nullptr) == has_shrink);
+  CHECK((detail::nccl_revoke_fn() != nullptr) == has_revoke);
 
-  // Each release that added the call exports it; the lookup must not miss one that is there.
-  if (NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0) && runtime >= NCCL_VERSION(2, 27, 0)) {
-    CHECK(comm::nccl_communicator::can_shrink());
+  // What the communicator uses is the symbols, less the releases gated off (next test).
+  const auto expected = detail::decide_recovery_calls(runtime, has_revoke, has_shrink, has_grow,
+                                                      detail::several_rdma_nics(), "auto");
+  CHECK(comm::nccl_communicator::can_shrink() == expected.shrink);
+  CHECK(comm::nccl_communicator::can_revoke() == expected.revoke);
+  CHECK(comm::nccl_communicator::can_grow() == expected.grow);
+  if (!has_shrink) CHECK_FALSE(comm::nccl_communicator::can_shrink());
+  if (!has_revoke) CHECK_FALSE(comm::nccl_communicator::can_revoke());
+}
+
+TEST_CASE("recovery calls follow the loaded release: new calls by version, known-bad releases re-initialise", "[nccl]") {
+  using detail::decide_recovery_calls;
+  using detail::nccl_version_code;
+  // 2.27.7: shrink only.
+  auto c = decide_recovery_calls(nccl_version_code(2, 27, 7), false, true, false, false, "auto");
+  CHECK(c.shrink);
+  CHECK_FALSE(c.revoke);
+  CHECK_FALSE(c.grow);
+  // 2.28.3 .. 2.28.8: NVRx refuses them; nothing in place, and the warning says why.
+  for (int patch : {3, 5, 8}) {
+    c = decide_recovery_calls(nccl_version_code(2, 28, patch), true, true, false, false, "auto");
+    CHECK_FALSE(c.shrink);
+    CHECK_FALSE(c.revoke);
+    CHECK(c.warning.find("2.28.3..2.28.8") != std::string::npos);
   }
+  // 2.28.9: revoke and shrink, no grow (2.29.2).
+  c = decide_recovery_calls(nccl_version_code(2, 28, 9), true, true, false, false, "auto");
+  CHECK(c.shrink);
+  CHECK(c.revoke);
+  CHECK_FALSE(c.grow);
+  // A symbol the release is too old for is not trusted (a vendor build exporting it early).
+  c = decide_recovery_calls(nccl_version_code(2, 29, 1), true, true, true, false, "auto");
+  CHECK_FALSE(c.grow);
+  c = decide_recovery_calls(nccl_version_code(2, 30, 7), true, true, true, false, "auto");
+  CHECK((c.shrink && c.revoke && c.grow));
+  // Several RDMA NICs: shrink waits for 2.30.7 (NVIDIA/nccl#2397).
+  c = decide_recovery_calls(nccl_version_code(2, 30, 4), true, true, true, true, "auto");
+  CHECK_FALSE(c.shrink);
+  CHECK(c.grow);
+  CHECK(c.warning.find("2397") != std::string::npos);
+  c = decide_recovery_calls(nccl_version_code(2, 30, 7), true, true, true, true, "auto");
+  CHECK(c.shrink);
+  // ELASTIC_NCCL_RECOVERY=reinit turns everything off.
+  c = decide_recovery_calls(nccl_version_code(2, 30, 7), true, true, true, false, "reinit");
+  CHECK_FALSE((c.shrink || c.revoke || c.grow));
+  CHECK(detail::nccl_version_string(22809) == "2.28.9");
+  CHECK(detail::nccl_version_string(23007) == "2.30.7");
 }

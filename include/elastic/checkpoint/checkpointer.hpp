@@ -88,6 +88,9 @@ class checkpointer {
     }
     if (opts_.chunk_bytes == 0) throw error(errc::invalid_argument, "checkpointer: chunk_bytes must be positive");
     dir_ = detail::open_checkpoint_dir(opts_.dir);
+    // The copier waits on events of this device: it makes the device its own, or its first CUDA
+    // call would open a context on GPU 0 (a rank on GPU 3 would hold memory on GPU 0).
+    if (st_.has_device_entries()) device_ = internal::cuda::current_device();
     allocate_slots();
     if (st_.has_device_entries()) side_ = internal::cuda::stream::create();
     copier_ = std::jthread([this] { copy_loop(); });
@@ -321,6 +324,7 @@ class checkpointer {
   std::vector<std::size_t> offsets_;
   std::vector<std::unique_ptr<slot>> slots_;
   internal::cuda::stream side_;
+  int device_ = 0;  // the device of the device entries, made current on the copier thread
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool stopping_ = false;

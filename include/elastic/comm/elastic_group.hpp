@@ -13,15 +13,20 @@
 //
 // How a failure becomes a rebuild:
 // - A collective that throws (a peer died: its connection closed; a peer hangs: the timeout ran
-//   out) marks the group failed and destroys the communicator at once: closing its connections
-//   makes every peer blocked on this rank fail too, instead of waiting for their timeouts.
+//   out) marks the group failed. With a plain factory (gloo) the communicator is destroyed at
+//   once: closing its connections makes every peer blocked on this rank fail too. With a
+//   rebuilder (nccl_factory, comm/rebuild.hpp) it is revoked and kept for the next round.
 //   Later collectives of the step return false without communicating.
 // - A watcher thread polls the rendezvous every poll_interval: a departed member, a newcomer
-//   waiting, or a round started by another member marks a change.
-// - At the next safe point (training_loop calls safe_point() before each step) the group tears
-//   the communicator down, forms the next round (survivors keep their relative order), builds a
-//   communicator for it and makes every rank agree on rank 0's step and state (a broadcast).
-//   The loop then runs the failed step again on the new group.
+//   waiting, or a round started by another member marks a change. A departure (or a round
+//   started by another member) also revokes a keepable communicator at once, so a collective
+//   waiting for the dead peer ends now: within a host NCCL reports no error for it.
+// - At the next safe point (training_loop calls safe_point() before each step) the group forms
+//   the next round (survivors keep their relative order, newcomers come after them) and gets
+//   its communicator: from the factory, or from the rebuilder, which is handed the previous one
+//   (NCCL: revoke -> shrink after departures, grow after newcomers, a fresh init otherwise; the
+//   group_rebuilt event says which `path`). Every rank then agrees on rank 0's step and state (a
+//   broadcast). The loop runs the failed step again on the new group.
 // - A preemption notice while the group re-forms (joining a round, waiting for it to close or
 //   for the bootstrap, connecting the communicator) ends the wait with errc::interrupted
 //   within 100 ms: training_loop then exits 75 with the newest committed checkpoint standing.
@@ -55,6 +60,7 @@
 #include <elastic/checkpoint/state.hpp>
 #include <elastic/comm/communicator.hpp>
 #include <elastic/comm/detail/state_packing.hpp>
+#include <elastic/comm/rebuild.hpp>
 #include <elastic/internal/clock.hpp>
 #include <elastic/internal/periodic_thread.hpp>
 #include <elastic/error.hpp>
@@ -85,6 +91,7 @@ struct recovery_timings {
   std::int64_t rendezvous_done_ns = 0;
   std::int64_t connected_ns = 0;     ///< the new communicator is up
   std::int64_t resynced_ns = 0;      ///< the state is rank 0's (0 when no resync ran)
+  std::string path;                  ///< how the communicator was made: "reinit", "shrink", "grow", "shrink+grow"
 };
 
 /// A communicator whose collectives take device memory (NCCL). For the state that lives on the
@@ -103,21 +110,18 @@ template <class Comm>
 class elastic_group final : public group_hook {
  public:
   /// Nothing happens until join() or the first safe_point(). `bootstrap` makes the leader's
-  /// blob (default: a fresh Gloo store prefix per round).
+  /// blob (default: a fresh Gloo store prefix per round). Each round's communicator comes from
+  /// `make`; the previous one is destroyed first.
   elastic_group(rendezvous::store& store, group_options opts, communicator_factory<Comm> make,
                 rendezvous::bootstrap_fn bootstrap = {})
-      : store_(store),
-        opts_(std::move(opts)),
-        events_(opts_.events ? *opts_.events : event_log::from_env()),
-        make_(std::move(make)),
-        bootstrap_(std::move(bootstrap)),
-        rdzv_(store, with_events(opts_.rendezvous, events_)) {
-    if (!make_) throw error(errc::invalid_argument, "elastic_group: no communicator factory given");
-    if (opts_.poll_interval.count() <= 0) {
-      throw error(errc::invalid_argument,
-                  fmt::format("elastic_group: poll_interval {} ms must be positive", opts_.poll_interval.count()));
-    }
-  }
+      : elastic_group(store, std::move(opts), std::move(bootstrap), from_factory(std::move(make)), false) {}
+
+  /// As above, but each round's communicator comes from `rebuilder.rebuild()`, which is handed
+  /// the previous one (comm/rebuild.hpp): nccl_factory shrinks and grows it in place.
+  template <communicator_rebuilder<Comm> R>
+  elastic_group(rendezvous::store& store, group_options opts, R rebuilder, rendezvous::bootstrap_fn bootstrap = {})
+      : elastic_group(store, std::move(opts), std::move(bootstrap),
+                      [r = std::move(rebuilder)](round_change<Comm>& c) { return r.rebuild(c); }, true) {}
 
   elastic_group(const elastic_group&) = delete;
   elastic_group& operator=(const elastic_group&) = delete;
@@ -206,6 +210,34 @@ class elastic_group final : public group_hook {
 
  private:
   using clock = std::chrono::steady_clock;
+  using rebuild_fn = std::function<rebuilt<Comm>(round_change<Comm>&)>;
+
+  elastic_group(rendezvous::store& store, group_options opts, rendezvous::bootstrap_fn bootstrap, rebuild_fn rebuild,
+                bool keeps)
+      : store_(store),
+        opts_(std::move(opts)),
+        events_(opts_.events ? *opts_.events : event_log::from_env()),
+        rebuild_(std::move(rebuild)),
+        keeps_(keeps),
+        bootstrap_(std::move(bootstrap)),
+        rdzv_(store, with_events(opts_.rendezvous, events_)) {
+    if (!rebuild_) throw error(errc::invalid_argument, "elastic_group: no communicator factory given");
+    if (opts_.poll_interval.count() <= 0) {
+      throw error(errc::invalid_argument,
+                  fmt::format("elastic_group: poll_interval {} ms must be positive", opts_.poll_interval.count()));
+    }
+  }
+
+  static rebuild_fn from_factory(communicator_factory<Comm> make) {
+    if (!make) return {};
+    return [make = std::move(make)](round_change<Comm>& c) {
+      return rebuilt<Comm>{make(c.store, c.next), "reinit"};
+    };
+  }
+
+  /// Whether this group keeps and revokes its communicator on a failure (a rebuilder that can
+  /// use it, and a communicator with revoke()).
+  static constexpr bool revocable = requires(Comm& c) { c.revoke(); };
 
   static rendezvous::rendezvous_options with_events(rendezvous::rendezvous_options o, const event_log& ev) {
     if (!o.events) o.events = ev;
@@ -244,23 +276,71 @@ class elastic_group final : public group_hook {
                                    {"collective", what},
                                    {"code", to_string(e.code())},
                                    {"message", e.what()}});
-    // Closing our connections now fails the peers still blocked on us.
-    retire();
+    // A rebuilder gets the communicator back, revoked (in-flight work stopped). Otherwise
+    // closing our connections now fails the peers still blocked on us.
+    if (keeps_ && revocable) {
+      revoke_current();
+    } else {
+      retire();
+    }
+  }
+
+  /// Revokes the current communicator (a rebuilder's, kept for the next round); any thread.
+  void revoke_current() noexcept {
+    if constexpr (revocable) {
+      std::lock_guard lk(comm_ptr_mu_);
+      if (comm_) comm_->revoke();
+    }
+  }
+
+  /// The current communicator, moved out for a rebuild.
+  std::unique_ptr<Comm> take_communicator() {
+    std::lock_guard lk(comm_ptr_mu_);
+    return std::move(comm_);
+  }
+
+  void install(std::unique_ptr<Comm> c) {
+    std::lock_guard lk(comm_ptr_mu_);
+    comm_ = std::move(c);
+  }
+
+  /// The store keys of round `r`'s communicator rebuild.
+  std::string round_keys(std::int64_t r) const { return fmt::format("{}/round/{}/comm/", rdzv_.key_prefix(), r); }
+
+  /// round_change::check: a preemption notice, or (every 50 ms) a departure from the round.
+  /// Runs on the rebuilding thread, which holds rdzv_mu_.
+  void check_round() {
+    if (const int sig = preemption_handler::requested(); sig != 0) {
+      throw error(errc::interrupted,
+                  fmt::format("elastic_group: a preemption notice (signal {}) came while building the communicator "
+                              "of round {}; exit 75, the newest committed checkpoint stands",
+                              sig, round()));
+    }
+    const auto now = clock::now();
+    if (now - last_round_check_ < std::chrono::milliseconds(50)) return;
+    last_round_check_ = now;
+    const auto ch = rdzv_.poll();
+    if (!ch.departed.empty()) {
+      throw error(errc::peer_lost, fmt::format("elastic_group: {} left round {} while its communicator was being "
+                                               "built",
+                                               fmt::join(ch.departed, ","), round()));
+    }
   }
 
   /// Destroys the communicator on a thread of its own: closing Gloo's connections takes up to
   /// 10 ms per peer (its event loop's tick), time the rendezvous need not wait for.
   void retire() {
-    if (!comm_) return;
+    std::unique_ptr<Comm> c = take_communicator();
+    if (!c) return;
     if (reaper_.joinable()) reaper_.join();  // the previous one had a whole round to finish
-    reaper_ = std::jthread([c = std::move(comm_)]() mutable { c.reset(); });
+    reaper_ = std::jthread([c = std::move(c)]() mutable { c.reset(); });
   }
 
-  /// Tears the communicator down, forms the next round and connects its communicator; again
-  /// while a peer dies during the connect, until the rendezvous's join timeout.
+  /// Forms the next round and gets its communicator (from the factory, or rebuilt from the
+  /// previous one); again while a peer dies during the connect, until the rendezvous's join timeout.
   void rebuild(const std::string& cause) {
     const std::int64_t noticed = failed_ ? noticed_ns_ : internal::monotonic_ns();
-    retire();
+    if (!keeps_) retire();
     const auto deadline = clock::now() + opts_.rendezvous.join_timeout;
     std::lock_guard lk(rdzv_mu_);
     for (;;) {
@@ -272,12 +352,22 @@ class elastic_group final : public group_hook {
                                 "75, the newest committed checkpoint stands",
                                 sig, cause));
       }
+      const rendezvous::round_info previous = rdzv_.current();
       const auto& info = joined_ ? rdzv_.next_round(bootstrap_) : rdzv_.join(bootstrap_);
       const std::int64_t met = internal::monotonic_ns();
+      std::string path, reason;
       try {
-        comm_ = make_(store_, info);
+        round_change<Comm> change{store_, previous, info, take_communicator(), round_keys(info.round),
+                                  [this] { check_round(); }};
+        rebuilt<Comm> made = rebuild_(change);
+        if (!made.communicator) throw error(errc::invalid_argument, "elastic_group: the factory made no communicator");
+        install(std::move(made.communicator));
+        path = std::move(made.path);
+        reason = std::move(made.reason);
       } catch (const error& e) {
-        if (e.code() == errc::interrupted || clock::now() >= deadline) throw;
+        // A setting no next round can fix (NCCL_COMM_BLOCKING, a device NCCL refuses) ends it now.
+        const bool config = e.code() == errc::invalid_argument || e.code() == errc::not_supported;
+        if (e.code() == errc::interrupted || config || clock::now() >= deadline) throw;
         events_.emit("group_connect_failed", {{"round", info.round}, {"message", e.what()}});
         joined_ = true;  // a member of that round: the next one is entered as a survivor
         continue;
@@ -286,12 +376,14 @@ class elastic_group final : public group_hook {
       joined_ = true;
       failed_ = false;
       change_pending_.store(false, std::memory_order_release);
-      last_ = {info.round, info.world_size, cause, noticed, met, internal::monotonic_ns(), 0};
+      last_ = {info.round, info.world_size, cause, noticed, met, internal::monotonic_ns(), 0, path};
       if (!first) ++rebuilds_;
       events_.emit(first ? "group_formed" : "group_rebuilt",
                    {{"round", info.round},
                     {"world_size", info.world_size},
                     {"cause", cause},
+                    {"path", path},
+                    {"reason", reason},
                     {"rendezvous_ms", (last_.rendezvous_done_ns - noticed) / 1e6},
                     {"connect_ms", (last_.connected_ns - last_.rendezvous_done_ns) / 1e6},
                     {"noticed_ns", noticed}});
@@ -382,6 +474,9 @@ class elastic_group final : public group_hook {
                       : ch.self_lost ? std::string("our heartbeat lapsed")
                                      : std::string("round started by another member");
       change_pending_.store(true, std::memory_order_release);
+      // Anything but a newcomer means a collective may now wait for a peer that will never come:
+      // stop it now rather than at its timeout (within a host NCCL reports no error for it).
+      if (keeps_ && (!ch.departed.empty() || ch.round_advanced || ch.self_lost)) revoke_current();
     } catch (const error& e) {
       if (!store_down) {
         store_down = true;
@@ -394,11 +489,14 @@ class elastic_group final : public group_hook {
   rendezvous::store& store_;
   group_options opts_;
   event_log events_;
-  communicator_factory<Comm> make_;
+  rebuild_fn rebuild_;
+  bool keeps_ = false;  // the rebuilder gets the previous communicator: revoke it, never retire it
   rendezvous::bootstrap_fn bootstrap_;
   std::mutex rdzv_mu_;  // the rendezvous is driven by one thread at a time: us or the watcher
   rendezvous::rendezvous rdzv_;
+  std::mutex comm_ptr_mu_;      // comm_ is replaced by the training thread, revoked by the watcher
   std::unique_ptr<Comm> comm_;
+  clock::time_point last_round_check_{};
   bool joined_ = false;
   std::atomic<bool> failed_{false};  // read by the watcher
   std::string failure_;

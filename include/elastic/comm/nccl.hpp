@@ -10,22 +10,32 @@
 // Every span handed to a collective views DEVICE memory on the communicator's device (cudaMalloc,
 // cudaMallocManaged or a framework's tensor storage); only broadcast_host() takes host memory.
 //
-// Nothing here can block forever. The communicator is created non-blocking (config.blocking = 0):
-// init and every collective return at once and we poll ncclCommGetAsyncError / cudaStreamQuery
-// against a deadline. A watcher thread polls the asynchronous error every few milliseconds, so a
-// peer's failure flips ok() false even between collectives. A collective also runs inside an
-// elastic::expires(timeout + margin) scope: should NCCL itself hang in a call we cannot bound, the
-// watchdog kills the process.
+// Ordering. A collective runs after the work that produced its buffer: on the caller's stream
+// when one was given (stream order does it), else on a stream of our own that first waits, by an
+// event, for everything queued on the legacy default stream (where kernels launched without a
+// stream go, and which every blocking stream synchronises with). Completion is an event recorded
+// right after the collective, so work queued on the same stream later (by another thread, say)
+// never delays or times out the collective.
 //
-// Recovery, by what the NCCL headers declare AND the libnccl loaded at run time exports (a
-// program built against new headers often runs with an older library, a PyTorch wheel's say, and
-// a call to a missing symbol would end the process; so both are looked up once with dlsym):
-//   ncclCommRevoke  a failed collective, or revoke(), revokes the communicator (in-flight work
-//                   stops, the handle stays usable for management); shrink() builds the survivors'.
-//   ncclCommShrink  without revoke: shrink() passes NCCL_SHRINK_ABORT for a broken communicator,
-//                   which stops its in-flight work first.
-//   neither         can_shrink() is false, shrink() throws; the caller aborts and re-initialises
-//                   from a fresh nccl_unique_id() (what elastic_group does anyway after joins).
+// Nothing here can block forever. The communicator is non-blocking (config.blocking = 0; an
+// NCCL_COMM_BLOCKING=1 in the environment, which would override it, is refused): init, shrink,
+// grow and every collective return at once and we poll against a deadline. A watcher thread polls
+// the asynchronous error every few milliseconds, so a peer's failure flips ok() false even between
+// collectives. A collective also runs inside an elastic::expires(timeout + margin) scope.
+// Every NCCL call goes through one process-wide lock (detail::nccl_call): NCCL forbids any call
+// on any thread during ncclCommAbort, and two threads inside one communicator.
+//
+// Recovery (detail::recovery_calls(): what the loaded libnccl exports, less known-bad releases):
+//   revoke()  stops in-flight work (ncclCommRevoke, 2.28) and keeps the handle for shrink(): what
+//             a survivor does when a peer departs, since within a host NCCL reports no error
+//             for a dead peer (NVIDIA/nccl#279) and the collective would spin until its timeout.
+//             Without ncclCommRevoke it only marks the communicator failed; shrink() then passes
+//             NCCL_SHRINK_ABORT, which stops the stuck work first.
+//   shrink()  the survivors' communicator (ncclCommShrink, 2.27). NCCL refuses an empty exclude
+//             list, and a parent carrying a network error (sticky): callers fall back to a fresh
+//             init whenever shrink fails.
+//   grow()    adds newcomers (ncclCommGrow, 2.29.2): rank 0 makes grow_unique_id(), every existing
+//             rank calls grow(), each newcomer join_grown().
 #pragma once
 
 #include <elastic/config.hpp>
@@ -54,11 +64,12 @@
 #include <nccl.h>
 
 #include <elastic/comm/communicator.hpp>
+#include <elastic/comm/detail/nccl_handle.hpp>
 #include <elastic/comm/detail/nccl_runtime.hpp>
 #include <elastic/comm/half.hpp>
+#include <elastic/error.hpp>
 #include <elastic/internal/cuda.hpp>
 #include <elastic/internal/periodic_thread.hpp>
-#include <elastic/error.hpp>
 #include <elastic/timer/expires.hpp>
 
 #if NCCL_VERSION_CODE < NCCL_VERSION(2, 18, 0)
@@ -81,11 +92,11 @@ struct nccl_options {
 };
 
 /// A fresh NCCL bootstrap id: 128 opaque bytes that the rendezvous leader publishes and every rank
-/// passes to nccl_communicator. The process that made it hosts the bootstrap root, so it must stay
-/// alive until every rank has connected.
+/// passes to nccl_communicator. The process that made it hosts the bootstrap root (a thread that
+/// lives until every rank has connected), so it must stay alive until they have.
 inline std::string nccl_unique_id() {
   ncclUniqueId id;
-  if (ncclResult_t r = ncclGetUniqueId(&id); r != ncclSuccess) {
+  if (ncclResult_t r = detail::nccl_call([&] { return ncclGetUniqueId(&id); }); r != ncclSuccess) {
     throw detail::nccl_failure(r, "ncclGetUniqueId (making the bootstrap id for a new NCCL communicator)", nullptr);
   }
   return std::string(id.internal, sizeof(id.internal));
@@ -95,67 +106,73 @@ inline std::string nccl_unique_id() {
 ///
 /// Collectives take spans over device memory on device(), are enqueued on stream() and return once
 /// they completed on the GPU (so buffers may be read at once); each is bounded by timeout(). Not
-/// thread-safe: one thread drives the collectives; ok(), last_error() and abort() may be called from
-/// any thread.
+/// thread-safe: one thread drives the collectives; ok(), last_error(), revoke() and abort() may be
+/// called from any thread.
 class nccl_communicator {
  public:
   /// Collectives take device memory; elastic_group resyncs device state through it directly.
   static constexpr bool takes_device_memory = true;
-  /// Whether the headers and the libnccl this process runs with both have ncclCommRevoke (2.28).
-  static bool can_revoke() noexcept {
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
-    return detail::nccl_revoke_fn() != nullptr;
-#else
-    return false;
-#endif
-  }
-  /// Whether the headers and the libnccl this process runs with both have ncclCommShrink (2.27).
-  static bool can_shrink() noexcept {
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
-    return detail::nccl_shrink_fn() != nullptr;
-#else
-    return false;
-#endif
-  }
+  /// Whether revoke() stops in-flight work with ncclCommRevoke (see detail::recovery_calls()).
+  static bool can_revoke() { return detail::recovery_calls().revoke; }
+  /// Whether shrink() is offered by the libnccl this process runs with.
+  static bool can_shrink() { return detail::recovery_calls().shrink; }
+  /// Whether grow()/join_grown() are offered by the libnccl this process runs with.
+  static bool can_grow() { return detail::recovery_calls().grow; }
 
   /// Joins rank `rank` of `size` on CUDA device `device`, from the leader's nccl_unique_id()
   /// `bootstrap`. Waits at most `timeout` for every rank to connect (then aborts and throws
-  /// errc::timeout). `stream` is where the collectives run: nullptr makes a non-blocking stream
-  /// of our own; a stream of the caller's must belong to `device` and outlive the communicator.
+  /// errc::timeout). `stream` is where the collectives run; nullptr makes a non-blocking stream of
+  /// our own, ordered after the legacy default stream. A stream of the caller's must belong to
+  /// `device` and outlive the communicator. `check` runs every few ms while connecting and may
+  /// throw to give up.
   nccl_communicator(std::string_view bootstrap, int rank, int size, int device, std::chrono::milliseconds timeout,
-                    cudaStream_t stream = nullptr, nccl_options options = {})
-      : rank_(rank), size_(size), device_(device), timeout_(timeout), options_(options) {
-    if (bootstrap.size() != NCCL_UNIQUE_ID_BYTES) {
-      throw error(errc::invalid_argument,
-                  fmt::format("nccl communicator: the bootstrap id has {} bytes, NCCL wants {}: pass the string "
-                              "nccl_unique_id() returned on the leader, unchanged",
-                              bootstrap.size(), NCCL_UNIQUE_ID_BYTES));
-    }
-    check_arguments();
+                    cudaStream_t stream = nullptr, nccl_options options = {}, const detail::creation_check& check = {})
+      : nccl_communicator(private_tag{}, rank, size, device, timeout, stream, options) {
+    ncclUniqueId id = to_unique_id(bootstrap, "nccl communicator: the bootstrap id");
     detail::cuda::device_scope on(device_);
-    adopt_stream(stream);
-    barrier_word_ = detail::cuda::device_bytes(sizeof(std::int32_t));
-    ncclUniqueId id;
-    std::memcpy(id.internal, bootstrap.data(), NCCL_UNIQUE_ID_BYTES);
-    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    ncclConfig_t config = nonblocking_config();
     ncclComm_t comm = nullptr;
-    const ncclResult_t r = ncclCommInitRankConfig(&comm, size_, id, rank_, &config);
-    if (r != ncclSuccess && r != ncclInProgress) {
-      error e = detail::nccl_failure(r, where("ncclCommInitRankConfig"), comm);
-      if (comm != nullptr) ncclCommAbort(comm);
-      throw e;
-    }
-    finish_creation(comm, deadline, "connecting (ncclCommInitRankConfig)");
+    const ncclResult_t r =
+        detail::nccl_call([&] { return ncclCommInitRankConfig(&comm, size_, id, rank_, &config); });
+    adopt_new_handle(r, comm, deadline, "connecting (ncclCommInitRankConfig)", check);
+  }
+
+  /// Joins a communicator that existing ranks are growing (ncclCommGrow) as its rank `rank` of
+  /// `size`, from the id rank 0 made with grow_unique_id(). Needs can_grow().
+  static std::unique_ptr<nccl_communicator> join_grown(std::string_view grow_id, int rank, int size, int device,
+                                                       std::chrono::milliseconds timeout, cudaStream_t stream = nullptr,
+                                                       nccl_options options = {},
+                                                       const detail::creation_check& check = {}) {
+    if (!can_grow()) throw no_call("ncclCommGrow", "2.29.2", rank);
+    std::unique_ptr<nccl_communicator> next(
+        new nccl_communicator(private_tag{}, rank, size, device, timeout, stream, options));
+    const ncclUniqueId id = to_unique_id(grow_id, "nccl join_grown: the grow id");
+    detail::cuda::device_scope on(device);
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    ncclConfig_t config = nonblocking_config();
+    auto slot = std::make_unique<detail::handle_slot>();
+    const ncclResult_t r = detail::nccl_call(
+        [&] { return detail::nccl_grow_fn()(nullptr, size, &id, rank, &slot->comm, &config); });
+    next->adopt_new_handle(r, slot->comm, deadline, "joining a grown communicator (ncclCommGrow)", check);
+    return next;
   }
 
   nccl_communicator(const nccl_communicator&) = delete;
   nccl_communicator& operator=(const nccl_communicator&) = delete;
+  nccl_communicator(nccl_communicator&&) = delete;  // the watcher thread holds `this`
+  nccl_communicator& operator=(nccl_communicator&&) = delete;
 
-  /// Stops the watcher and aborts the NCCL communicator: local, never waits for peers (a clean
-  /// ncclCommFinalize would wait for every rank, possibly forever).
-  ~nccl_communicator() { abort(); }
+  /// Stops the watcher and aborts the NCCL communicator (local: never waits for peers), then
+  /// frees its events, stream and device memory on its own device.
+  ~nccl_communicator() {
+    detail::cuda::device_switch on(device_);  // the teardown may run on a thread that never set one
+    abort();
+    done_ = {};
+    ready_ = {};
+    barrier_word_ = {};
+    owned_stream_ = {};
+  }
 
   [[nodiscard]] int rank() const noexcept { return rank_; }
   [[nodiscard]] int size() const noexcept { return size_; }
@@ -163,38 +180,35 @@ class nccl_communicator {
   [[nodiscard]] cudaStream_t stream() const noexcept { return stream_; }
   [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return timeout_; }
 
-  /// False once a collective or the watcher saw an error, or abort() was called.
+  /// False once a collective or the watcher saw an error, or revoke()/abort() was called.
   [[nodiscard]] bool ok() const noexcept { return !failed_.load(std::memory_order_acquire); }
 
-  /// The error that broke the communicator, if one did (abort() leaves none).
+  /// The error that broke the communicator, if one did (revoke() and abort() leave none).
   [[nodiscard]] std::optional<error> last_error() const {
     std::lock_guard lk(error_mu_);
     return last_error_;
   }
 
   /// Gives the communicator up: stops the watcher, ncclCommAbort (in-flight work on the GPU is
-  /// cancelled, resources freed). Every later call throws at once. Never throws.
+  /// cancelled, resources freed) with its device current. Every later call throws. Never throws.
   void abort() noexcept {
     aborted_.store(true, std::memory_order_release);
     failed_.store(true, std::memory_order_release);
     std::lock_guard once(abort_mu_);  // two threads aborting at once must not both join
     watcher_.stop();  // the watcher never calls abort(), so this never joins its own thread
     std::lock_guard lk(comm_mu_);
-    if (comm_ != nullptr) {
-      int previous = -1;
-      const bool switched = cudaGetDevice(&previous) == cudaSuccess && previous != device_ &&
-                            cudaSetDevice(device_) == cudaSuccess;
-      ncclCommAbort(comm_);
-      comm_ = nullptr;
-      if (switched) cudaSetDevice(previous);
-    }
+    if (comm_ == nullptr) return;
+    detail::cuda::device_switch on(device_);
+    detail::abort_handle(comm_);
+    comm_ = nullptr;
   }
 
-  /// Stops this communicator's work without freeing it, so that shrink() can follow: what a
-  /// survivor calls when the rendezvous reports a departure while collectives may be stuck on the
-  /// dead peer. With NCCL >= 2.28 in-flight work is cancelled now (ncclCommRevoke); before that,
-  /// shrink() cancels it (NCCL_SHRINK_ABORT). Every later collective throws at once. Never throws;
-  /// may be called from any thread.
+  /// Stops this communicator's in-flight work without freeing it, so that shrink() can follow:
+  /// what a survivor calls when the rendezvous reports a departure while a collective may wait
+  /// for the dead peer. With ncclCommRevoke (2.28) the work stops now; without, shrink() stops
+  /// it (NCCL_SHRINK_ABORT). Every later collective throws errc::aborted at once. A revoke that
+  /// NCCL refuses is recorded (last_error()), and shrink() then refuses too. Never throws; may be
+  /// called from any thread.
   void revoke() noexcept {
     revoked_by_caller_.store(true, std::memory_order_release);
     failed_.store(true, std::memory_order_release);
@@ -244,55 +258,132 @@ class nccl_communicator {
 
   /// The communicator of the ranks not in `excluded_ranks` (ranks of this communicator), made
   /// with ncclCommShrink: every surviving rank calls it with the same list; the new ranks keep
-  /// their order and close the gaps. Works on a broken communicator (that is what it is for),
-  /// not on an aborted one. The new communicator gets a stream of its own unless this one ran on
-  /// the caller's stream, and waits at most `timeout` for the survivors. Needs can_shrink().
+  /// their order and close the gaps. Works on a revoked or broken communicator (that is what it
+  /// is for), not on an aborted one, nor with an empty list (NCCL rejects one in every release
+  /// that has the call: build a new communicator instead). Waits at most `timeout`; on the
+  /// deadline this communicator is aborted too. Throws when NCCL refuses, e.g. a parent that
+  /// carries a network error: then build a new one from a fresh nccl_unique_id().
   [[nodiscard]] std::unique_ptr<nccl_communicator> shrink(std::span<const int> excluded_ranks,
-                                                          std::chrono::milliseconds timeout) {
-    if (!can_shrink()) throw no_shrink();  // also where the headers predate it
-#if NCCL_VERSION_CODE < NCCL_VERSION(2, 27, 0)
-    (void)excluded_ranks;
-    (void)timeout;
-    return nullptr;  // not reached
-#else
-    if (aborted_.load(std::memory_order_acquire)) {
-      throw error(errc::aborted, where("shrink") + ": the communicator was aborted; shrink before abort(), "
-                                                   "or build a new one from a fresh nccl_unique_id()");
-    }
+                                                          std::chrono::milliseconds timeout,
+                                                          const detail::creation_check& check = {}) {
+    if (!can_shrink()) throw no_call("ncclCommShrink", "2.27", rank_);
     std::vector<int> excluded = checked_exclusions(excluded_ranks);
-    if (timeout.count() <= 0) {
-      throw error(errc::invalid_argument,
-                  fmt::format("{}: timeout {} ms must be positive", where("shrink"), timeout.count()));
-    }
+    check_management("shrink", timeout);
+    detail::refuse_blocking_environment(where("shrink"));
     detail::cuda::device_scope on(device_);
-    std::unique_ptr<nccl_communicator> next = make_successor(excluded, timeout);
+    const int new_rank =
+        rank_ - static_cast<int>(std::count_if(excluded.begin(), excluded.end(), [&](int r) { return r < rank_; }));
+    std::unique_ptr<nccl_communicator> next(new nccl_communicator(
+        private_tag{}, new_rank, size_ - static_cast<int>(excluded.size()), device_, timeout, successor_stream(),
+        options_));
     const auto deadline = std::chrono::steady_clock::now() + timeout;
-    ncclComm_t comm = nullptr;
-    if (const ncclResult_t r = start_shrink(excluded, deadline, comm); r != ncclSuccess && r != ncclInProgress) {
-      error e = detail::nccl_failure(r, where("ncclCommShrink"), comm);
-      if (comm != nullptr) ncclCommAbort(comm);
-      throw e;
+    auto slot = std::make_unique<detail::handle_slot>();
+    start_shrink(excluded, *slot, deadline, check);
+    // The parent carries the in-progress state; the child exists once it is over.
+    detail::await_ready(comm_, deadline, where("shrinking (ncclCommShrink)"), check, [&] {
+      abort();                               // joins NCCL's shrink job: nothing writes the slot after this
+      detail::abort_handle(slot->comm);      // the half-made child, if NCCL got that far
+    });
+    if (slot->comm == nullptr) {
+      throw error(errc::peer_lost, where("shrink") + ": NCCL reported success but stored no communicator; build a "
+                                                     "new one from a fresh nccl_unique_id()");
     }
-    next->finish_creation(comm, deadline, "shrinking (ncclCommShrink)");
+    next->adopt_new_handle(ncclInProgress, slot->comm, deadline, "shrinking (ncclCommShrink)", check);
     return next;
-#endif
   }
 
-  nccl_communicator(nccl_communicator&&) = delete;  // the watcher thread holds `this`
-  nccl_communicator& operator=(nccl_communicator&&) = delete;
+  /// The id newcomers join a grow of this communicator with (ncclCommGetUniqueId; it also hands
+  /// the id to this communicator's boundary ranks). Rank 0 calls it once per grow, before any
+  /// rank calls grow(), and publishes it. Needs can_grow().
+  [[nodiscard]] std::string grow_unique_id() {
+    if (!can_grow()) throw no_call("ncclCommGetUniqueId", "2.29.2", rank_);
+    check_usable("grow_unique_id");
+    detail::cuda::device_scope on(device_);
+    auto scope = elastic::expires(timeout_ + options_.watchdog_margin, "nccl grow id");  // it sends to two ranks
+    ncclUniqueId id;
+    std::lock_guard lk(comm_mu_);
+    if (comm_ == nullptr) check_usable("grow_unique_id");
+    const ncclResult_t r = detail::nccl_call([&] { return detail::nccl_comm_unique_id_fn()(comm_, &id); });
+    if (r != ncclSuccess) throw detail::nccl_failure(r, where("ncclCommGetUniqueId"), comm_);
+    return std::string(id.internal, sizeof(id.internal));
+  }
+
+  /// The communicator of these ranks and `new_size - size()` newcomers (ncclCommGrow): every rank
+  /// of this communicator calls it, rank 0 with the id it made by grow_unique_id() (the others
+  /// with an empty one); ranks keep their numbers, newcomers take size() .. new_size-1. This
+  /// communicator must be healthy and stays usable. Waits at most `timeout`. Needs can_grow().
+  [[nodiscard]] std::unique_ptr<nccl_communicator> grow(int new_size, std::string_view root_id,
+                                                        std::chrono::milliseconds timeout,
+                                                        const detail::creation_check& check = {}) {
+    if (!can_grow()) throw no_call("ncclCommGrow", "2.29.2", rank_);
+    if (new_size <= size_) {
+      throw error(errc::invalid_argument,
+                  fmt::format("{}: new size {} must exceed the current {}", where("grow"), new_size, size_));
+    }
+    check_usable("grow");
+    check_management("grow", timeout);
+    detail::refuse_blocking_environment(where("grow"));
+    std::optional<ncclUniqueId> id;
+    if (!root_id.empty()) id = to_unique_id(root_id, where("grow") + ": the grow id");
+    detail::cuda::device_scope on(device_);
+    std::unique_ptr<nccl_communicator> next(
+        new nccl_communicator(private_tag{}, rank_, new_size, device_, timeout, successor_stream(), options_));
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    ncclConfig_t config = nonblocking_config();
+    auto slot = std::make_unique<detail::handle_slot>();
+    ncclResult_t r = ncclSuccess;
+    {
+      std::lock_guard lk(comm_mu_);
+      if (comm_ == nullptr) check_usable("grow");
+      r = detail::nccl_call([&] {
+        return detail::nccl_grow_fn()(comm_, new_size, id ? &*id : nullptr, -1, &slot->comm, &config);
+      });
+    }
+    next->adopt_new_handle(r, slot->comm, deadline, "growing (ncclCommGrow)", check);
+    return next;
+  }
 
  private:
   struct private_tag {};
 
-  // A communicator being made by shrink(): the handle comes later, from finish_creation().
+  // The fields, the stream and events, the barrier word; the handle comes later.
   nccl_communicator(private_tag, int rank, int size, int device, std::chrono::milliseconds timeout,
-                    nccl_options options)
-      : rank_(rank), size_(size), device_(device), timeout_(timeout), options_(options) {}
+                    cudaStream_t stream, nccl_options options)
+      : rank_(rank), size_(size), device_(device), timeout_(timeout), options_(options) {
+    check_arguments();
+    detail::refuse_blocking_environment(where("init"));
+    detail::cuda::device_scope on(device_);
+    adopt_stream(stream);
+    ready_ = detail::cuda::event::create();
+    done_ = detail::cuda::event::create();
+    barrier_word_ = detail::cuda::device_bytes(sizeof(std::int32_t));
+  }
 
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
-  // shrink()'s ranks to exclude, sorted and without repeats; throws for one that is out of range
-  // or is this rank.
+  static ncclConfig_t nonblocking_config() noexcept {
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    return config;
+  }
+
+  static ncclUniqueId to_unique_id(std::string_view blob, std::string_view what) {
+    if (blob.size() != NCCL_UNIQUE_ID_BYTES) {
+      throw error(errc::invalid_argument,
+                  fmt::format("{} has {} bytes, NCCL wants {}: pass the 128 bytes the maker returned, unchanged", what,
+                              blob.size(), NCCL_UNIQUE_ID_BYTES));
+    }
+    ncclUniqueId id;
+    std::memcpy(id.internal, blob.data(), NCCL_UNIQUE_ID_BYTES);
+    return id;
+  }
+
+  // shrink()'s ranks to exclude, sorted and without repeats; throws for an empty list, or one
+  // that is out of range or is this rank.
   std::vector<int> checked_exclusions(std::span<const int> excluded_ranks) const {
+    if (excluded_ranks.empty()) {
+      throw error(errc::invalid_argument,
+                  where("shrink") + ": no rank to exclude; NCCL rejects an empty exclude list (every release from "
+                                    "2.27.3 to 2.30.7): with nobody gone, keep this communicator, or build a new one");
+    }
     std::vector<int> excluded(excluded_ranks.begin(), excluded_ranks.end());
     std::sort(excluded.begin(), excluded.end());
     excluded.erase(std::unique(excluded.begin(), excluded.end()), excluded.end());
@@ -307,55 +398,75 @@ class nccl_communicator {
     return excluded;
   }
 
-  // The communicator shrink() returns, before it has its handle: its rank, size, stream and
-  // barrier word. The caller has made device_ current.
-  std::unique_ptr<nccl_communicator> make_successor(const std::vector<int>& excluded,
-                                                    std::chrono::milliseconds timeout) const {
-    // The new rank is this rank less the excluded ranks below it (NCCL closes the gaps in order).
-    const int new_rank =
-        rank_ - static_cast<int>(std::count_if(excluded.begin(), excluded.end(), [&](int r) { return r < rank_; }));
-    std::unique_ptr<nccl_communicator> next(new nccl_communicator(
-        private_tag{}, new_rank, size_ - static_cast<int>(excluded.size()), device_, timeout, options_));
-    next->adopt_stream(owned_stream_ ? nullptr : stream_);
-    next->barrier_word_ = detail::cuda::device_bytes(sizeof(std::int32_t));
-    return next;
-  }
-
-  // Calls ncclCommShrink on this communicator (once a revoked one is quiescent), non-blocking:
-  // `comm` receives the half-made new handle. Throws if abort() took the handle meanwhile.
-  ncclResult_t start_shrink(std::vector<int>& excluded, std::chrono::steady_clock::time_point deadline,
-                            ncclComm_t& comm) {
-    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;
-    std::unique_lock lk(comm_mu_);
-    if (comm_ == nullptr) {
-      throw error(errc::aborted, where("shrink") + ": the communicator was aborted");
+  // What shrink() and grow() ask of this communicator before they start.
+  void check_management(std::string_view what, std::chrono::milliseconds timeout) const {
+    if (aborted_.load(std::memory_order_acquire)) {
+      throw error(errc::aborted, fmt::format("{}: the communicator was aborted; {} before abort(), or build a new "
+                                             "one from a fresh nccl_unique_id()",
+                                             where(what), what));
     }
-    wait_until_quiescent(lk, deadline);
-    // A broken communicator may still have work in flight: once revoked (NCCL >= 2.28) it is
-    // stopped already; otherwise NCCL_SHRINK_ABORT stops it before shrinking.
-    const int flags = ok() || revoked_ ? NCCL_SHRINK_DEFAULT : NCCL_SHRINK_ABORT;
-    return detail::nccl_shrink_fn()(comm_, excluded.data(), static_cast<int>(excluded.size()), &comm, &config,
-                                    flags);
-  }
-
-  // A revoked communicator is ready for management once NCCL says it is quiescent. `lk` holds
-  // comm_mu_; it is let go between polls so that abort() can get in.
-  void wait_until_quiescent(std::unique_lock<std::mutex>& lk, std::chrono::steady_clock::time_point deadline) {
-    while (revoked_) {
-      ncclResult_t state = ncclSuccess;
-      if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess || state != ncclInProgress) break;
-      if (std::chrono::steady_clock::now() >= deadline) {
-        throw error(errc::timeout, where("shrink") + ": the revoked communicator did not quiesce in time; abort "
-                                                     "it and build a new one from a fresh nccl_unique_id()");
-      }
-      lk.unlock();
-      std::this_thread::sleep_for(std::chrono::microseconds(200));
-      lk.lock();
-      if (comm_ == nullptr) throw error(errc::aborted, where("shrink") + ": the communicator was aborted");
+    if (revoke_failed_.load(std::memory_order_acquire)) {
+      throw error(errc::peer_lost, fmt::format("{}: ncclCommRevoke failed earlier, so NCCL's in-flight work may still "
+                                               "run: build a new communicator from a fresh nccl_unique_id()",
+                                               where(what)));
+    }
+    if (timeout.count() <= 0) {
+      throw error(errc::invalid_argument,
+                  fmt::format("{}: timeout {} ms must be positive", where(what), timeout.count()));
     }
   }
-#endif
+
+  // Calls ncclCommShrink (once a revoked communicator is quiescent), non-blocking; the child will
+  // be stored into `slot`. Throws when NCCL refuses at once (a sticky network error, say).
+  void start_shrink(std::vector<int>& excluded, detail::handle_slot& slot,
+                    std::chrono::steady_clock::time_point deadline, const detail::creation_check& check) {
+    if (revoked_.load(std::memory_order_acquire)) {
+      // Revoke leaves the communicator in progress until it is quiescent; then it may be shrunk.
+      detail::await_ready(handle_or_throw("shrink"), deadline, where("waiting for the revoked communicator"), check,
+                          [this] { abort(); });
+    }
+    std::lock_guard lk(comm_mu_);
+    if (comm_ == nullptr) check_usable("shrink");
+    // Work may still be in flight on a failed communicator that was not revoked (no ncclCommRevoke
+    // here): NCCL_SHRINK_ABORT stops it first. A healthy or revoked one has none outstanding.
+    const bool stuck = !ok() && !revoked_.load(std::memory_order_acquire);
+    const int flags = stuck ? detail::nccl_shrink_abort : detail::nccl_shrink_default;
+    ncclConfig_t config = nonblocking_config();
+    const ncclResult_t r = detail::nccl_call([&] {
+      return detail::nccl_shrink_fn()(comm_, excluded.data(), static_cast<int>(excluded.size()), &slot.comm, &config,
+                                      flags);
+    });
+    if (r != ncclSuccess && r != ncclInProgress) throw detail::nccl_failure(r, where("ncclCommShrink"), comm_);
+  }
+
+  ncclComm_t handle_or_throw(std::string_view what) {
+    std::lock_guard lk(comm_mu_);
+    if (comm_ == nullptr) check_usable(what);
+    return comm_;
+  }
+
+  // Takes `comm`, whose creation call returned `r`: polls it until ready (init, grow and a shrink's
+  // child carry their own state), then starts the watcher. On failure it is aborted and we throw.
+  void adopt_new_handle(ncclResult_t r, ncclComm_t comm, std::chrono::steady_clock::time_point deadline,
+                        std::string_view what, const detail::creation_check& check) {
+    if (r != ncclSuccess && r != ncclInProgress) {
+      error e = detail::nccl_failure(r, where(what), comm);
+      detail::abort_handle(comm);
+      throw e;
+    }
+    if (comm == nullptr) {
+      throw error(errc::peer_lost, where(what) + ": NCCL returned no communicator; build one from the next round");
+    }
+    detail::await_ready(comm, deadline, where(what), check, [&] { detail::abort_handle(comm); });
+    comm_ = comm;
+    try {
+      watcher_ = internal::periodic_thread(options_.watch_interval, [this] { return watch(); });
+    } catch (...) {
+      detail::abort_handle(comm_);
+      comm_ = nullptr;
+      throw;
+    }
+  }
 
   void check_arguments() const {
     if (size_ < 1 || rank_ < 0 || rank_ >= size_) {
@@ -377,61 +488,36 @@ class nccl_communicator {
                        timeout_.count());
   }
 
+  // The caller's stream, or a non-blocking one of our own (then collectives first wait for the
+  // legacy default stream: see the file comment).
   void adopt_stream(cudaStream_t stream) {
     if (stream != nullptr) {
       stream_ = stream;
       return;
     }
-    if (cudaError_t rc = cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking); rc != cudaSuccess) {
-      throw detail::cuda::failure(rc, where("cudaStreamCreateWithFlags"));
-    }
-    owned_stream_ = detail::cuda::stream::adopt(stream_);
+    owned_stream_ = detail::cuda::stream::create();
+    stream_ = owned_stream_.get();
   }
 
-  // Polls a communicator being created until NCCL says it is ready; on a deadline or an error it
-  // aborts the half-made communicator and throws. On success it owns `comm` and starts the watcher.
-  void finish_creation(ncclComm_t comm, std::chrono::steady_clock::time_point deadline, std::string_view what) {
-    for (;;) {
-      ncclResult_t state = ncclSuccess;
-      const ncclResult_t r = ncclCommGetAsyncError(comm, &state);
-      if (r != ncclSuccess) state = r;
-      if (state == ncclSuccess) break;
-      if (state != ncclInProgress) {
-        error e = detail::nccl_failure(state, where(what), comm);
-        ncclCommAbort(comm);
-        throw e;
-      }
-      if (std::chrono::steady_clock::now() >= deadline) {
-        ncclCommAbort(comm);
-        throw error(errc::timeout, fmt::format("{} timed out: not every rank connected in time; a peer may have "
-                                               "died, be slow to start, or hold another bootstrap id. Build a new "
-                                               "communicator from the next rendezvous round",
-                                               where(what)));
-      }
-      std::this_thread::sleep_for(std::chrono::microseconds(200));
-    }
-    comm_ = comm;
-    try {
-      watcher_ = internal::periodic_thread(options_.watch_interval, [this] { return watch(); });
-    } catch (...) {
-      ncclCommAbort(comm_);
-      comm_ = nullptr;
-      throw;
-    }
-  }
+  // A shrunk or grown communicator runs where this one does: on the caller's stream if it was
+  // given one, else on a stream of its own.
+  cudaStream_t successor_stream() const noexcept { return owned_stream_ ? nullptr : stream_; }
 
   // The watcher's tick: polls the asynchronous error so a peer's failure is noticed between
-  // collectives; false (the thread ends) once the communicator is gone or broken. It holds
-  // comm_mu_ only for the poll, so abort() can always get in.
+  // collectives; false (the thread ends) once the communicator is gone or broken.
   bool watch() noexcept {
     std::lock_guard cl(comm_mu_);
     if (comm_ == nullptr) return false;
     ncclResult_t state = ncclSuccess;
-    if (ncclResult_t r = ncclCommGetAsyncError(comm_, &state); r != ncclSuccess) state = r;
-    if (state != ncclSuccess && state != ncclInProgress) {
-      record(detail::nccl_failure(state, where("watcher (ncclCommGetAsyncError)"), comm_));
-      stop_in_flight_locked();
-      return false;
+    try {
+      state = detail::async_state(comm_);
+      if (state != ncclSuccess && state != ncclInProgress) {
+        record(detail::nccl_failure(state, where("watcher (ncclCommGetAsyncError)"), comm_));
+        stop_in_flight_locked();
+        return false;
+      }
+    } catch (...) {
+      return false;  // only a failed allocation for the message can land here
     }
     return true;
   }
@@ -444,22 +530,31 @@ class nccl_communicator {
     failed_.store(true, std::memory_order_release);
   }
 
-  // After a failure: with revoke, stop in-flight work now and keep the handle for shrink().
-  // Without, leave it: shrink() uses NCCL_SHRINK_ABORT, abort()/the destructor abort it.
+  // After a failure: with revoke, stop in-flight work now and keep the handle for shrink(). A
+  // revoke NCCL refuses is recorded: shrink() is then refused and the caller re-initialises.
+  // Without revoke, leave it: shrink() uses NCCL_SHRINK_ABORT, abort()/the destructor abort it.
   void stop_in_flight_locked() noexcept {
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
-    if (comm_ != nullptr && !revoked_ && can_revoke()) {
-      detail::nccl_revoke_fn()(comm_, NCCL_REVOKE_DEFAULT);
-      revoked_ = true;
+    if (comm_ == nullptr || revoked_.load(std::memory_order_acquire) || !can_revoke()) return;
+    revoked_.store(true, std::memory_order_release);
+    const ncclResult_t r = detail::nccl_call([&] { return detail::nccl_revoke_fn()(comm_, detail::nccl_revoke_default); });
+    if (r != ncclSuccess && r != ncclInProgress) {
+      revoke_failed_.store(true, std::memory_order_release);
+      try {
+        record(detail::nccl_failure(r, where("ncclCommRevoke"), comm_));
+      } catch (...) {
+        failed_.store(true, std::memory_order_release);
+      }
     }
-#endif
   }
 
-  error no_shrink() const {
+  static error no_call(std::string_view call, std::string_view since, int rank) {
+    const auto& calls = detail::recovery_calls();
     return error(errc::not_supported,
-                 fmt::format("nccl shrink on rank {}: ncclCommShrink needs NCCL 2.27; this program was built against "
-                             "{} and runs with {}: abort and build a new communicator from a fresh nccl_unique_id()",
-                             rank_, NCCL_VERSION_CODE, detail::nccl_runtime_version()));
+                 fmt::format("nccl on rank {}: {} is not used here: it needs NCCL {}; this program was built against "
+                             "{} and runs with {}{}{}: build a new communicator from a fresh nccl_unique_id()",
+                             rank, call, since, detail::nccl_version_string(NCCL_VERSION_CODE),
+                             detail::nccl_version_string(calls.version), calls.warning.empty() ? "" : "; ",
+                             calls.warning));
   }
 
   void check_root(int root, std::string_view what) const {
@@ -498,8 +593,9 @@ class nccl_communicator {
     }
   }
 
-  // Enqueues one collective with `enqueue(comm)` and polls until the GPU finished it, NCCL
-  // reported an error, or the timeout ran out. Any failure breaks the communicator for good.
+  // Enqueues one collective with `enqueue(comm)` after the producer's work, and polls until the
+  // GPU finished it, NCCL reported an error, or the timeout ran out. Any failure breaks the
+  // communicator for good, except a malformed argument.
   template <class Enqueue>
   void run(std::string_view what, std::string_view scope_name, bool nonempty, Enqueue&& enqueue) {
     check_usable(what);
@@ -511,16 +607,21 @@ class nccl_communicator {
     wait_for_completion(what, deadline);
   }
 
-  // Hands the collective to NCCL; a failure to enqueue it throws (and, unless the call was merely
-  // malformed, breaks the communicator).
+  // Hands the collective to NCCL after the producer's work, and records the completion event
+  // behind it; a failure to enqueue throws (and, unless the call was merely malformed, breaks
+  // the communicator).
   template <class Enqueue>
   void enqueue_collective(std::string_view what, Enqueue&& enqueue) {
+    if (owned_stream_) {
+      ready_.record(cudaStreamLegacy);  // the caller's kernels on the default stream come first
+      ready_.make_wait(stream_);
+    }
     std::lock_guard lk(comm_mu_);
     if (comm_ == nullptr) check_usable(what);
-    const ncclResult_t r = enqueue(comm_);
+    const ncclResult_t r = detail::nccl_call([&] { return enqueue(comm_); });
     if (r != ncclSuccess && r != ncclInProgress) {
       error e = detail::nccl_failure(r, where(what), comm_);
-      if (classify_fatal(r)) {
+      if (!detail::leaves_usable(r)) {
         record(e);
         stop_in_flight_locked();
       }
@@ -529,13 +630,21 @@ class nccl_communicator {
   }
 
   // Polls until the enqueued collective finished on the GPU; throws (breaking the communicator)
-  // on an NCCL or CUDA error, an error the watcher saw, an abort, or the deadline.
+  // on an NCCL or CUDA error, an error the watcher saw, a revoke or abort, or the deadline.
+  // A non-blocking communicator may answer ncclInProgress and put the kernel on the stream only
+  // later (src/group.cc launches it from a thread of its own): the completion event is recorded
+  // once the state is ncclSuccess, never before, or it would precede the kernel.
   void wait_for_completion(std::string_view what, std::chrono::steady_clock::time_point deadline) {
     int spins = 0;
+    bool recorded = false;
     for (;;) {
       const ncclResult_t state = poll_async_error(what);
-      if (!ok()) check_usable(what);  // the watcher saw an error
-      if (state == ncclSuccess && gpu_finished(what)) return;  // fully enqueued, and done
+      if (!ok()) check_usable(what);  // the watcher saw an error, or a revoke came
+      if (state == ncclSuccess && !recorded) {
+        done_.record(stream_);  // behind the kernel, now that it is on the stream
+        recorded = true;
+      }
+      if (recorded && gpu_finished(what)) return;  // fully enqueued, and done
       if (std::chrono::steady_clock::now() >= deadline) throw collective_timed_out(what);
       // Spin briefly for short collectives, then sleep so a long wait costs no core.
       if (++spins < 64) {
@@ -550,8 +659,7 @@ class nccl_communicator {
   ncclResult_t poll_async_error(std::string_view what) {
     std::lock_guard lk(comm_mu_);
     if (comm_ == nullptr) check_usable(what);  // aborted from another thread
-    ncclResult_t state = ncclSuccess;
-    if (ncclResult_t r = ncclCommGetAsyncError(comm_, &state); r != ncclSuccess) state = r;
+    const ncclResult_t state = detail::async_state(comm_);
     if (state != ncclSuccess && state != ncclInProgress) {
       error e = detail::nccl_failure(state, where(what), comm_);
       record(e);
@@ -561,16 +669,16 @@ class nccl_communicator {
     return state;
   }
 
-  // Whether the work on stream_ has finished; a CUDA error throws.
+  // Whether the collective has finished: the event recorded right behind it, not the whole
+  // stream (work queued after it must not count). A CUDA error throws.
   bool gpu_finished(std::string_view what) {
-    const cudaError_t q = cudaStreamQuery(stream_);
-    if (q == cudaSuccess) return true;
-    if (q != cudaErrorNotReady) {
-      error e = detail::cuda::failure(q, where(what) + ": cudaStreamQuery");
-      record(e);
-      throw e;
+    try {
+      return done_.query();
+    } catch (const error& e) {
+      error failure(errc::device_error, where(what) + ": " + e.message());
+      record(failure);
+      throw failure;
     }
-    return false;
   }
 
   // The error for a collective past its deadline, recorded (and in-flight work stopped) first.
@@ -585,9 +693,6 @@ class nccl_communicator {
     return e;
   }
 
-  // A malformed call leaves the communicator usable; anything else breaks it.
-  static bool classify_fatal(ncclResult_t r) noexcept { return r != ncclInvalidArgument && r != ncclInvalidUsage; }
-
   int rank_;
   int size_;
   int device_;
@@ -595,10 +700,13 @@ class nccl_communicator {
   nccl_options options_;
   detail::cuda::stream owned_stream_;  // declared before comm users: freed last
   cudaStream_t stream_ = nullptr;
+  detail::cuda::event ready_;  // recorded on the legacy default stream before each collective (own stream)
+  detail::cuda::event done_;   // recorded right behind each collective
   detail::cuda::device_bytes barrier_word_;
-  mutable std::mutex comm_mu_;  // guards comm_ (its lifetime) and revoked_
+  mutable std::mutex comm_mu_;  // guards comm_ (its lifetime)
   ncclComm_t comm_ = nullptr;
-  bool revoked_ = false;
+  std::atomic<bool> revoked_{false};        // ncclCommRevoke was called (set under comm_mu_)
+  std::atomic<bool> revoke_failed_{false};  // ... and NCCL refused it
   std::atomic<bool> failed_{false};
   std::atomic<bool> aborted_{false};
   std::atomic<bool> revoked_by_caller_{false};

@@ -1,14 +1,18 @@
-// An elastic group over NCCL: every round's leader makes a fresh unique id, every rank joins a
-// new communicator with it on its own GPU. Link elastic::nccl.
+// An elastic group over NCCL. Link elastic::nccl.
 //
 //   elastic::comm::nccl_group group(store, {.rendezvous = {.min_ranks = 2, .max_ranks = 8}},
-//                                   elastic::comm::nccl_factory(local_rank, 30s, stream),
-//                                   elastic::comm::nccl_bootstrap());
+//                                   elastic::comm::nccl_factory(local_rank, 30s, stream));
 //
-// A rebuild re-initialises NCCL from a new id (on an H100 this is tens of milliseconds for a few
-// ranks; benchmarks/nccl_bench measures it): it is right after departures and after joins alike.
-// nccl_communicator::shrink() is the faster path after departures only, for callers that drive
-// recovery themselves; the group does not use it yet.
+// The group hands each round's change to nccl_factory::rebuild() with the previous communicator
+// (comm/rebuild.hpp), which repairs it in place where it can (detail/nccl_rebuild.hpp):
+//   - departures: the communicator was revoked when the departure was seen (so no collective
+//     waits for the dead peer), then ncclCommShrink drops the dead ranks (path "shrink");
+//   - newcomers: ncclCommGrow adds them (path "grow"); both at once: "shrink+grow";
+//   - otherwise, or when any rank's in-place step fails (NCCL refuses to shrink a parent that
+//     carries a network error, say), every rank falls back to a fresh init from a unique id rank 0
+//     makes for that round (path "reinit", with the `reason` in the group_rebuilt event).
+// Which calls are used depends on the libnccl the process runs with (detail::recovery_calls():
+// shrink 2.27, revoke 2.28, grow 2.29.2; 2.28.3..2.28.8 re-initialise only).
 #pragma once
 
 #include <chrono>
@@ -16,26 +20,46 @@
 
 #include <cuda_runtime_api.h>
 
+#include <elastic/comm/detail/nccl_rebuild.hpp>
 #include <elastic/comm/elastic_group.hpp>
 #include <elastic/comm/nccl.hpp>
+#include <elastic/comm/rebuild.hpp>
 
 namespace elastic::inline v1::comm {
 
 using nccl_group = elastic_group<nccl_communicator>;
 
-/// The round leader's bootstrap blob: a fresh NCCL unique id (128 bytes).
+/// The round leader's bootstrap blob for an nccl_group: a marker only. The group makes NCCL unique
+/// ids itself, when a round needs a fresh init: an id made for a round that shrinks instead would
+/// leave NCCL's bootstrap root thread waiting forever in the leader.
 inline rendezvous::bootstrap_fn nccl_bootstrap() {
-  return [](const rendezvous::round_info&) { return nccl_unique_id(); };
+  return [](const rendezvous::round_info&) { return std::string("nccl"); };
 }
 
 /// Each round's communicator on CUDA device `device`, its collectives on `stream` (nullptr: a
-/// stream of its own) and bounded by `timeout`.
-inline communicator_factory<nccl_communicator> nccl_factory(int device, std::chrono::milliseconds timeout,
-                                                            cudaStream_t stream = nullptr, nccl_options options = {}) {
-  return [=](rendezvous::store&, const rendezvous::round_info& r) {
-    return std::make_unique<nccl_communicator>(r.bootstrap, r.rank, r.world_size,
-                                               device, timeout, stream, options);
-  };
-}
+/// stream of its own, ordered after the legacy default stream) and bounded by `timeout`, which
+/// also bounds each step of a rebuild.
+class nccl_factory {
+ public:
+  nccl_factory(int device, std::chrono::milliseconds timeout, cudaStream_t stream = nullptr, nccl_options options = {})
+      : s_{device, timeout, stream, options} {}
+
+  /// A fresh communicator for a round whose bootstrap is an nccl_unique_id() (for groups built
+  /// with a bootstrap_fn of one's own and this factory as a plain communicator_factory).
+  std::unique_ptr<nccl_communicator> operator()(rendezvous::store&, const rendezvous::round_info& r) const {
+    return std::make_unique<nccl_communicator>(r.bootstrap, r.rank, r.world_size, s_.device, s_.timeout, s_.stream,
+                                               s_.options);
+  }
+
+  /// The group's rebuild: in place where every rank can, a fresh init otherwise.
+  rebuilt<nccl_communicator> rebuild(round_change<nccl_communicator>& change) const {
+    return detail::nccl_round(change, s_).run();
+  }
+
+ private:
+  detail::nccl_settings s_;
+};
+
+static_assert(communicator_rebuilder<nccl_factory, nccl_communicator>);
 
 }  // namespace elastic::inline v1::comm

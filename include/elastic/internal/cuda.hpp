@@ -127,6 +127,17 @@ class event {
     unavailable("cudaEventSynchronize");
 #endif
   }
+  /// Whether the work this event captured has finished; a CUDA error throws.
+  [[nodiscard]] bool query() const {
+#if ELASTIC_WITH_CUDA
+    const cudaError_t rc = cudaEventQuery(e_);
+    if (rc == cudaErrorNotReady) return false;
+    check(rc, "cudaEventQuery");
+    return true;
+#else
+    unavailable("cudaEventQuery");
+#endif
+  }
   /// Makes `s` wait on the GPU for this event: no host stall.
   void make_wait(stream_t s) const {
 #if ELASTIC_WITH_CUDA
@@ -160,18 +171,20 @@ inline void copy_to_device(void* dst, const void* src, std::size_t n) {
 #endif
 }
 
-/// Makes `device` current for this thread, and the previous one again on leaving.
+/// Makes `device` current for this thread, and the previous one again on leaving. It always
+/// calls cudaSetDevice, even when cudaGetDevice already says `device`: a thread that never set a
+/// device reads 0 there, and a CUDA call from it would open a context on GPU 0 of every rank (a
+/// reaper or copier thread of a rank on GPU 3, say). The previous device is restored only when it
+/// differs, for the same reason.
 class device_scope {
  public:
   explicit device_scope(int device) {
 #if ELASTIC_WITH_CUDA
     if (cudaError_t rc = cudaGetDevice(&previous_); rc != cudaSuccess) throw failure(rc, "cudaGetDevice");
-    if (previous_ != device) {
-      if (cudaError_t rc = cudaSetDevice(device); rc != cudaSuccess) {
-        throw failure(rc, "cudaSetDevice(" + std::to_string(device) + ")");
-      }
-      restore_ = true;
+    if (cudaError_t rc = cudaSetDevice(device); rc != cudaSuccess) {
+      throw failure(rc, "cudaSetDevice(" + std::to_string(device) + ")");
     }
+    restore_ = previous_ != device;
 #else
     (void)device;
     unavailable("cudaSetDevice");
@@ -189,6 +202,52 @@ class device_scope {
   int previous_ = 0;
   bool restore_ = false;
 };
+
+/// device_scope for teardown paths, which must not throw: switches to `device` if CUDA lets it,
+/// and back to the previous device when that differed.
+class device_switch {
+ public:
+  explicit device_switch(int device) noexcept {
+#if ELASTIC_WITH_CUDA
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = device;
+    restore_ = cudaSetDevice(device) == cudaSuccess && previous_ != device;
+#else
+    (void)device;
+#endif
+  }
+  device_switch(const device_switch&) = delete;
+  device_switch& operator=(const device_switch&) = delete;
+  ~device_switch() {
+#if ELASTIC_WITH_CUDA
+    if (restore_) cudaSetDevice(previous_);
+#endif
+  }
+
+ private:
+  int previous_ = 0;
+  bool restore_ = false;
+};
+
+/// Makes `device` current for the rest of this thread's life, for threads of our own (a copier):
+/// never throws; false when CUDA refused.
+inline bool adopt_device(int device) noexcept {
+#if ELASTIC_WITH_CUDA
+  return cudaSetDevice(device) == cudaSuccess;
+#else
+  (void)device;
+  return false;
+#endif
+}
+
+/// The device current on this thread (0 where CUDA cannot say, or in a build without CUDA).
+inline int current_device() noexcept {
+#if ELASTIC_WITH_CUDA
+  int d = 0;
+  return cudaGetDevice(&d) == cudaSuccess ? d : 0;
+#else
+  return 0;
+#endif
+}
 
 /// Device memory of our own (a barrier word, host staging), freed on destruction.
 class device_bytes {

@@ -86,6 +86,10 @@ struct round_info {
   int rank = 0;                       ///< this participant's rank in the round
   int world_size = 0;                 ///< members of the round
   std::vector<std::string> members;   ///< participant ids in rank order
+  /// Each member's incarnation (random per life of a participant id), in rank order: a member of
+  /// two rounds with the same id AND incarnation is one process that survived between them; the
+  /// same id with another incarnation is a restart, a newcomer.
+  std::vector<std::string> incarnations;
   std::string leader;                 ///< members[0]: it published the bootstrap
   std::string bootstrap;              ///< the leader's blob
 };
@@ -539,6 +543,7 @@ class rendezvous {
     info.world_size = static_cast<int>(members.size());
     for (std::size_t i = 0; i < members.size(); ++i) {
       info.members.push_back(members[i].id);
+      info.incarnations.push_back(members[i].incarnation);
       if (members[i] == self()) info.rank = static_cast<int>(i);
     }
     info.leader = members.front().id;

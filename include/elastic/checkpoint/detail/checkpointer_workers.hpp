@@ -90,6 +90,7 @@ inline void checkpointer::fill(slot& s, std::unique_lock<std::mutex>& lk, std::c
 }
 
 inline void checkpointer::copy_loop() {
+  if (st_.has_device_entries()) internal::cuda::adopt_device(device_);
   std::unique_lock lk(mu_);
   for (;;) {
     slot* s = nullptr;

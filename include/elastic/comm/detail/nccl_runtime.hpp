@@ -1,10 +1,13 @@
 // What the NCCL backend asks of the libnccl this process runs with: its version, the calls newer
-// than the headers' minimum (looked up with dlsym, never linked), how a failed call maps to an
-// elastic::error, and the NCCL type of each reducible element. Needs ELASTIC_WITH_NCCL.
+// than the headers' minimum (looked up with dlsym, never linked), which of the recovery calls the
+// group may use with it, the process-wide lock every NCCL call goes through, how a failed call
+// maps to an elastic::error, and the NCCL type of each reducible element. Needs ELASTIC_WITH_NCCL.
 //
 // A program built against new headers often runs with an older library (a PyTorch wheel's, say),
-// and a call to a symbol that library lacks would end the process: so ncclCommShrink (2.27) and
-// ncclCommRevoke (2.28) are found at run time, and are nullptr where the library predates them.
+// and a call to a symbol that library lacks would end the process: so ncclCommShrink (2.27),
+// ncclCommRevoke (2.28) and ncclCommGrow/ncclCommGetUniqueId (2.29.2) are found at run time, and
+// are nullptr where the library predates them. The grow calls are declared here because headers
+// before 2.29 do not declare them; their signatures are those of NCCL 2.29.2 .. 2.30.7.
 #pragma once
 
 #include <elastic/config.hpp>
@@ -14,8 +17,12 @@
 #endif
 
 #include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <mutex>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <type_traits>
 #include <utility>
 
@@ -26,6 +33,7 @@
 
 #include <elastic/comm/half.hpp>
 #include <elastic/error.hpp>
+#include <elastic/internal/env.hpp>
 
 namespace elastic::inline v1::comm::detail {
 
@@ -50,25 +58,152 @@ inline int nccl_runtime_version() noexcept {
   return ncclGetVersion(&v) == ncclSuccess ? v : 0;
 }
 
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
-inline auto nccl_shrink_fn() noexcept {
-  static const auto fn = reinterpret_cast<decltype(&ncclCommShrink)>(nccl_symbol("ncclCommShrink"));
+/// NCCL's own version code for a release (its NCCL_VERSION macro, usable where headers are old).
+constexpr int nccl_version_code(int major, int minor, int patch) noexcept {
+  return major <= 2 && minor <= 8 ? major * 1000 + minor * 100 + patch : major * 10000 + minor * 100 + patch;
+}
+
+/// "2.28.9" for 22809.
+inline std::string nccl_version_string(int code) {
+  if (code >= 10000) return fmt::format("{}.{}.{}", code / 10000, code / 100 % 100, code % 100);
+  return fmt::format("{}.{}.{}", code / 1000, code / 100 % 10, code % 100);
+}
+
+using nccl_shrink_t = ncclResult_t (*)(ncclComm_t, int*, int, ncclComm_t*, ncclConfig_t*, int);
+using nccl_revoke_t = ncclResult_t (*)(ncclComm_t, int);
+using nccl_grow_t = ncclResult_t (*)(ncclComm_t, int, const ncclUniqueId*, int, ncclComm_t*, ncclConfig_t*);
+using nccl_comm_unique_id_t = ncclResult_t (*)(ncclComm_t, ncclUniqueId*);
+
+inline nccl_shrink_t nccl_shrink_fn() noexcept {
+  static const auto fn = reinterpret_cast<nccl_shrink_t>(nccl_symbol("ncclCommShrink"));
   return fn;
 }
-#endif
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
-inline auto nccl_revoke_fn() noexcept {
-  static const auto fn = reinterpret_cast<decltype(&ncclCommRevoke)>(nccl_symbol("ncclCommRevoke"));
+inline nccl_revoke_t nccl_revoke_fn() noexcept {
+  static const auto fn = reinterpret_cast<nccl_revoke_t>(nccl_symbol("ncclCommRevoke"));
   return fn;
 }
-#endif
+inline nccl_grow_t nccl_grow_fn() noexcept {
+  static const auto fn = reinterpret_cast<nccl_grow_t>(nccl_symbol("ncclCommGrow"));
+  return fn;
+}
+inline nccl_comm_unique_id_t nccl_comm_unique_id_fn() noexcept {
+  static const auto fn = reinterpret_cast<nccl_comm_unique_id_t>(nccl_symbol("ncclCommGetUniqueId"));
+  return fn;
+}
+
+// The shrink flags as NCCL 2.27+ defines them, for headers that predate them.
+inline constexpr int nccl_shrink_default = 0x00;
+inline constexpr int nccl_shrink_abort = 0x01;
+// ncclCommRevoke's only flag (2.28+).
+inline constexpr int nccl_revoke_default = 0x00;
+
+/// Which recovery calls the group may use with the libnccl this process runs with, and why not
+/// where it may not. Decided once per process.
+struct nccl_recovery_calls {
+  int version = 0;       ///< the loaded library's version code
+  bool revoke = false;   ///< ncclCommRevoke (2.28)
+  bool shrink = false;   ///< ncclCommShrink (2.27)
+  bool grow = false;     ///< ncclCommGrow + ncclCommGetUniqueId (2.29.2)
+  std::string warning;   ///< why a call the library has is not used, for the group's event log
+};
+
+/// Whether more than one RDMA NIC is visible: ncclCommShrink before 2.30.7 breaks the survivors'
+/// IB transport on such hosts when the excluded ranks exit without calling it (NVIDIA/nccl#2397).
+inline bool several_rdma_nics() noexcept {
+  std::error_code ec;
+  int n = 0;
+  for (std::filesystem::directory_iterator it("/sys/class/infiniband", ec), end; !ec && it != end; it.increment(ec)) {
+    ++n;
+  }
+  return n > 1;
+}
+
+/// The decision for `version` and the symbols found, with the known-bad releases gated:
+/// - 2.28.3 .. 2.28.8: NVIDIA's own in-process restart (NVRx) refuses them; here the group
+///   gives up revoke/shrink/grow and rebuilds by abort + a fresh init.
+/// - below 2.30.7 on a host with several RDMA NICs: shrink is not used (nccl#2397).
+/// ELASTIC_NCCL_RECOVERY=reinit turns every in-place call off (for measuring, or a distrust).
+inline nccl_recovery_calls decide_recovery_calls(int version, bool has_revoke, bool has_shrink, bool has_grow,
+                                                 bool multi_nic, std::string_view forced) {
+  nccl_recovery_calls c;
+  c.version = version;
+  c.revoke = has_revoke && version >= nccl_version_code(2, 28, 0);
+  c.shrink = has_shrink && version >= nccl_version_code(2, 27, 0);
+  c.grow = has_grow && version >= nccl_version_code(2, 29, 2);
+  if (forced == "reinit") {
+    c = {version, false, false, false, "ELASTIC_NCCL_RECOVERY=reinit: every rebuild is a fresh init"};
+    return c;
+  }
+  if (version >= nccl_version_code(2, 28, 3) && version <= nccl_version_code(2, 28, 8)) {
+    c = {version, false, false, false,
+         fmt::format("NCCL {} is in 2.28.3..2.28.8, which NVIDIA's in-process restart (NVRx) refuses: revoke, "
+                     "shrink and grow are not used, every rebuild is an abort and a fresh init; use 2.28.9 or newer",
+                     nccl_version_string(version))};
+    return c;
+  }
+  if (c.shrink && multi_nic && version < nccl_version_code(2, 30, 7)) {
+    c.shrink = false;
+    c.warning = fmt::format("NCCL {} on a host with several RDMA NICs: ncclCommShrink before 2.30.7 can break the "
+                            "survivors' transport (NVIDIA/nccl#2397), so departures are rebuilt by a fresh init",
+                            nccl_version_string(version));
+  }
+  return c;
+}
+
+/// The decision for this process (computed once).
+inline const nccl_recovery_calls& recovery_calls() {
+  static const nccl_recovery_calls c = [] {
+    const auto forced = internal::env_string("ELASTIC_NCCL_RECOVERY").value_or("auto");
+    if (forced != "auto" && forced != "reinit") {
+      throw error(errc::invalid_argument,
+                  fmt::format("ELASTIC_NCCL_RECOVERY='{}': use 'auto' (revoke/shrink/grow where the libnccl has "
+                              "them) or 'reinit' (a fresh init for every rebuild)",
+                              forced));
+    }
+    return decide_recovery_calls(nccl_runtime_version(), nccl_revoke_fn() != nullptr, nccl_shrink_fn() != nullptr,
+                                 nccl_grow_fn() != nullptr && nccl_comm_unique_id_fn() != nullptr,
+                                 several_rdma_nics(), forced);
+  }();
+  return c;
+}
+
+/// Every NCCL call of the library holds this lock. NCCL's guide forbids any NCCL call on any
+/// thread while ncclCommAbort runs, and two threads inside one communicator; all our calls are
+/// non-blocking (microseconds), so one process-wide lock is the simple way to keep both rules
+/// while watcher threads poll. It is process-wide state because the library it guards is.
+/// Recursive: building an error message asks NCCL for its last error under the same lock.
+inline std::recursive_mutex& nccl_api_mutex() noexcept {
+  static std::recursive_mutex m;
+  return m;
+}
+
+/// Calls `f()` under nccl_api_mutex().
+template <class F>
+auto nccl_call(F&& f) -> decltype(f()) {
+  std::lock_guard lk(nccl_api_mutex());
+  return std::forward<F>(f)();
+}
+
+/// NCCL_COMM_BLOCKING=1 overrides config.blocking = 0 (src/init.cc parseCommConfig): every call
+/// would then block inside NCCL, outside any deadline of ours. Refused before a communicator is made.
+inline void refuse_blocking_environment(std::string_view where) {
+  const auto v = internal::env_string("NCCL_COMM_BLOCKING");
+  if (!v || v->empty() || *v == "0") return;
+  throw error(errc::invalid_argument,
+              fmt::format("{}: NCCL_COMM_BLOCKING={} makes NCCL block inside init, shrink and every collective, where "
+                          "no deadline of elastic's can end the wait: unset it (elastic makes non-blocking "
+                          "communicators and polls them)",
+                          where, *v));
+}
 
 /// The code a failed NCCL call maps to, with the advice a person can act on.
 inline std::pair<errc, std::string_view> classify(ncclResult_t r) noexcept {
   switch (r) {
     case ncclInvalidArgument:
-    case ncclInvalidUsage:
       return {errc::invalid_argument, "a call was malformed (a bad pointer, count, rank or device): fix the caller"};
+    case ncclInvalidUsage:
+      return {errc::invalid_argument, "NCCL was used against its rules (its guide: the communicator must then be "
+                                      "aborted): the communicator is given up"};
     // NCCL gives no errno, and reports a peer's death as a system (socket) or internal error as
     // often as a remote one: to the caller all three mean the same, this communicator is lost.
     case ncclRemoteError:
@@ -83,10 +218,14 @@ inline std::pair<errc, std::string_view> classify(ncclResult_t r) noexcept {
   }
 }
 
+/// Whether a failed call leaves the communicator usable: only a malformed argument does. Any
+/// other result, ncclInvalidUsage included (the guide: abort the communicator), breaks it.
+constexpr bool leaves_usable(ncclResult_t r) noexcept { return r == ncclInvalidArgument; }
+
 /// An elastic::error for result `r` of `what`, with NCCL's own texts.
 inline error nccl_failure(ncclResult_t r, std::string_view where, ncclComm_t comm) {
   const auto [code, advice] = classify(r);
-  const char* last = ncclGetLastError(comm);
+  const char* last = nccl_call([&] { return ncclGetLastError(comm); });
   return error(code, fmt::format("{} failed: NCCL {} ({}); last NCCL error: '{}'; {}", where, ncclGetErrorString(r),
                                  static_cast<int>(r), last != nullptr ? last : "", advice));
 }

@@ -1,0 +1,97 @@
+// How a non-blocking NCCL communicator comes into being, as NCCL 2.27 .. 2.30 do it
+// (src/init.cc): the rules the communicator's init, shrink and grow share.
+//
+// - ncclCommInitRankConfig and ncclCommGrow store the new handle before they return; its state
+//   is ncclInProgress until it is ready, so the NEW handle is polled.
+// - ncclCommShrink leaves *newcomm NULL ("newcomm should be NCCL_COMM_NULL until comm split fully
+//   complete") and stores the child later, from NCCL's own thread; the in-progress state lives
+//   on the PARENT. So the out-pointer must live in storage that outlives the call (a heap slot
+//   owned until the creation ended), the parent is polled, and the child is read only after the
+//   parent's state is no longer ncclInProgress (an acquire in ncclCommGetAsyncError).
+// - On the deadline the parent is aborted first (that joins NCCL's creation job, so nothing
+//   writes the slot after it), then the child if the slot holds one.
+#pragma once
+
+#include <elastic/config.hpp>
+
+#if !ELASTIC_WITH_NCCL
+#error "elastic/comm/detail/nccl_handle.hpp needs NCCL: link elastic::nccl (which sets ELASTIC_WITH_NCCL=1)"
+#endif
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include <nccl.h>
+
+#include <elastic/comm/detail/nccl_runtime.hpp>
+#include <elastic/error.hpp>
+
+namespace elastic::inline v1::comm::detail {
+
+/// Called between polls of a communicator being made: throws to give the creation up (a peer
+/// voted to fall back, a preemption notice came). Empty: never.
+using creation_check = std::function<void()>;
+
+/// The out-pointer of a creation call, on the heap so that NCCL's thread may store into it after
+/// the call returned. Owned until the creation ended one way or the other.
+struct handle_slot {
+  ncclComm_t comm = nullptr;
+};
+
+/// The state of `comm` as ncclCommGetAsyncError says it (its own failure counts as the state).
+inline ncclResult_t async_state(ncclComm_t comm) {
+  return nccl_call([&] {
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t r = ncclCommGetAsyncError(comm, &state);
+    return r != ncclSuccess ? r : state;
+  });
+}
+
+/// Aborts `comm` (nullptr: nothing) under the process-wide NCCL lock. Never throws.
+inline void abort_handle(ncclComm_t comm) noexcept {
+  if (comm == nullptr) return;
+  try {
+    nccl_call([&] { return ncclCommAbort(comm); });
+  } catch (...) {
+  }
+}
+
+/// Polls `watched` until it is no longer in progress. ncclSuccess returns; another state throws
+/// nccl_failure(`where`). On the deadline, or when `check` throws, `on_give_up()` runs first
+/// (it aborts what is half-made), then the error is thrown.
+template <class GiveUp>
+void await_ready(ncclComm_t watched, std::chrono::steady_clock::time_point deadline, const std::string& where,
+                 const creation_check& check, GiveUp&& on_give_up) {
+  auto last_check = std::chrono::steady_clock::now();
+  for (;;) {
+    const ncclResult_t state = async_state(watched);
+    if (state == ncclSuccess) return;
+    if (state != ncclInProgress) {
+      error e = nccl_failure(state, where, watched);
+      on_give_up();
+      throw e;
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) {
+      on_give_up();
+      throw error(errc::timeout, where + " timed out: not every rank took part in time; a peer may have died, be "
+                                         "slow to start, or hold another id. Build a new communicator from the next "
+                                         "rendezvous round");
+    }
+    if (check && now - last_check >= std::chrono::milliseconds(5)) {
+      last_check = now;
+      try {
+        check();
+      } catch (...) {
+        on_give_up();
+        throw;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+}
+
+}  // namespace elastic::inline v1::comm::detail

@@ -1,0 +1,278 @@
+// How the ranks of an nccl_group move their communicator from one round to the next: in place
+// (revoke -> shrink after departures, grow after newcomers, both when both happened) where every
+// rank can, a fresh init otherwise, and the same choice on every rank.
+//
+// Store keys, under the round's own prefix K (round_change::keys, "P/round/<r>/comm/"):
+//   K path        "inplace" or "reinit": rank 0's choice. Rank 0 is a survivor whenever the round
+//                 has survivors (the rendezvous orders them first), so it can judge: in place when
+//                 it holds the previous communicator and the loaded libnccl has the calls needed.
+//   K init        the NCCL unique id of a fresh init chosen at once (written before `path`).
+//   K grow        the grow id (ncclCommGetUniqueId) rank 0 made after its shrink, for newcomers.
+//   K vote/<rank> "ok", or "fail <why>": each rank's outcome of the in-place path. A rank that
+//                 fails votes at once; every rank waiting inside NCCL for it sees the vote within
+//                 a few ms, gives its half-made communicator up and votes fail too.
+//   K retry       the unique id of the fresh init that follows a failed in-place path.
+// Every wait is bounded by the communicator timeout and watches round_change::check (a
+// preemption notice, a member departing).
+//
+// Survivors of round r-1 keep their order at the head of round r (rendezvous rank_order), and
+// ncclCommShrink closes the gaps in the same order; newcomers come after them, where
+// ncclCommGrow puts new ranks. So the rendezvous's ranks and NCCL's agree, and a rank checks it.
+#pragma once
+
+#include <elastic/config.hpp>
+
+#if !ELASTIC_WITH_NCCL
+#error "elastic/comm/detail/nccl_rebuild.hpp needs NCCL: link elastic::nccl (which sets ELASTIC_WITH_NCCL=1)"
+#endif
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <cuda_runtime_api.h>
+
+#include <elastic/comm/nccl.hpp>
+#include <elastic/comm/rebuild.hpp>
+#include <elastic/error.hpp>
+#include <elastic/rendezvous/rendezvous.hpp>
+
+namespace elastic::inline v1::comm::detail {
+
+/// What one rank can do in place for a round change.
+struct nccl_plan {
+  bool survivor = false;      ///< holds the previous round's communicator, at its rank and size
+  std::vector<int> excluded;  ///< previous ranks that did not come back
+  int survivors = 0;          ///< members of the next round that survived (survivor's view)
+  std::string why_not;        ///< non-empty: this rank cannot take part in place, and why
+
+  [[nodiscard]] bool shrink() const noexcept { return !excluded.empty(); }
+  [[nodiscard]] bool grow(int world) const noexcept { return world > survivors; }
+  [[nodiscard]] std::string path(int world) const {
+    if (shrink() && grow(world)) return "shrink+grow";
+    if (shrink()) return "shrink";
+    if (grow(world)) return "grow";
+    return "kept";
+  }
+};
+
+/// The index of (id, incarnation) among `round`'s members, or -1.
+inline int member_index(const rendezvous::round_info& round, const std::string& id, const std::string& incarnation) {
+  for (std::size_t i = 0; i < round.members.size() && i < round.incarnations.size(); ++i) {
+    if (round.members[i] == id && round.incarnations[i] == incarnation) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+/// The plan for a rank holding `comm` (or nothing) as the group goes from `prev` to `next`.
+/// Pure: every survivor computes the same excluded list and survivor count from the same rounds.
+inline nccl_plan plan_round(const rendezvous::round_info& prev, const rendezvous::round_info& next,
+                            const nccl_communicator* comm, const nccl_recovery_calls& calls) {
+  nccl_plan p;
+  if (comm == nullptr) {
+    p.why_not = "no communicator of the previous round";
+    return p;
+  }
+  if (prev.round == 0 || next.round != prev.round + 1 || comm->size() != prev.world_size ||
+      comm->rank() != prev.rank || prev.incarnations.size() != prev.members.size()) {
+    p.why_not = fmt::format("the communicator is not that of round {} at this rank", next.round - 1);
+    return p;
+  }
+  p.survivor = true;
+  // Survivors in their previous rank order; the others of the previous round are excluded.
+  std::vector<int> kept;
+  for (int j = 0; j < prev.world_size; ++j) {
+    if (member_index(next, prev.members[j], prev.incarnations[j]) >= 0) {
+      kept.push_back(j);
+    } else {
+      p.excluded.push_back(j);
+    }
+  }
+  p.survivors = static_cast<int>(kept.size());
+  for (int i = 0; i < p.survivors; ++i) {
+    const int j = kept[static_cast<std::size_t>(i)];
+    if (member_index(next, prev.members[j], prev.incarnations[j]) != i) {
+      p.why_not = "the round's ranks do not keep the survivors' order at its head";
+      return p;
+    }
+  }
+  if (p.shrink() && !calls.shrink) {
+    p.why_not = calls.warning.empty() ? "ncclCommShrink is not in the loaded libnccl (2.27+)" : calls.warning;
+  } else if (p.grow(next.world_size) && !calls.grow) {
+    p.why_not = calls.warning.empty() ? "ncclCommGrow is not in the loaded libnccl (2.29.2+)" : calls.warning;
+  } else if (!p.shrink() && !comm->ok()) {
+    p.why_not = "the communicator failed with nobody gone (a timeout, a device error): nothing to shrink";
+  }
+  return p;
+}
+
+/// How a rank's communicator is made in each round: the settings of nccl_factory.
+struct nccl_settings {
+  int device = 0;
+  std::chrono::milliseconds timeout{30000};
+  cudaStream_t stream = nullptr;
+  nccl_options options{};
+};
+
+/// One rank's part in one round change (see the file comment).
+class nccl_round {
+ public:
+  nccl_round(round_change<nccl_communicator>& change, const nccl_settings& s)
+      : ch_(change), s_(s), world_(change.next.world_size), rank_(change.next.rank) {}
+
+  rebuilt<nccl_communicator> run() {
+    const nccl_plan plan = plan_round(ch_.previous, ch_.next, ch_.communicator.get(), recovery_calls());
+    std::string path;
+    if (rank_ == 0) {
+      path = plan.survivor && plan.why_not.empty() ? "inplace" : "reinit";
+      if (path == "reinit") publish_id("init");
+      ch_.store.set(key("path"), path);
+    } else {
+      path = wait_for(key("path"), "rank 0's choice of path");
+    }
+    if (path != "inplace") return reinit("init", plan.why_not);
+    std::string failure;
+    std::unique_ptr<nccl_communicator> made;
+    try {
+      made = in_place(plan);
+      ch_.store.set(key("vote/" + std::to_string(rank_)), "ok");
+    } catch (const error& e) {
+      if (e.code() == errc::interrupted) throw;
+      failure = e.message();
+      vote_fail(failure);
+    }
+    if (failure.empty()) {
+      if (auto other = votes_failure(); !other) return {std::move(made), plan.path(world_), {}};
+      else failure = *other;
+    }
+    made.reset();
+    if (rank_ == 0) publish_id("retry");
+    return reinit("retry", failure);
+  }
+
+ private:
+  std::string key(std::string_view leaf) const { return ch_.keys + std::string(leaf); }
+
+  // The survivors' shrink and grow, or a newcomer's join of the grow.
+  std::unique_ptr<nccl_communicator> in_place(const nccl_plan& plan) {
+    const creation_check check = [this] { check_votes(); };
+    // A newcomer was in no round, or in an older one (the rendezvous ranks it after the
+    // survivors); a member of the previous round without its communicator is no newcomer.
+    const bool newcomer = ch_.communicator == nullptr &&
+                          (ch_.previous.round == 0 || ch_.previous.round + 1 != ch_.next.round);
+    if (newcomer) {
+      const std::string id = wait_for(key("grow"), "the grow id of rank 0", check);
+      return nccl_communicator::join_grown(id, rank_, world_, s_.device, s_.timeout, s_.stream, s_.options, check);
+    }
+    if (!plan.why_not.empty()) throw error(errc::not_supported, plan.why_not);
+    std::unique_ptr<nccl_communicator> c = std::move(ch_.communicator);
+    if (plan.shrink()) {
+      c->revoke();  // no-op when the group already did; stops in-flight work either way
+      std::unique_ptr<nccl_communicator> child = c->shrink(plan.excluded, s_.timeout, check);
+      c.reset();  // the parent goes before anything runs on the child
+      c = std::move(child);
+    }
+    if (plan.grow(world_)) {
+      std::string id;
+      if (rank_ == 0) {
+        id = c->grow_unique_id();
+        ch_.store.set(key("grow"), id);
+      }
+      std::unique_ptr<nccl_communicator> child = c->grow(world_, id, s_.timeout, check);
+      c.reset();
+      c = std::move(child);
+    }
+    if (c->rank() != rank_ || c->size() != world_) {
+      throw error(errc::mismatch, fmt::format("nccl rebuild: NCCL made rank {} of {} where round {} says {} of {}",
+                                              c->rank(), c->size(), ch_.next.round, rank_, world_));
+    }
+    return c;
+  }
+
+  // A fresh communicator from the unique id rank 0 published under `leaf`; the previous one is
+  // aborted first (NCCL < 2.28 frees with cudaFree, which would wait for its stuck kernels).
+  rebuilt<nccl_communicator> reinit(std::string_view leaf, std::string why) {
+    ch_.communicator.reset();
+    const std::string id = rank_ == 0 && id_ ? *id_ : wait_for(key(leaf), "rank 0's unique id");
+    auto c = std::make_unique<nccl_communicator>(id, rank_, world_, s_.device, s_.timeout, s_.stream, s_.options,
+                                                 ch_.check);
+    return {std::move(c), "reinit", std::move(why)};
+  }
+
+  void publish_id(std::string_view leaf) {
+    id_ = nccl_unique_id();
+    ch_.store.set(key(leaf), *id_);
+  }
+
+  void vote_fail(const std::string& why) {
+    try {
+      ch_.store.set(key("vote/" + std::to_string(rank_)), "fail " + why.substr(0, 512));
+    } catch (const error&) {
+      // The others then time out on our vote and fall back all the same.
+    }
+  }
+
+  // round_change::check, and any rank's vote to give the in-place path up.
+  void check_votes() {
+    ch_.check();
+    for (const auto& [k, v] : ch_.store.list(key("vote/"))) {
+      if (v.rfind("fail", 0) == 0) {
+        throw error(errc::peer_lost, fmt::format("rank {} gave the in-place rebuild up: {}",
+                                                 k.substr(key("vote/").size()), v.substr(std::min<std::size_t>(5, v.size()))));
+      }
+    }
+  }
+
+  // Waits for every rank's vote: nothing when all are "ok", else the first failure.
+  std::optional<std::string> votes_failure() {
+    const auto deadline = std::chrono::steady_clock::now() + s_.timeout;
+    for (int polls = 0;; ++polls) {
+      const auto votes = ch_.store.list(key("vote/"));
+      for (const auto& [k, v] : votes) {
+        if (v.rfind("fail", 0) == 0) return fmt::format("rank {}: {}", k.substr(key("vote/").size()), v.substr(5));
+      }
+      if (votes.size() >= static_cast<std::size_t>(world_)) return std::nullopt;
+      if (std::chrono::steady_clock::now() >= deadline) {
+        return fmt::format("only {} of {} ranks voted within {} ms", votes.size(), world_, s_.timeout.count());
+      }
+      ch_.check();
+      std::this_thread::sleep_for(std::chrono::microseconds(polls < 200 ? 500 : 5000));
+    }
+  }
+
+  // The value of `k`, bounded by the timeout, watching `check` (default: round_change::check).
+  std::string wait_for(const std::string& k, std::string_view what, const creation_check& check = {}) {
+    const auto deadline = std::chrono::steady_clock::now() + s_.timeout;
+    for (;;) {
+      if (auto v = ch_.store.get(k)) return *v;
+      if (std::chrono::steady_clock::now() >= deadline) {
+        throw error(errc::timeout, fmt::format("nccl rebuild of round {}: {} did not come within {} ms ({})",
+                                               ch_.next.round, what, s_.timeout.count(), k));
+      }
+      if (check) check();
+      else ch_.check();
+      try {
+        ch_.store.wait(std::span<const std::string>(&k, 1), std::chrono::milliseconds(5));
+      } catch (const error& e) {
+        if (e.code() != errc::timeout) throw;
+      }
+    }
+  }
+
+  round_change<nccl_communicator>& ch_;
+  const nccl_settings& s_;
+  int world_;
+  int rank_;
+  std::optional<std::string> id_;  // the unique id rank 0 made for a fresh init
+};
+
+}  // namespace elastic::inline v1::comm::detail

@@ -1,0 +1,57 @@
+// What a communicator factory is handed when an elastic group moves to its next round, and what
+// it hands back: the way a backend that can repair a communicator in place (NCCL's revoke,
+// shrink and grow) keeps its previous communicator instead of building every round from scratch.
+//
+//   struct my_factory {
+//     elastic::comm::rebuilt<my_comm> rebuild(elastic::comm::round_change<my_comm>& change) const;
+//   };
+//   elastic::comm::elastic_group<my_comm> group(store, opts, my_factory{});
+//
+// A factory that is a plain communicator_factory (gloo_factory) gets none of this: the group
+// destroys the previous communicator and builds the next from the round's bootstrap.
+#pragma once
+
+#include <concepts>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include <elastic/rendezvous/rendezvous.hpp>
+#include <elastic/rendezvous/store.hpp>
+
+namespace elastic::inline v1::comm {
+
+/// The group's move from one round to the next, as one rank sees it.
+template <class Comm>
+struct round_change {
+  rendezvous::store& store;                ///< the store the rendezvous runs on
+  const rendezvous::round_info& previous;  ///< this rank's previous round (round 0: it had none)
+  const rendezvous::round_info& next;      ///< the round just formed, and this rank's place in it
+  /// This rank's communicator of `previous`, when it has one: revoked when a peer departed,
+  /// broken when a collective failed, healthy when only newcomers came. Null for a newcomer.
+  std::unique_ptr<Comm> communicator;
+  /// A store key prefix that belongs to this round's rebuild alone (it ends with '/').
+  std::string keys;
+  /// Call it between polls: throws errc::interrupted on a preemption notice, and errc::peer_lost
+  /// when a member of `next` has departed (the round cannot complete). Never empty.
+  std::function<void()> check;
+};
+
+/// What a rebuild produced: the next round's communicator and how it was made.
+template <class Comm>
+struct rebuilt {
+  std::unique_ptr<Comm> communicator;
+  /// "reinit" (built from scratch), "shrink", "grow" or "shrink+grow": the group_rebuilt event's
+  /// `path`.
+  std::string path = "reinit";
+  /// Why a rebuilder that can work in place did not (the group_rebuilt event's `reason`).
+  std::string reason;
+};
+
+/// A factory that rebuilds from the previous round's communicator.
+template <class R, class Comm>
+concept communicator_rebuilder = requires(const R& r, round_change<Comm>& change) {
+  { r.rebuild(change) } -> std::same_as<rebuilt<Comm>>;
+};
+
+}  // namespace elastic::inline v1::comm

@@ -1,0 +1,425 @@
+// NCCL groups with real processes: 4 workers (tests/support/nccl_group_worker.cpp) train through
+// an nccl_group while the tests SIGKILL one inside an allreduce, hang one, restart one, and make
+// NCCL refuse a shrink; the survivors must rebuild by the path the loaded libnccl allows (revoke
+// -> shrink, grow, or a fresh init) and end with the very weights of an undisturbed run.
+//
+// One source, two builds: against the NCCL model (tests/nccl_model; CTest label nccl-model, every
+// submission, no GPU) and against real NCCL and CUDA (label gpu, where a GPU answers; skipped with
+// exit 77 elsewhere). Ranks share GPU 0 as NCCL allows when each has its own NCCL_HOSTID (they
+// then talk NET/Socket over loopback); the model also runs "one host, four GPUs", where NCCL
+// reports nothing when a peer dies. Cases that need the model's fault injection or its 2.27 build
+// are model-only and say so.
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include <elastic/internal/clock.hpp>
+#include <elastic/rendezvous/shm_store.hpp>
+
+#include "support/catch.hpp"
+#include "support/fleet.hpp"
+#include "support/hosted_watchdog.hpp"
+#include "support/other_user.hpp"
+#include "support/process.hpp"
+
+#ifndef ELASTIC_NCCL_MODEL
+#define ELASTIC_NCCL_MODEL 0
+#endif
+#ifndef ELASTIC_NCCL_MODEL_227_DIR
+#define ELASTIC_NCCL_MODEL_227_DIR ""  // the model's 2.27 libnccl; not built against real NCCL
+#endif
+
+namespace {
+
+using namespace std::chrono_literals;
+using elastic::test::exit_code_of;
+using elastic::test::field;
+using elastic::test::fleet;
+using elastic::test::num;
+using elastic::test::temp_dir;
+using elastic::test::unique_name;
+using env_list = std::vector<std::pair<std::string, std::string>>;
+
+constexpr bool model = ELASTIC_NCCL_MODEL != 0;
+
+/// The worker program: the one built beside this test, or $ELASTIC_TEST_NCCL_WORKER (a copy of
+/// the build carried to a GPU machine lives elsewhere).
+std::string worker() {
+  const char* env = std::getenv("ELASTIC_TEST_NCCL_WORKER");
+  return env != nullptr && *env != '\0' ? env : ELASTIC_NCCL_GROUP_WORKER;
+}
+
+void require_gpu() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) elastic::test::skip_test("no CUDA device answers here");
+}
+
+struct scratch {
+  temp_dir dir;
+  std::string store_name = unique_name("ncg");
+  std::string url = "shm://" + store_name;
+  std::string ckpt = dir.file("ckpt");
+  std::string events = dir.file("events.jsonl");
+  ~scratch() { elastic::rendezvous::shm_store::remove(store_name); }
+};
+
+/// Where the ranks are. `hosts`: each rank its own NCCL_HOSTID, all on GPU 0 (what one real GPU
+/// allows). `one_host`: one host with a GPU per rank (the model only: NCCL then sees P2P/SHM peers).
+enum class topology { hosts, one_host };
+
+env_list rank_env(const std::string& run, int slot, topology t) {
+  env_list env{{"NCCL_SOCKET_IFNAME", "lo"}, {"NCCL_IB_DISABLE", "1"}, {"NCCL_DEBUG", "WARN"}};
+  if (t == topology::hosts) {
+    env.emplace_back("NCCL_HOSTID", run + "-host" + std::to_string(slot));
+  } else {
+    env.emplace_back("ELASTIC_NCCL_MODEL_GPUS", "4");
+  }
+  return env;
+}
+
+std::vector<std::string> device_args(int slot, topology t) {
+  return {"--device", t == topology::hosts ? "0" : std::to_string(slot)};
+}
+
+// Workers of 4 that notice a death quickly: 100 ms heartbeats, 500 ms to be declared dead.
+const std::vector<std::string> fast{"--every", "10", "--dim", "16384", "--timeout-ms", "4000",
+                                    "--hb-interval-ms", "100", "--hb-timeout-ms", "500", "--last-call-ms", "300",
+                                    "--join-timeout-ms", "40000", "--poll-ms", "20"};
+
+/// The final crc of an undisturbed run of `steps` (one rank: the exact sums make any world size
+/// give the same bits).
+std::string reference_crc(std::uint64_t steps) {
+  scratch s;
+  fleet f(worker(), s.url, "ref", fast, s.events);
+  auto args = std::vector<std::string>{"--dir", s.ckpt, "--steps", std::to_string(steps), "--min", "1", "--max", "1"};
+  const auto i = f.start("ref", args, rank_env("ref", 0, topology::hosts));
+  const bool ended = f.wait_until([&] { return f.all_ended({i}); }, 120s);
+  INFO(f.transcript(i));
+  REQUIRE(ended);
+  const auto fin = f.find(i, "final ");
+  REQUIRE(fin);
+  return field(*fin, "crc");
+}
+
+/// What the worker's libnccl offers, from its first line.
+struct calls {
+  bool revoke = false, shrink = false, grow = false;
+};
+calls calls_of(const fleet& f, std::size_t i) {
+  const auto l = f.find(i, "nccl ");
+  REQUIRE(l);
+  return {field(*l, "revoke") == "1", field(*l, "shrink") == "1", field(*l, "grow") == "1"};
+}
+
+/// The paths worker i's rebuilds took, in order.
+std::vector<std::string> paths_of(fleet& f, std::size_t i) {
+  std::vector<std::string> out;
+  for (const auto& l : f[i].lines)
+    if (elastic::test::starts_with(l, "rebuilt ")) out.push_back(field(l, "path"));
+  return out;
+}
+
+/// Worker i finished `steps` with weights `want`, never hit a contract violation, and rebuilt into
+/// a group of `world`.
+void check_finished(fleet& f, std::size_t i, std::uint64_t steps, const std::string& want, const char* world) {
+  INFO(f.transcript(i, 30));
+  CHECK(exit_code_of(f[i].status) == 0);
+  const auto fin = f.find(i, "final ");
+  REQUIRE(fin);
+  CHECK(field(*fin, "step") == std::to_string(steps));
+  CHECK(field(*fin, "crc") == want);  // identical across ranks, and to the undisturbed run
+  // In a group of `world`: rebuilt into it, or (a newcomer) joined it.
+  CHECK((f.find(i, "rebuilt ", [&](auto& l) { return field(l, "world") == world; }) ||
+         f.find(i, "joined ", [&](auto& l) { return field(l, "world") == world; })));
+}
+
+/// Prints each survivor's rebuilds (path, and the phases after `t0`, a CLOCK_MONOTONIC reading):
+/// the numbers a GPU run reports, never asserted.
+void print_rebuilds(fleet& f, const std::vector<std::size_t>& who, std::int64_t t0, const char* what) {
+  for (auto i : who) {
+    for (const auto& l : f[i].lines) {
+      if (!elastic::test::starts_with(l, "rebuilt ")) continue;
+      std::printf("%s: %s round %s world %s path %s: noticed %+.1f ms, rendezvous %+.1f ms, connected %+.1f ms, "
+                  "resynced %+.1f ms\n",
+                  what, f[i].id.c_str(), field(l, "round").c_str(), field(l, "world").c_str(), field(l, "path").c_str(),
+                  (num(l, "noticed") - t0) / 1e6, (num(l, "met") - t0) / 1e6, (num(l, "connected") - t0) / 1e6,
+                  (num(l, "resynced") - t0) / 1e6);
+    }
+  }
+}
+
+/// Starts 4 workers of run `run` with `args`; slot `odd` gets `extra` too.
+void start_four(fleet& f, const std::string& run, topology t, const std::vector<std::string>& args, int odd = -1,
+                const std::vector<std::string>& extra = {}, const env_list& more_env = {}) {
+  for (int i = 0; i < 4; ++i) {
+    auto a = args;
+    auto d = device_args(i, t);
+    a.insert(a.end(), d.begin(), d.end());
+    if (i == odd) a.insert(a.end(), extra.begin(), extra.end());
+    auto env = rank_env(run, i, t);
+    env.insert(env.end(), more_env.begin(), more_env.end());
+    f.start("w" + std::to_string(i), a, env);
+  }
+}
+
+std::string transcripts(fleet& f) {
+  std::string out;
+  for (std::size_t i = 0; i < f.size(); ++i) out += f.transcript(i, 20);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("4 ranks on four hosts lose one mid-allreduce: the 3 survivors rebuild in one path and finish with the "
+          "undisturbed weights",
+          "[nccl]") {
+  require_gpu();
+  const std::uint64_t steps = 40;
+  const std::string want = reference_crc(steps);
+  scratch s;
+  fleet f(worker(), s.url, "kill4", fast, s.events);
+  start_four(f, "kill4", topology::hosts,
+             {"--dir", s.ckpt, "--steps", std::to_string(steps), "--min", "2", "--max", "4"}, 2,
+             {"--kill-self-at", "15"});
+  const bool ended = f.wait_until([&] { return f.all_ended({0, 1, 2, 3}); }, 150s);
+  INFO(transcripts(f));
+  REQUIRE(ended);
+  REQUIRE(f[2].status);
+  CHECK(WIFSIGNALED(*f[2].status));
+  const auto killed = f.find(2, "killing ");
+  REQUIRE(killed);
+  print_rebuilds(f, {0, 1, 3}, num(*killed, "t"), "kill, four hosts");
+  for (std::size_t i : {0, 1, 3}) check_finished(f, i, steps, want, "3");
+  // Every survivor took the same path. Over sockets the dead rank's neighbours carry a network
+  // error, which NCCL's shrink refuses: so "shrink" where it was accepted, else "reinit".
+  const auto p0 = paths_of(f, 0);
+  REQUIRE_FALSE(p0.empty());
+  for (std::size_t i : {1, 3}) CHECK(paths_of(f, i) == p0);
+  CHECK((p0.front() == "shrink" || p0.front() == "reinit"));
+  if (!calls_of(f, 0).shrink) CHECK(p0.front() == "reinit");
+}
+
+TEST_CASE("4 ranks on one host lose one mid-allreduce: no NCCL error comes, the departure revokes, and the 3 "
+          "survivors shrink",
+          "[nccl]") {
+  if (!model) elastic::test::skip_test("needs 4 GPUs in one host; the model stands in for them");
+  const std::uint64_t steps = 40;
+  const std::string want = reference_crc(steps);
+  scratch s;
+  fleet f(worker(), s.url, "kill1h", fast, s.events);
+  start_four(f, "kill1h", topology::one_host,
+             {"--dir", s.ckpt, "--steps", std::to_string(steps), "--min", "2", "--max", "4"}, 2,
+             {"--kill-self-at", "15"});
+  const bool ended = f.wait_until([&] { return f.all_ended({0, 1, 2, 3}); }, 150s);
+  INFO(transcripts(f));
+  REQUIRE(ended);
+  const auto killed = f.find(2, "killing ");
+  REQUIRE(killed);
+  print_rebuilds(f, {0, 1, 3}, num(*killed, "t"), "kill, one host");
+  for (std::size_t i : {0, 1, 3}) {
+    check_finished(f, i, steps, want, "3");
+    const auto p = paths_of(f, i);
+    REQUIRE_FALSE(p.empty());
+    CHECK(p.front() == (calls_of(f, i).shrink ? "shrink" : "reinit"));
+  }
+}
+
+TEST_CASE("a rank that hangs is revoked away: the 3 survivors shrink, and the watchdog kills it", "[nccl]") {
+  require_gpu();
+  const std::uint64_t steps = 40;
+  const std::string want = reference_crc(steps);
+  scratch s;
+  elastic::test::hosted wd;  // the watchdog elastic-run would host
+  fleet f(worker(), s.url, "hang4", fast, s.events);
+  start_four(f, "hang4", topology::hosts,
+             {"--dir", s.ckpt, "--steps", std::to_string(steps), "--min", "2", "--max", "4", "--step-timeout-ms",
+              "3000"},
+             1, {"--stop-self-at", "15"}, {{"ELASTIC_WATCHDOG", wd.name}});
+  const bool ended = f.wait_until([&] { return f.all_ended({0, 1, 2, 3}); }, 150s);
+  INFO(transcripts(f));
+  REQUIRE(ended);
+  REQUIRE(f[1].status);
+  CHECK(WIFSIGNALED(*f[1].status));
+  CHECK(WTERMSIG(*f[1].status) == SIGKILL);
+  const auto stopped = f.find(1, "stopping ");
+  REQUIRE(stopped);
+  print_rebuilds(f, {0, 2, 3}, num(*stopped, "t"), "hang");
+  for (std::size_t i : {0, 2, 3}) {
+    check_finished(f, i, steps, want, "3");
+    // Its sockets stay open while it is stopped: nothing breaks, the departure revokes, and the
+    // survivors shrink without it.
+    const auto p = paths_of(f, i);
+    REQUIRE_FALSE(p.empty());
+    CHECK(p.front() == (calls_of(f, i).shrink ? "shrink" : "reinit"));
+  }
+}
+
+TEST_CASE("a killed rank restarted under its id is grown back in: 3 ranks become 4", "[nccl]") {
+  require_gpu();
+  const std::uint64_t steps = 120;
+  const std::string want = reference_crc(steps);
+  scratch s;
+  fleet f(worker(), s.url, "grow", fast, s.events);
+  const std::vector<std::string> args{"--dir", s.ckpt, "--steps", std::to_string(steps), "--min", "2", "--max", "4",
+                                      "--step-sleep-ms", "10"};
+  start_four(f, "grow", topology::hosts, args, 2, {"--kill-self-at", "15"});
+  REQUIRE(f.wait_until([&] { return f.all_ended({2}); }, 60s));
+  REQUIRE(f.wait_until([&] { return f.find(0, "step=", [](auto& l) { return field(l, "world") == "3"; }).has_value(); },
+                       60s));
+  auto a = args;
+  auto d = device_args(2, topology::hosts);
+  a.insert(a.end(), d.begin(), d.end());
+  const std::int64_t t_restart = elastic::internal::monotonic_ns();
+  const auto back = f.start("w2", a, rank_env("grow", 2, topology::hosts));
+  const bool ended = f.wait_until([&] { return f.all_ended({0, 1, 3, back}); }, 150s);
+  INFO(transcripts(f));
+  REQUIRE(ended);
+  print_rebuilds(f, {0, 1, 3}, t_restart, "restart");
+  for (std::size_t i : {std::size_t{0}, std::size_t{1}, std::size_t{3}, back}) check_finished(f, i, steps, want, "4");
+  // The survivors' rebuild into 4 took NCCL's grow where the libnccl has it.
+  const auto p0 = paths_of(f, 0);
+  REQUIRE(p0.size() >= 2);
+  CHECK(p0.back() == (calls_of(f, 0).grow ? "grow" : "reinit"));
+  for (std::size_t i : {1, 3}) CHECK(paths_of(f, i).back() == p0.back());
+}
+
+TEST_CASE("when one rank's shrink fails, every rank falls back to a fresh init and finishes", "[nccl]") {
+  if (!model) elastic::test::skip_test("needs the model's fault injection (ELASTIC_NCCL_MODEL_FAIL_SHRINK)");
+  const std::uint64_t steps = 40;
+  const std::string want = reference_crc(steps);
+  scratch s;
+  fleet f(worker(), s.url, "fallback", fast, s.events);
+  const std::vector<std::string> args{"--dir", s.ckpt, "--steps", std::to_string(steps), "--min", "2", "--max", "4"};
+  for (int i = 0; i < 4; ++i) {
+    auto a = args;
+    auto d = device_args(i, topology::one_host);
+    a.insert(a.end(), d.begin(), d.end());
+    if (i == 2) a.insert(a.end(), {"--kill-self-at", "15"});
+    auto env = rank_env("fallback", i, topology::one_host);
+    if (i == 3) env.emplace_back("ELASTIC_NCCL_MODEL_FAIL_SHRINK", "1");
+    f.start("w" + std::to_string(i), a, env);
+  }
+  const bool ended = f.wait_until([&] { return f.all_ended({0, 1, 2, 3}); }, 150s);
+  INFO(transcripts(f));
+  REQUIRE(ended);
+  for (std::size_t i : {0, 1, 3}) {
+    check_finished(f, i, steps, want, "3");
+    const auto p = paths_of(f, i);
+    REQUIRE_FALSE(p.empty());
+    CHECK(p.front() == "reinit");
+  }
+  // The group_rebuilt events say why the in-place path was left.
+  CHECK(elastic::test::events_named(s.events, "group_rebuilt").size() >= 3);
+  bool reason_given = false;
+  for (const auto& e : elastic::test::events_named(s.events, "group_rebuilt")) {
+    reason_given = reason_given || (e.find("\"path\":\"reinit\"") != std::string::npos &&
+                                    e.find("\"reason\":\"") != std::string::npos &&
+                                    e.find("\"reason\":\"\"") == std::string::npos);
+  }
+  CHECK(reason_given);
+}
+
+TEST_CASE("with NCCL 2.27 (no revoke, no grow) departures shrink with NCCL_SHRINK_ABORT and newcomers re-initialise",
+          "[nccl]") {
+  if (!model) elastic::test::skip_test("needs the model's 2.27 library");
+  const std::uint64_t steps = 120;
+  const std::string want = reference_crc(steps);
+  scratch s;
+  fleet f(worker(), s.url, "v227", fast, s.events);
+  const std::vector<std::string> args{"--dir", s.ckpt, "--steps", std::to_string(steps), "--min", "2", "--max", "4",
+                                      "--step-sleep-ms", "10"};
+  const env_list old_nccl{{"LD_LIBRARY_PATH", ELASTIC_NCCL_MODEL_227_DIR}};
+  start_four(f, "v227", topology::one_host, args, 2, {"--kill-self-at", "15"}, old_nccl);
+  REQUIRE(f.wait_until([&] { return f.all_ended({2}); }, 60s));
+  REQUIRE(f.wait_until([&] { return f.find(0, "step=", [](auto& l) { return field(l, "world") == "3"; }).has_value(); },
+                       60s));
+  auto a = args;
+  auto d = device_args(2, topology::one_host);
+  a.insert(a.end(), d.begin(), d.end());
+  auto env = rank_env("v227", 2, topology::one_host);
+  env.insert(env.end(), old_nccl.begin(), old_nccl.end());
+  const auto back = f.start("w2", a, env);
+  const bool ended = f.wait_until([&] { return f.all_ended({0, 1, 3, back}); }, 150s);
+  INFO(transcripts(f));
+  REQUIRE(ended);
+  const auto c = calls_of(f, 0);
+  CHECK_FALSE(c.revoke);
+  CHECK(c.shrink);
+  CHECK_FALSE(c.grow);
+  for (std::size_t i : {std::size_t{0}, std::size_t{1}, std::size_t{3}, back}) check_finished(f, i, steps, want, "4");
+  const auto p0 = paths_of(f, 0);
+  REQUIRE(p0.size() >= 2);
+  CHECK(p0.front() == "shrink");
+  CHECK(p0.back() == "reinit");
+}
+
+TEST_CASE("NCCL releases that NVIDIA's in-process restart refuses re-initialise on every rebuild", "[nccl]") {
+  if (!model) elastic::test::skip_test("needs the model's version override (ELASTIC_NCCL_MODEL_VERSION)");
+  const std::uint64_t steps = 40;
+  const std::string want = reference_crc(steps);
+  scratch s;
+  fleet f(worker(), s.url, "v2285", fast, s.events);
+  start_four(f, "v2285", topology::one_host,
+             {"--dir", s.ckpt, "--steps", std::to_string(steps), "--min", "2", "--max", "4"}, 2,
+             {"--kill-self-at", "15"}, {{"ELASTIC_NCCL_MODEL_VERSION", "22805"}});
+  const bool ended = f.wait_until([&] { return f.all_ended({0, 1, 2, 3}); }, 150s);
+  INFO(transcripts(f));
+  REQUIRE(ended);
+  const auto c = calls_of(f, 0);
+  CHECK_FALSE(c.revoke);
+  CHECK_FALSE(c.shrink);
+  CHECK_FALSE(c.grow);
+  for (std::size_t i : {0, 1, 3}) {
+    check_finished(f, i, steps, want, "3");
+    CHECK(paths_of(f, i).front() == "reinit");
+  }
+}
+
+TEST_CASE("a collective runs after the gradient its producer put on the default stream, however late", "[nccl]") {
+  require_gpu();
+  const std::uint64_t steps = 12;
+  const std::string want = reference_crc(steps);
+  scratch s;
+  fleet f(worker(), s.url, "order", fast, s.events);
+  start_four(f, "order", topology::hosts,
+             {"--dir", s.ckpt, "--steps", std::to_string(steps), "--min", "4", "--max", "4", "--producer-delay-ms",
+              "40"});
+  const bool ended = f.wait_until([&] { return f.all_ended({0, 1, 2, 3}); }, 120s);
+  INFO(transcripts(f));
+  REQUIRE(ended);
+  for (std::size_t i = 0; i < 4; ++i) {
+    CHECK(exit_code_of(f[i].status) == 0);
+    const auto fin = f.find(i, "final ");
+    REQUIRE(fin);
+    CHECK(field(*fin, "crc") == want);
+  }
+}
+
+TEST_CASE("NCCL_COMM_BLOCKING=1 is refused with a message that names it, before NCCL can block", "[nccl]") {
+  require_gpu();
+  scratch s;
+  fleet f(worker(), s.url, "blocking", fast, s.events);
+  auto env = rank_env("blocking", 0, topology::hosts);
+  env.emplace_back("NCCL_COMM_BLOCKING", "1");
+  const auto i = f.start("w0", {"--dir", s.ckpt, "--steps", "3", "--min", "1", "--max", "1", "--join-timeout-ms", "3000"},
+                         env);
+  const bool ended = f.wait_until([&] { return f.all_ended({i}); }, 60s);
+  INFO(f.transcript(i));
+  REQUIRE(ended);
+  CHECK(exit_code_of(f[i].status) == 3);
+  const auto err = f.find(i, "error ");
+  REQUIRE(err);
+  CHECK(err->find("NCCL_COMM_BLOCKING") != std::string::npos);
+}
