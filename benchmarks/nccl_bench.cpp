@@ -2,12 +2,13 @@
 //
 //   nccl_bench [google benchmark flags...]
 //
-// One GPU hosts one rank of a communicator (NCCL refuses two on the same device), so every row is
-// a single-rank communicator; multi-rank figures need one GPU per rank.
+// Every row is a single-rank communicator in this process. Shrink and grow need several ranks
+// (NCCL rejects an empty exclude list, so a communicator of one cannot shrink): the multi-rank
+// rebuild paths, ranks sharing one GPU by NCCL_HOSTID, are timed by tests/test_nccl_group, which
+// prints each rebuild's phases.
 //   BM_unique_id        ncclGetUniqueId: the leader's bootstrap blob (opens the bootstrap root)
 //   BM_init             nccl_unique_id() + non-blocking ncclCommInitRankConfig polled to ready
 //   BM_abort            ncclCommAbort of a ready communicator (includes stopping the watcher)
-//   BM_shrink           ncclCommShrink of a ready communicator to its survivors (here: all of it)
 //   BM_reinit           abort, then init from a fresh id: the path without shrink
 //   BM_allreduce_small  one 1 KiB float allreduce, enqueue to completion seen by polling
 // Without a GPU every row reports an error and measures nothing.
@@ -64,26 +65,6 @@ void BM_abort(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_abort)->Unit(benchmark::kMillisecond)->Iterations(20);
-
-void BM_shrink(benchmark::State& state) {
-  if (!have_gpu(state)) return;
-  if (!comm::nccl_communicator::can_shrink()) {
-    state.SkipWithError("this NCCL has no ncclCommShrink (needs 2.27)");
-    return;
-  } else {
-    for (auto _ : state) {
-      state.PauseTiming();
-      auto c = make();
-      state.ResumeTiming();
-      auto next = c->shrink({}, 30s);
-      state.PauseTiming();
-      next.reset();
-      c.reset();
-      state.ResumeTiming();
-    }
-  }
-}
-BENCHMARK(BM_shrink)->Unit(benchmark::kMillisecond)->Iterations(20);
 
 void BM_reinit(benchmark::State& state) {
   if (!have_gpu(state)) return;

@@ -20,7 +20,11 @@
 
 #include <elastic/comm/nccl.hpp>
 
+#include <dirent.h>
+#include <dlfcn.h>
+
 #include <cstdlib>
+#include <fstream>
 
 #include "support/catch.hpp"
 #include "support/errors.hpp"
@@ -65,6 +69,23 @@ struct device_vector {
     return out;
   }
 };
+
+/// NCCL's bootstrap root threads alive in this process: the model counts them; real NCCL names
+/// them "NCCL BootstrapR" (src/bootstrap.cc), which /proc shows.
+int bootstrap_roots() {
+  using fn = int (*)();
+  if (auto f = reinterpret_cast<fn>(::dlsym(RTLD_DEFAULT, "elastic_nccl_model_live_roots"))) return f();
+  int n = 0;
+  if (DIR* d = ::opendir("/proc/self/task")) {
+    while (const dirent* e = ::readdir(d)) {
+      std::ifstream comm(std::string("/proc/self/task/") + e->d_name + "/comm");
+      std::string name;
+      if (std::getline(comm, name) && name == "NCCL BootstrapR") ++n;
+    }
+    ::closedir(d);
+  }
+  return n;
+}
 
 template <class T>
 std::vector<std::uint8_t> bytes_of(const std::vector<T>& v) {
@@ -319,4 +340,18 @@ TEST_CASE("abort from another thread is safe while the watcher runs", "[nccl]") 
     CHECK_FALSE(c.ok());
     CHECK_FALSE(c.last_error().has_value());
   }
+}
+
+TEST_CASE("the bootstrap root of an id whose communicator failed is released, not left waiting forever", "[nccl]") {
+  require_gpu();
+  const int before = bootstrap_roots();
+  const std::string id = comm::nccl_unique_id();
+  CHECK(bootstrap_roots() == before + 1);
+  const auto e = error_of([&] { comm::nccl_communicator c(id, 0, 2, 0, 800ms); });  // rank 1 never comes
+  CHECK(e.code() == errc::timeout);
+  CHECK(bootstrap_roots() == before + 1);  // NCCL's root still waits for rank 1: it never times out
+  comm::detail::release_bootstrap_root(id, 2, 0);
+  const auto until = std::chrono::steady_clock::now() + 3s;
+  while (bootstrap_roots() != before && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(10ms);
+  CHECK(bootstrap_roots() == before);
 }

@@ -331,6 +331,37 @@ TEST_CASE("when one rank's shrink fails, every rank falls back to a fresh init a
   CHECK(reason_given);
 }
 
+TEST_CASE("a revoke NCCL refuses is noticed: that rank votes against the in-place path and all re-initialise",
+          "[nccl]") {
+  if (!model) elastic::test::skip_test("needs the model's fault injection (ELASTIC_NCCL_MODEL_FAIL_REVOKE)");
+  const std::uint64_t steps = 40;
+  const std::string want = reference_crc(steps);
+  scratch s;
+  fleet f(worker(), s.url, "norevoke", fast, s.events);
+  const std::vector<std::string> args{"--dir", s.ckpt, "--steps", std::to_string(steps), "--min", "2", "--max", "4"};
+  for (int i = 0; i < 4; ++i) {
+    auto a = args;
+    auto d = device_args(i, topology::one_host);
+    a.insert(a.end(), d.begin(), d.end());
+    if (i == 2) a.insert(a.end(), {"--kill-self-at", "15"});
+    auto env = rank_env("norevoke", i, topology::one_host);
+    if (i == 1) env.emplace_back("ELASTIC_NCCL_MODEL_FAIL_REVOKE", "1");
+    f.start("w" + std::to_string(i), a, env);
+  }
+  const bool ended = f.wait_until([&] { return f.all_ended({0, 1, 2, 3}); }, 150s);
+  INFO(transcripts(f));
+  REQUIRE(ended);
+  for (std::size_t i : {0, 1, 3}) {
+    check_finished(f, i, steps, want, "3");
+    CHECK(paths_of(f, i).front() == "reinit");
+  }
+  bool revoke_named = false;
+  for (const auto& e : elastic::test::events_named(s.events, "group_rebuilt")) {
+    revoke_named = revoke_named || e.find("ncclCommRevoke") != std::string::npos;
+  }
+  CHECK(revoke_named);
+}
+
 TEST_CASE("with NCCL 2.27 (no revoke, no grow) departures shrink with NCCL_SHRINK_ABORT and newcomers re-initialise",
           "[nccl]") {
   if (!model) elastic::test::skip_test("needs the model's 2.27 library");

@@ -75,3 +75,13 @@ TEST_CASE("recovery calls follow the loaded release: new calls by version, known
   CHECK(detail::nccl_version_string(22809) == "2.28.9");
   CHECK(detail::nccl_version_string(23007) == "2.30.7");
 }
+
+TEST_CASE("only a malformed argument leaves a communicator usable: ncclInvalidUsage breaks it", "[nccl]") {
+  CHECK(detail::leaves_usable(ncclInvalidArgument));
+  // NCCL's guide: after ncclInvalidUsage the communicator must be aborted.
+  CHECK_FALSE(detail::leaves_usable(ncclInvalidUsage));
+  CHECK_FALSE(detail::leaves_usable(ncclSystemError));
+  CHECK_FALSE(detail::leaves_usable(ncclRemoteError));
+  CHECK_FALSE(detail::leaves_usable(ncclInternalError));
+  CHECK_FALSE(detail::leaves_usable(ncclUnhandledCudaError));
+}

@@ -203,9 +203,15 @@ class nccl_round {
   rebuilt<nccl_communicator> reinit(std::string_view leaf, std::string why) {
     ch_.communicator.reset();
     const std::string id = rank_ == 0 && id_ ? *id_ : wait_for(key(leaf), "rank 0's unique id");
-    auto c = std::make_unique<nccl_communicator>(id, rank_, world_, s_.device, s_.timeout, s_.stream, s_.options,
-                                                 ch_.check);
-    return {std::move(c), "reinit", std::move(why)};
+    try {
+      auto c = std::make_unique<nccl_communicator>(id, rank_, world_, s_.device, s_.timeout, s_.stream, s_.options,
+                                                   ch_.check);
+      return {std::move(c), "reinit", std::move(why)};
+    } catch (const error&) {
+      // The root thread of our id would wait forever for the ranks that never came.
+      if (rank_ == 0 && id_) release_bootstrap_root(*id_, world_, s_.device);
+      throw;
+    }
   }
 
   void publish_id(std::string_view leaf) {
