@@ -29,8 +29,9 @@ ONE_CONCEPT = {
     "internal/json.hpp": "one JSON value type: reader, writer and accessors of the same variant",
     "rendezvous/rendezvous.hpp": "the round state machine (join, close, watch, leave) and its key schema; "
                                  "records, ids, options and the lease keeper are in rendezvous/detail/",
-    "comm/nccl.hpp": "the NCCL communicator: init, collectives, abort, revoke, shrink; runtime probing is "
-                     "comm/detail/nccl_runtime.hpp, the CUDA RAII internal/cuda.hpp",
+    "comm/nccl.hpp": "the NCCL communicator: init, collectives, abort, revoke, shrink, grow; runtime probing "
+                     "and version gates are comm/detail/nccl_runtime.hpp, handle creation "
+                     "comm/detail/nccl_handle.hpp, the CUDA RAII internal/cuda.hpp",
 }
 LAYERS = {"": 0, "internal": 0, "timer": 1, "checkpoint": 2, "rendezvous": 3, "comm": 4, "*": 5}
 ABI = "v1"

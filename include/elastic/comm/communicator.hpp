@@ -71,4 +71,12 @@ concept communicator = requires(C& c, const C& cc, std::span<float> f32, std::sp
   { c.abort() } noexcept;
 };
 
+/// A communicator whose collectives take device memory (NCCL). For the state that lives on the
+/// host (step, RNG, loader cursor) it also broadcasts host words, through device staging.
+template <class C>
+concept device_communicator = requires(C& c, std::span<std::int64_t> words, int root) {
+  requires C::takes_device_memory;
+  c.broadcast_host(words, root);
+};
+
 }  // namespace elastic::inline v1::comm

@@ -59,7 +59,8 @@
 #include <elastic/checkpoint/preemption.hpp>
 #include <elastic/checkpoint/state.hpp>
 #include <elastic/comm/communicator.hpp>
-#include <elastic/comm/detail/state_packing.hpp>
+#include <elastic/comm/detail/state_resync.hpp>
+#include <elastic/comm/group_options.hpp>
 #include <elastic/comm/rebuild.hpp>
 #include <elastic/internal/clock.hpp>
 #include <elastic/internal/periodic_thread.hpp>
@@ -70,41 +71,6 @@
 #include <elastic/timer/expires.hpp>
 
 namespace elastic::inline v1::comm {
-
-struct group_options {
-  rendezvous::rendezvous_options rendezvous{};  ///< run id, min/max ranks, join and heartbeat timeouts
-  /// How often the watcher thread looks for departures and newcomers (store reads: three).
-  std::chrono::milliseconds poll_interval{std::chrono::milliseconds(50)};
-  /// Each collective runs in a timer scope of this length (0: twice the communicator's timeout
-  /// plus a second when it has one, else none): a process stuck past it is killed.
-  std::chrono::milliseconds collective_deadline{0};
-  std::optional<event_log> events{};  ///< nothing: event_log::from_env()
-};
-
-/// What the newest rebuild cost, each phase timed on this rank (CLOCK_MONOTONIC nanoseconds, so
-/// another process on the host can put them next to its own clock readings).
-struct recovery_timings {
-  std::int64_t round = 0;
-  int world_size = 0;
-  std::string cause;                 ///< "collective failed: ...", "departure", "newcomer", ...
-  std::int64_t noticed_ns = 0;       ///< the failed collective returned / the watcher saw the change
-  std::int64_t rendezvous_done_ns = 0;
-  std::int64_t connected_ns = 0;     ///< the new communicator is up
-  std::int64_t resynced_ns = 0;      ///< the state is rank 0's (0 when no resync ran)
-  std::string path;                  ///< how the communicator was made: "reinit", "shrink", "grow", "shrink+grow"
-};
-
-/// A communicator whose collectives take device memory (NCCL). For the state that lives on the
-/// host (step, RNG, loader cursor) it also broadcasts host words, through device staging.
-template <class C>
-concept device_communicator = requires(C& c, std::span<std::int64_t> words, int root) {
-  requires C::takes_device_memory;
-  c.broadcast_host(words, root);
-};
-
-/// The communicator of each round, made from the round's outcome (rank, world size, bootstrap).
-template <class Comm>
-using communicator_factory = std::function<std::unique_ptr<Comm>(rendezvous::store&, const rendezvous::round_info&)>;
 
 template <class Comm>
 class elastic_group final : public group_hook {
@@ -401,60 +367,16 @@ class elastic_group final : public group_hook {
       last_.resynced_ns = internal::monotonic_ns();
       return step;
     }
-    // Header: step, layout fingerprint, payload words.
-    std::vector<std::byte> payload;
-    if (rank() == 0) detail::pack(st, payload, device_communicator<Comm>);
-    std::int64_t head[3] = {static_cast<std::int64_t>(step), static_cast<std::int64_t>(detail::fingerprint(st)),
-                            static_cast<std::int64_t>((payload.size() + 7) / 8)};
-    if (!broadcast_words(std::span<std::int64_t>(head))) return std::nullopt;
-    if (static_cast<std::uint64_t>(head[1]) != detail::fingerprint(st)) {
-      throw error(errc::mismatch,
-                  fmt::format("elastic_group: rank {} registered other state than rank 0 (names, types or sizes "
-                              "differ): every rank of a group must register the same replicated state",
-                              rank()));
-    }
-    std::vector<std::int64_t> words(static_cast<std::size_t>(head[2]));
-    if (rank() == 0 && !payload.empty()) std::memcpy(words.data(), payload.data(), payload.size());
-    if (!broadcast_words(std::span<std::int64_t>(words))) return std::nullopt;
-    if (rank() != 0) detail::unpack(st, std::as_bytes(std::span<const std::int64_t>(words)), device_communicator<Comm>);
-    if constexpr (device_communicator<Comm>) {
-      // Device buffers go from rank 0's device memory straight into the others'.
-      for (const auto& e : st.entries()) {
-        if (e.kind != checkpoint::entry_kind::buffer || e.where != checkpoint::location::device) continue;
-        if (!broadcast_device(e)) return std::nullopt;
-      }
-    }
+    auto runner = [this](std::string_view what, auto&& f) { return run(what, f); };
+    const auto agreed = detail::resync_state<Comm>(runner, rank(), step, st);
+    if (!agreed) return std::nullopt;
     last_.resynced_ns = internal::monotonic_ns();
     events_.emit("group_resynced", {{"round", round()},
-                                    {"step", head[0]},
-                                    {"bytes", words.size() * 8},
+                                    {"step", agreed->step},
+                                    {"bytes", agreed->bytes},
                                     {"resync_ms", (last_.resynced_ns - last_.connected_ns) / 1e6},
                                     {"recovery_ms", (last_.resynced_ns - last_.noticed_ns) / 1e6}});
-    return static_cast<std::uint64_t>(head[0]);
-  }
-
-  /// Host words from rank 0 to every rank.
-  bool broadcast_words(std::span<std::int64_t> words) {
-    if constexpr (device_communicator<Comm>) {
-      return run("broadcast", [&](Comm& c) { c.broadcast_host(words, 0); });
-    } else {
-      return broadcast(words, 0);
-    }
-  }
-
-  /// A device buffer from rank 0, bit for bit, moved as 64- or 32-bit words.
-  bool broadcast_device(const checkpoint::entry& e) {
-    const auto addr = reinterpret_cast<std::uintptr_t>(e.data);
-    if (e.bytes % 8 == 0 && addr % 8 == 0) {
-      return broadcast(std::span<std::int64_t>(static_cast<std::int64_t*>(e.data), e.bytes / 8), 0);
-    }
-    if (e.bytes % 4 == 0 && addr % 4 == 0) {
-      return broadcast(std::span<std::int32_t>(static_cast<std::int32_t*>(e.data), e.bytes / 4), 0);
-    }
-    throw error(errc::invalid_argument,
-                fmt::format("elastic_group: device state entry '{}' is {} bytes at {:#x}; a group moves device "
-                            "buffers in 4-byte words: pad it to a multiple of 4 bytes",
-                            e.name, e.bytes, addr));
+    return agreed->step;
   }
 
   /// The watcher's tick: marks a change for the next safe point; a store that does not answer

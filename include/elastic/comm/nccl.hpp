@@ -102,40 +102,6 @@ inline std::string nccl_unique_id() {
   return std::string(id.internal, sizeof(id.internal));
 }
 
-namespace detail {
-
-/// Ends the bootstrap root thread that nccl_unique_id() left in this process for `id`, after a
-/// communicator of `size` ranks made from it failed: the root waits (src/bootstrap.cc
-/// bootstrapRoot, no timeout) until every rank has checked in, so a rank that died before it
-/// connected would keep it, and its listening socket, forever. A second check-in as rank 0 makes
-/// the root give up ("rank 0 of N ranks has already checked in"): that check-in is a throwaway
-/// non-blocking init, given `patience` to reach the root and then aborted. Call it only in the
-/// process that made `id` and whose rank 0 had connected. Never throws.
-inline void release_bootstrap_root(std::string_view id, int size, int device,
-                                   std::chrono::milliseconds patience = std::chrono::milliseconds(500)) noexcept {
-  if (id.size() != NCCL_UNIQUE_ID_BYTES || size < 2) return;  // one rank: the root is done already
-  try {
-    internal::cuda::device_scope on(device);
-    ncclUniqueId uid;
-    std::memcpy(uid.internal, id.data(), NCCL_UNIQUE_ID_BYTES);
-    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;
-    ncclComm_t probe = nullptr;
-    const ncclResult_t r = nccl_call([&] { return ncclCommInitRankConfig(&probe, size, uid, 0, &config); });
-    if (r == ncclSuccess || r == ncclInProgress) {
-      // The root drops the duplicate's connection as it leaves, which fails the probe's init.
-      const auto until = std::chrono::steady_clock::now() + patience;
-      while (std::chrono::steady_clock::now() < until && async_state(probe) == ncclInProgress) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(2));
-      }
-    }
-    abort_handle(probe);
-  } catch (...) {
-  }
-}
-
-}  // namespace detail
-
 /// An NCCL communicator over `size()` ranks, one CUDA device per rank.
 ///
 /// Collectives take spans over device memory on device(), are enqueued on stream() and return once

@@ -1,6 +1,7 @@
-// What a communicator factory is handed when an elastic group moves to its next round, and what
-// it hands back: the way a backend that can repair a communicator in place (NCCL's revoke,
-// shrink and grow) keeps its previous communicator instead of building every round from scratch.
+// How an elastic group gets each round's communicator: from a plain communicator_factory (a new
+// one every round), or from a rebuilder, which is handed the previous one (round_change) and
+// hands the next back (rebuilt): the way a backend that can repair a communicator in place
+// (NCCL's revoke, shrink and grow) avoids building every round from scratch.
 //
 //   struct my_factory {
 //     elastic::comm::rebuilt<my_comm> rebuild(elastic::comm::round_change<my_comm>& change) const;
@@ -15,11 +16,16 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include <elastic/rendezvous/rendezvous.hpp>
 #include <elastic/rendezvous/store.hpp>
 
 namespace elastic::inline v1::comm {
+
+/// The communicator of each round, made from the round's outcome (rank, world size, bootstrap).
+template <class Comm>
+using communicator_factory = std::function<std::unique_ptr<Comm>(rendezvous::store&, const rendezvous::round_info&)>;
 
 /// The group's move from one round to the next, as one rank sees it.
 template <class Comm>

@@ -10,6 +10,8 @@
 //   parent's state is no longer ncclInProgress (an acquire in ncclCommGetAsyncError).
 // - On the deadline the parent is aborted first (that joins NCCL's creation job, so nothing
 //   writes the slot after it), then the child if the slot holds one.
+// - A unique id's bootstrap root (a thread in the process that made the id) waits without a
+//   timeout until every rank has checked in: release_bootstrap_root() ends it after a failure.
 #pragma once
 
 #include <elastic/config.hpp>
@@ -19,15 +21,18 @@
 #endif
 
 #include <chrono>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
 
 #include <nccl.h>
 
 #include <elastic/comm/detail/nccl_runtime.hpp>
 #include <elastic/error.hpp>
+#include <elastic/internal/cuda.hpp>
 
 namespace elastic::inline v1::comm::detail {
 
@@ -91,6 +96,36 @@ void await_ready(ncclComm_t watched, std::chrono::steady_clock::time_point deadl
       }
     }
     std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+}
+
+/// Ends the bootstrap root thread that nccl_unique_id() left in this process for `id`, after a
+/// communicator of `size` ranks made from it failed: the root waits (src/bootstrap.cc
+/// bootstrapRoot, no timeout) until every rank has checked in, so a rank that died before it
+/// connected would keep it, and its listening socket, forever. A second check-in as rank 0 makes
+/// the root give up ("rank 0 of N ranks has already checked in"): that check-in is a throwaway
+/// non-blocking init, given `patience` to reach the root and then aborted. Call it only in the
+/// process that made `id` and whose rank 0 had connected. Never throws.
+inline void release_bootstrap_root(std::string_view id, int size, int device,
+                                   std::chrono::milliseconds patience = std::chrono::milliseconds(500)) noexcept {
+  if (id.size() != NCCL_UNIQUE_ID_BYTES || size < 2) return;  // one rank: the root is done already
+  try {
+    internal::cuda::device_scope on(device);
+    ncclUniqueId uid;
+    std::memcpy(uid.internal, id.data(), NCCL_UNIQUE_ID_BYTES);
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclComm_t probe = nullptr;
+    const ncclResult_t r = nccl_call([&] { return ncclCommInitRankConfig(&probe, size, uid, 0, &config); });
+    if (r == ncclSuccess || r == ncclInProgress) {
+      // The root drops the duplicate's connection as it leaves, which fails the probe's init.
+      const auto until = std::chrono::steady_clock::now() + patience;
+      while (std::chrono::steady_clock::now() < until && async_state(probe) == ncclInProgress) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      }
+    }
+    abort_handle(probe);
+  } catch (...) {
   }
 }
 

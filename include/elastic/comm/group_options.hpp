@@ -1,0 +1,39 @@
+// What an elastic group is set up with (group_options) and what it reports of its newest
+// rebuild (recovery_timings): the vocabulary of comm/elastic_group.hpp, apart from the group.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include <elastic/events.hpp>
+#include <elastic/rendezvous/rendezvous_options.hpp>
+
+namespace elastic::inline v1::comm {
+
+/// How an elastic_group forms its rounds and watches its members.
+struct group_options {
+  rendezvous::rendezvous_options rendezvous{};  ///< run id, min/max ranks, join and heartbeat timeouts
+  /// How often the watcher thread looks for departures and newcomers (store reads: three).
+  std::chrono::milliseconds poll_interval{std::chrono::milliseconds(50)};
+  /// Each collective runs in a timer scope of this length (0: twice the communicator's timeout
+  /// plus a second when it has one, else none): a process stuck past it is killed.
+  std::chrono::milliseconds collective_deadline{0};
+  std::optional<event_log> events{};  ///< nothing: event_log::from_env()
+};
+
+/// What the newest rebuild cost, each phase timed on this rank (CLOCK_MONOTONIC nanoseconds, so
+/// another process on the host can put them next to its own clock readings).
+struct recovery_timings {
+  std::int64_t round = 0;
+  int world_size = 0;
+  std::string cause;                 ///< "collective failed: ...", "departure", "newcomer", ...
+  std::int64_t noticed_ns = 0;       ///< the failed collective returned / the watcher saw the change
+  std::int64_t rendezvous_done_ns = 0;
+  std::int64_t connected_ns = 0;     ///< the new communicator is up
+  std::int64_t resynced_ns = 0;      ///< the state is rank 0's (0 when no resync ran)
+  std::string path;                  ///< how the communicator was made: "reinit", "shrink", "grow", "shrink+grow"
+};
+
+}  // namespace elastic::inline v1::comm
