@@ -26,7 +26,7 @@
 // on any thread during ncclCommAbort, and two threads inside one communicator.
 //
 // Recovery (detail::recovery_calls(): what the loaded libnccl exports, less known-bad releases):
-//   revoke()  stops in-flight work (ncclCommRevoke, 2.28) and keeps the handle for shrink(): what
+//   revoke()  stops in-flight work (ncclCommRevoke, 2.28.7) and keeps the handle for shrink(): what
 //             a survivor does when a peer departs, since within a host NCCL reports no error
 //             for a dead peer (NVIDIA/nccl#279) and the collective would spin until its timeout.
 //             Without ncclCommRevoke it only marks the communicator failed; shrink() then passes
@@ -205,7 +205,7 @@ class nccl_communicator {
 
   /// Stops this communicator's in-flight work without freeing it, so that shrink() can follow:
   /// what a survivor calls when the rendezvous reports a departure while a collective may wait
-  /// for the dead peer. With ncclCommRevoke (2.28) the work stops now; without, shrink() stops
+  /// for the dead peer. With ncclCommRevoke (2.28.7) the work stops now; without, shrink() stops
   /// it (NCCL_SHRINK_ABORT). Every later collective throws errc::aborted at once. A revoke that
   /// NCCL refuses is recorded (last_error()), and shrink() then refuses too. Never throws; may be
   /// called from any thread.

@@ -12,7 +12,7 @@
 //     carries a network error, say), every rank falls back to a fresh init from a unique id rank 0
 //     makes for that round (path "reinit", with the `reason` in the group_rebuilt event).
 // Which calls are used depends on the libnccl the process runs with (detail::recovery_calls():
-// shrink 2.27, revoke 2.28, grow 2.29.2; 2.28.3..2.28.8 re-initialise only).
+// shrink 2.27, revoke 2.28.7, grow 2.29.2; 2.28.3..2.28.8 re-initialise only).
 #pragma once
 
 #include <chrono>

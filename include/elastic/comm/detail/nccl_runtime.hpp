@@ -5,7 +5,7 @@
 //
 // A program built against new headers often runs with an older library (a PyTorch wheel's, say),
 // and a call to a symbol that library lacks would end the process: so ncclCommShrink (2.27),
-// ncclCommRevoke (2.28) and ncclCommGrow/ncclCommGetUniqueId (2.29.2) are found at run time, and
+// ncclCommRevoke (2.28.7) and ncclCommGrow/ncclCommGetUniqueId (2.29.2) are found at run time, and
 // are nullptr where the library predates them. The grow calls are declared here because headers
 // before 2.29 do not declare them; their signatures are those of NCCL 2.29.2 .. 2.30.7.
 #pragma once
@@ -94,14 +94,14 @@ inline nccl_comm_unique_id_t nccl_comm_unique_id_fn() noexcept {
 // The shrink flags as NCCL 2.27+ defines them, for headers that predate them.
 inline constexpr int nccl_shrink_default = 0x00;
 inline constexpr int nccl_shrink_abort = 0x01;
-// ncclCommRevoke's only flag (2.28+).
+// ncclCommRevoke's only flag (2.28.7+).
 inline constexpr int nccl_revoke_default = 0x00;
 
 /// Which recovery calls the group may use with the libnccl this process runs with, and why not
 /// where it may not. Decided once per process.
 struct nccl_recovery_calls {
   int version = 0;       ///< the loaded library's version code
-  bool revoke = false;   ///< ncclCommRevoke (2.28)
+  bool revoke = false;   ///< ncclCommRevoke (2.28.7)
   bool shrink = false;   ///< ncclCommShrink (2.27)
   bool grow = false;     ///< ncclCommGrow + ncclCommGetUniqueId (2.29.2)
   std::string warning;   ///< why a call the library has is not used, for the group's event log
@@ -127,7 +127,7 @@ inline nccl_recovery_calls decide_recovery_calls(int version, bool has_revoke, b
                                                  bool multi_nic, std::string_view forced) {
   nccl_recovery_calls c;
   c.version = version;
-  c.revoke = has_revoke && version >= nccl_version_code(2, 28, 0);
+  c.revoke = has_revoke && version >= nccl_version_code(2, 28, 7);
   c.shrink = has_shrink && version >= nccl_version_code(2, 27, 0);
   c.grow = has_grow && version >= nccl_version_code(2, 29, 2);
   if (forced == "reinit") {
