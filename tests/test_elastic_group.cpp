@@ -45,13 +45,8 @@ using elastic::test::starts_with;
 using elastic::test::temp_dir;
 using elastic::test::unique_name;
 
-struct scratch {
-  temp_dir dir;
-  std::string store_name = unique_name("grp");
-  std::string url = "shm://" + store_name;
-  std::string ckpt = dir.file("ckpt");
-  std::string events = dir.file("events.jsonl");
-  ~scratch() { elastic::rendezvous::shm_store::remove(store_name); }
+struct scratch : elastic::test::group_scratch {
+  scratch() : group_scratch("grp") {}
 };
 
 /// The weights' crc after `steps` steps of an undisturbed run (one worker: exact sums make any

@@ -66,13 +66,8 @@ void require_gpu() {
   if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) elastic::test::skip_test("no CUDA device answers here");
 }
 
-struct scratch {
-  temp_dir dir;
-  std::string store_name = unique_name("ncg");
-  std::string url = "shm://" + store_name;
-  std::string ckpt = dir.file("ckpt");
-  std::string events = dir.file("events.jsonl");
-  ~scratch() { elastic::rendezvous::shm_store::remove(store_name); }
+struct scratch : elastic::test::group_scratch {
+  scratch() : group_scratch("ncg") {}
 };
 
 /// Where the ranks are. `hosts`: each rank its own NCCL_HOSTID, all on GPU 0 (what one real GPU
@@ -160,17 +155,27 @@ void print_rebuilds(fleet& f, const std::vector<std::size_t>& who, std::int64_t 
   }
 }
 
-/// Starts 4 workers of run `run` with `args`; slot `odd` gets `extra` too.
+/// Starts worker `slot` of run `run` with `args` (and its device, NCCL_HOSTID, `more_env`).
+std::size_t start_slot(fleet& f, const std::string& run, topology t, int slot, std::vector<std::string> args,
+                       const env_list& more_env = {}) {
+  auto d = device_args(slot, t);
+  args.insert(args.end(), d.begin(), d.end());
+  auto env = rank_env(run, slot, t);
+  env.insert(env.end(), more_env.begin(), more_env.end());
+  return f.start("w" + std::to_string(slot), args, env);
+}
+
+/// Starts 4 workers of run `run` with `args`; slot `odd` gets `extra` too, and slot `faulty`
+/// the environment `fault`.
 void start_four(fleet& f, const std::string& run, topology t, const std::vector<std::string>& args, int odd = -1,
-                const std::vector<std::string>& extra = {}, const env_list& more_env = {}) {
+                const std::vector<std::string>& extra = {}, const env_list& more_env = {}, int faulty = -1,
+                const env_list& fault = {}) {
   for (int i = 0; i < 4; ++i) {
     auto a = args;
-    auto d = device_args(i, t);
-    a.insert(a.end(), d.begin(), d.end());
     if (i == odd) a.insert(a.end(), extra.begin(), extra.end());
-    auto env = rank_env(run, i, t);
-    env.insert(env.end(), more_env.begin(), more_env.end());
-    f.start("w" + std::to_string(i), a, env);
+    auto env = more_env;
+    if (i == faulty) env.insert(env.end(), fault.begin(), fault.end());
+    start_slot(f, run, t, i, a, env);
   }
 }
 
@@ -278,11 +283,8 @@ TEST_CASE("a killed rank restarted under its id is grown back in: 3 ranks become
   REQUIRE(f.wait_until([&] { return f.all_ended({2}); }, 60s));
   REQUIRE(f.wait_until([&] { return f.find(0, "step=", [](auto& l) { return field(l, "world") == "3"; }).has_value(); },
                        60s));
-  auto a = args;
-  auto d = device_args(2, topology::hosts);
-  a.insert(a.end(), d.begin(), d.end());
   const std::int64_t t_restart = elastic::internal::monotonic_ns();
-  const auto back = f.start("w2", a, rank_env("grow", 2, topology::hosts));
+  const auto back = start_slot(f, "grow", topology::hosts, 2, args);
   const bool ended = f.wait_until([&] { return f.all_ended({0, 1, 3, back}); }, 150s);
   INFO(transcripts(f));
   REQUIRE(ended);
@@ -304,16 +306,9 @@ TEST_CASE("when one rank's shrink fails, every rank falls back to a fresh init a
   const std::string want = reference_crc(steps);
   scratch s;
   fleet f(worker(), s.url, "fallback", fast, s.events);
-  const std::vector<std::string> args{"--dir", s.ckpt, "--steps", std::to_string(steps), "--min", "2", "--max", "4"};
-  for (int i = 0; i < 4; ++i) {
-    auto a = args;
-    auto d = device_args(i, topology::one_host);
-    a.insert(a.end(), d.begin(), d.end());
-    if (i == 2) a.insert(a.end(), {"--kill-self-at", "15"});
-    auto env = rank_env("fallback", i, topology::one_host);
-    if (i == 3) env.emplace_back("ELASTIC_NCCL_MODEL_FAIL_SHRINK", "1");
-    f.start("w" + std::to_string(i), a, env);
-  }
+  start_four(f, "fallback", topology::one_host,
+             {"--dir", s.ckpt, "--steps", std::to_string(steps), "--min", "2", "--max", "4"}, 2,
+             {"--kill-self-at", "15"}, {}, 3, {{"ELASTIC_NCCL_MODEL_FAIL_SHRINK", "1"}});
   const bool ended = f.wait_until([&] { return f.all_ended({0, 1, 2, 3}); }, 150s);
   INFO(transcripts(f));
   REQUIRE(ended);
@@ -341,16 +336,9 @@ TEST_CASE("a revoke NCCL refuses is noticed: that rank votes against the in-plac
   const std::string want = reference_crc(steps);
   scratch s;
   fleet f(worker(), s.url, "norevoke", fast, s.events);
-  const std::vector<std::string> args{"--dir", s.ckpt, "--steps", std::to_string(steps), "--min", "2", "--max", "4"};
-  for (int i = 0; i < 4; ++i) {
-    auto a = args;
-    auto d = device_args(i, topology::one_host);
-    a.insert(a.end(), d.begin(), d.end());
-    if (i == 2) a.insert(a.end(), {"--kill-self-at", "15"});
-    auto env = rank_env("norevoke", i, topology::one_host);
-    if (i == 1) env.emplace_back("ELASTIC_NCCL_MODEL_FAIL_REVOKE", "1");
-    f.start("w" + std::to_string(i), a, env);
-  }
+  start_four(f, "norevoke", topology::one_host,
+             {"--dir", s.ckpt, "--steps", std::to_string(steps), "--min", "2", "--max", "4"}, 2,
+             {"--kill-self-at", "15"}, {}, 1, {{"ELASTIC_NCCL_MODEL_FAIL_REVOKE", "1"}});
   const bool ended = f.wait_until([&] { return f.all_ended({0, 1, 2, 3}); }, 150s);
   INFO(transcripts(f));
   REQUIRE(ended);
@@ -379,12 +367,7 @@ TEST_CASE("with NCCL 2.27 (no revoke, no grow) departures shrink with NCCL_SHRIN
   REQUIRE(f.wait_until([&] { return f.all_ended({2}); }, 60s));
   REQUIRE(f.wait_until([&] { return f.find(0, "step=", [](auto& l) { return field(l, "world") == "3"; }).has_value(); },
                        60s));
-  auto a = args;
-  auto d = device_args(2, topology::one_host);
-  a.insert(a.end(), d.begin(), d.end());
-  auto env = rank_env("v227", 2, topology::one_host);
-  env.insert(env.end(), old_nccl.begin(), old_nccl.end());
-  const auto back = f.start("w2", a, env);
+  const auto back = start_slot(f, "v227", topology::one_host, 2, args, old_nccl);
   const bool ended = f.wait_until([&] { return f.all_ended({0, 1, 3, back}); }, 150s);
   INFO(transcripts(f));
   REQUIRE(ended);

@@ -14,6 +14,8 @@
 #include <utility>
 #include <vector>
 
+#include <elastic/rendezvous/shm_store.hpp>
+
 #include "support/process.hpp"
 
 namespace elastic::test {
@@ -121,6 +123,20 @@ class fleet {
   std::vector<std::string> common_;
   std::string events_;
   std::vector<worker> workers_;
+};
+
+/// What a group test's workers share: a scratch directory, an shm store (removed afterwards), the
+/// checkpoint directory and the events file.
+struct group_scratch {
+  temp_dir dir;
+  std::string store_name;
+  std::string url = "shm://" + store_name;
+  std::string ckpt = dir.file("ckpt");
+  std::string events = dir.file("events.jsonl");
+  explicit group_scratch(const std::string& tag) : store_name(unique_name(tag)) {}
+  group_scratch(const group_scratch&) = delete;
+  group_scratch& operator=(const group_scratch&) = delete;
+  ~group_scratch() { elastic::rendezvous::shm_store::remove(store_name); }
 };
 
 inline int exit_code_of(const std::optional<int>& st) { return st && WIFEXITED(*st) ? WEXITSTATUS(*st) : -1; }
