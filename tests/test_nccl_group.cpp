@@ -146,11 +146,13 @@ void print_rebuilds(fleet& f, const std::vector<std::size_t>& who, std::int64_t 
   for (auto i : who) {
     for (const auto& l : f[i].lines) {
       if (!elastic::test::starts_with(l, "rebuilt ")) continue;
+      const auto reason = l.find(" reason=");
       std::printf("%s: %s round %s world %s path %s: noticed %+.1f ms, rendezvous %+.1f ms, connected %+.1f ms, "
-                  "resynced %+.1f ms\n",
+                  "resynced %+.1f ms (cause %s)%s\n",
                   what, f[i].id.c_str(), field(l, "round").c_str(), field(l, "world").c_str(), field(l, "path").c_str(),
                   (num(l, "noticed") - t0) / 1e6, (num(l, "met") - t0) / 1e6, (num(l, "connected") - t0) / 1e6,
-                  (num(l, "resynced") - t0) / 1e6);
+                  (num(l, "resynced") - t0) / 1e6, l.substr(l.find(" cause=") + 7, reason == std::string::npos ? std::string::npos : reason - l.find(" cause=") - 7).c_str(),
+                  reason == std::string::npos ? "" : l.substr(reason).c_str());
     }
   }
 }

@@ -159,7 +159,7 @@ void report_group(const Group& group, bool& announced, std::size_t& seen) {
   say("rebuilt round=" + std::to_string(r.round) + " world=" + std::to_string(r.world_size) +
       " rank=" + std::to_string(group.rank()) + " path=" + r.path + " noticed=" + std::to_string(r.noticed_ns) +
       " met=" + std::to_string(r.rendezvous_done_ns) + " connected=" + std::to_string(r.connected_ns) +
-      " resynced=" + std::to_string(r.resynced_ns) + " cause=" + r.cause);
+      " resynced=" + std::to_string(r.resynced_ns) + " cause=" + r.cause + (r.reason.empty() ? "" : " reason=" + r.reason));
 }
 
 /// The faults a test asks of step `step`: a SIGSTOP now (a hang inside the step's timer scope, as

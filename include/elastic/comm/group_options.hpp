@@ -34,6 +34,7 @@ struct recovery_timings {
   std::int64_t connected_ns = 0;     ///< the new communicator is up
   std::int64_t resynced_ns = 0;      ///< the state is rank 0's (0 when no resync ran)
   std::string path;                  ///< how the communicator was made: "reinit", "shrink", "grow", "shrink+grow"
+  std::string reason;                ///< why a rebuilder that can work in place did not (empty otherwise)
 };
 
 }  // namespace elastic::inline v1::comm

@@ -333,6 +333,9 @@ class nccl_communicator {
     auto slot = std::make_unique<detail::handle_slot>();
     ncclResult_t r = ncclSuccess;
     {
+      // A boundary rank's ncclCommGrow waits inside NCCL for the id rank 0's ncclCommGetUniqueId
+      // sends: bounded by the watchdog, should rank 0 never send it.
+      auto scope = elastic::expires(timeout + options_.watchdog_margin, "nccl grow");
       std::lock_guard lk(comm_mu_);
       if (comm_ == nullptr) check_usable("grow");
       r = detail::nccl_call([&] {

@@ -7,7 +7,8 @@
 //                 has survivors (the rendezvous orders them first), so it can judge: in place when
 //                 it holds the previous communicator and the loaded libnccl has the calls needed.
 //   K init        the NCCL unique id of a fresh init chosen at once (written before `path`).
-//   K grow        the grow id (ncclCommGetUniqueId) rank 0 made after its shrink, for newcomers.
+//   K grow        the grow id (ncclCommGetUniqueId) rank 0 made after its shrink, for newcomers;
+//                 the other survivors wait for it before they call ncclCommGrow.
 //   K vote/<rank> "ok", or "fail <why>": each rank's outcome of the in-place path. A rank that
 //                 fails votes at once; every rank waiting inside NCCL for it sees the vote within
 //                 a few ms, gives its half-made communicator up and votes fail too.
@@ -182,12 +183,17 @@ class nccl_round {
       c = std::move(child);
     }
     if (plan.grow(world_)) {
+      // Rank 0 makes the id (ncclCommGetUniqueId also hands it to the parent's boundary ranks,
+      // whose ncclCommGrow blocks until it has come); the others wait for it in the store first,
+      // so no rank ever blocks inside NCCL on a rank 0 that failed before sending it.
       std::string id;
       if (rank_ == 0) {
         id = c->grow_unique_id();
         ch_.store.set(key("grow"), id);
+      } else {
+        (void)wait_for(key("grow"), "the grow id of rank 0", check);
       }
-      std::unique_ptr<nccl_communicator> child = c->grow(world_, id, s_.timeout, check);
+      std::unique_ptr<nccl_communicator> child = c->grow(world_, rank_ == 0 ? id : std::string(), s_.timeout, check);
       c.reset();
       c = std::move(child);
     }
