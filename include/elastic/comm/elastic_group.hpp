@@ -248,7 +248,9 @@ class elastic_group final : public group_hook {
   void fail(std::string_view what, const error& e) {
     failed_ = true;
     failure_ = fmt::format("{} failed: {}", what,
-                           e.code() == errc::timeout ? "a peer did not answer in time" : "a peer's connection broke");
+                           e.code() == errc::timeout   ? "a peer did not answer in time"
+                           : e.code() == errc::aborted ? "a member left (the communicator was revoked)"
+                                                       : "a peer's connection broke");
     noticed_ns_ = internal::monotonic_ns();
     events_.emit("group_failure", {{"round", round()},
                                    {"collective", what},
