@@ -27,23 +27,17 @@
 //   (NCCL: revoke -> shrink after departures, grow after newcomers, a fresh init otherwise; the
 //   group_rebuilt event says which `path`). Every rank then agrees on rank 0's step and state (a
 //   broadcast). The loop runs the failed step again on the new group.
-// - Newcomers alone do not break anything: with a rebuilder, the members agree through the store
-//   on the safe point at which they take them in (a few steps ahead), so that none is left in a
-//   collective waiting for one that went to rebuild, and the communicator can grow.
+// - Newcomers alone wait for a safe point the members agree on (detail/admission.hpp).
 // - A preemption notice while the group re-forms (joining a round, waiting for it to close or
 //   for the bootstrap, connecting the communicator) ends the wait with errc::interrupted
 //   within 100 ms: training_loop then exits 75 with the newest committed checkpoint standing.
-// Rank 0's state travels by the communicator: host entries packed into one broadcast, device
-// entries (with a device communicator such as nccl) broadcast in place from device memory.
-// A collective is wrapped in a timer scope, so a process stuck inside one past twice its timeout
-// is killed by the watchdog (when one serves the process) rather than hanging the job.
+// Rank 0's state travels by the communicator (detail/state_resync.hpp). A collective is wrapped
+// in a timer scope: a process stuck inside one past twice its timeout is killed by the watchdog.
 #pragma once
 
-#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <cstring>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -62,11 +56,11 @@
 #include <elastic/checkpoint/preemption.hpp>
 #include <elastic/checkpoint/state.hpp>
 #include <elastic/comm/communicator.hpp>
+#include <elastic/comm/detail/admission.hpp>
 #include <elastic/comm/detail/state_resync.hpp>
 #include <elastic/comm/group_options.hpp>
 #include <elastic/comm/rebuild.hpp>
 #include <elastic/internal/clock.hpp>
-#include <elastic/internal/env.hpp>
 #include <elastic/internal/periodic_thread.hpp>
 #include <elastic/error.hpp>
 #include <elastic/events.hpp>
@@ -84,7 +78,7 @@ class elastic_group final : public group_hook {
   /// `make`; the previous one is destroyed first.
   elastic_group(rendezvous::store& store, group_options opts, communicator_factory<Comm> make,
                 rendezvous::bootstrap_fn bootstrap = {})
-      : elastic_group(store, std::move(opts), std::move(bootstrap), from_factory(std::move(make)), false) {}
+      : elastic_group(store, std::move(opts), std::move(bootstrap), detail::as_rebuild_fn(std::move(make)), false) {}
 
   /// As above, but each round's communicator comes from `rebuilder.rebuild()`, which is handed
   /// the previous one (comm/rebuild.hpp): nccl_factory shrinks and grows it in place.
@@ -154,18 +148,13 @@ class elastic_group final : public group_hook {
       rebuild("join");
       return true;
     }
-    note_boundary();
+    admission_.passed();
     std::string cause;
     if (failed_) {
       cause = failure_;
     } else if (change_pending_.load(std::memory_order_acquire)) {
-      if (newcomers_only_.load(std::memory_order_acquire)) {
-        // Newcomers are taken in at the safe point the members agreed on, so that no member is
-        // left waiting in a collective for one that went to rebuild (which would break the
-        // communicator a grow needs).
-        const std::uint64_t at = admit_at_.load(std::memory_order_acquire);
-        if (at == 0 || boundary_.load(std::memory_order_relaxed) < at) return false;
-      }
+      // Newcomers alone are taken in at the safe point the members agreed on (detail/admission.hpp).
+      if (newcomers_only_.load(std::memory_order_acquire) && !admission_.due()) return false;
       std::lock_guard lk(rdzv_mu_);
       cause = change_cause_;
     } else {
@@ -204,13 +193,6 @@ class elastic_group final : public group_hook {
       throw error(errc::invalid_argument,
                   fmt::format("elastic_group: poll_interval {} ms must be positive", opts_.poll_interval.count()));
     }
-  }
-
-  static rebuild_fn from_factory(communicator_factory<Comm> make) {
-    if (!make) return {};
-    return [make = std::move(make)](round_change<Comm>& c) {
-      return rebuilt<Comm>{make(c.store, c.next), "reinit", {}};
-    };
   }
 
   /// Whether this group keeps and revokes its communicator on a failure (a rebuilder that can
@@ -357,8 +339,7 @@ class elastic_group final : public group_hook {
       failed_ = false;
       change_pending_.store(false, std::memory_order_release);
       newcomers_only_.store(false, std::memory_order_release);
-      admit_at_.store(0, std::memory_order_release);
-      boundary_.store(0, std::memory_order_relaxed);
+      admission_.reset();
       last_ = {info.round, info.world_size, cause, noticed, met, internal::monotonic_ns(), 0, path, reason};
       if (!first) ++rebuilds_;
       events_.emit(first ? "group_formed" : "group_rebuilt",
@@ -396,40 +377,6 @@ class elastic_group final : public group_hook {
     return agreed->step;
   }
 
-  /// A safe point passed: counted per round (every member of a round passes the same ones, in
-  /// step), and timed, so that newcomers can be admitted at an agreed one.
-  void note_boundary() {
-    boundary_.fetch_add(1, std::memory_order_relaxed);
-    const auto now = clock::now();
-    if (last_boundary_ != clock::time_point{}) {
-      const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(now - last_boundary_).count();
-      const auto old = boundary_ns_.load(std::memory_order_relaxed);
-      boundary_ns_.store(old == 0 ? ns : (7 * old + ns) / 8, std::memory_order_relaxed);
-    }
-    last_boundary_ = now;
-  }
-
-  /// The safe point of this round at which newcomers are taken in: the first member to see them
-  /// proposes one far enough ahead for every member's watcher to learn it first (three polls'
-  /// worth of steps, and two more), and the store keeps the first proposal. Watcher thread.
-  void agree_admission() {
-    const auto step_ns = std::max<std::int64_t>(boundary_ns_.load(std::memory_order_relaxed), 100'000);
-    const auto poll_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(opts_.poll_interval).count();
-    const std::uint64_t ahead = std::min<std::uint64_t>(2 + static_cast<std::uint64_t>((3 * poll_ns + step_ns - 1) / step_ns), 10000);
-    const std::uint64_t proposal = boundary_.load(std::memory_order_relaxed) + ahead;
-    std::uint64_t at = proposal;
-    try {
-      std::optional<std::string> actual;
-      if (!store_.compare_set(round_keys(round()) + "admit", std::nullopt, std::to_string(proposal), 0, &actual) &&
-          actual) {
-        at = static_cast<std::uint64_t>(internal::parse_integer(*actual).value_or(0));
-      }
-    } catch (const error&) {
-      at = 1;  // no agreement to be had: at the next safe point, as without one
-    }
-    admit_at_.store(std::max<std::uint64_t>(at, 1), std::memory_order_release);
-  }
-
   /// The watcher's tick: marks a change for the next safe point; a store that does not answer
   /// is reported once and retried (training goes on meanwhile). `store_down` is the watcher's own.
   bool watch(bool& store_down) {
@@ -447,7 +394,7 @@ class elastic_group final : public group_hook {
       if (only_newcomers && keeps_) {
         if (newcomers_only_.load(std::memory_order_acquire)) return true;  // an admission is agreed already
         change_cause_ = fmt::format("newcomer {}", fmt::join(ch.joining, ","));
-        agree_admission();
+        admission_.agree(store_, round_keys(round()) + "admit", opts_.poll_interval);
         newcomers_only_.store(true, std::memory_order_release);
         change_pending_.store(true, std::memory_order_release);
         return true;
@@ -487,11 +434,8 @@ class elastic_group final : public group_hook {
   std::string failure_;
   std::int64_t noticed_ns_ = 0;
   std::atomic<bool> change_pending_{false};
-  std::atomic<bool> newcomers_only_{false};    // the pending change is newcomers alone (a rebuilder's group)
-  std::atomic<std::uint64_t> admit_at_{0};     // the safe point of this round that takes them in (0: none yet)
-  std::atomic<std::uint64_t> boundary_{0};     // safe points passed in this round
-  std::atomic<std::int64_t> boundary_ns_{0};   // the time between them (moving average)
-  clock::time_point last_boundary_{};          // training thread only
+  std::atomic<bool> newcomers_only_{false};  // the pending change is newcomers alone (a rebuilder's group)
+  detail::admission admission_;              // when they are taken in
   std::string change_cause_;  // guarded by rdzv_mu_
   std::size_t rebuilds_ = 0;
   recovery_timings last_;

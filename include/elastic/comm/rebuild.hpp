@@ -60,4 +60,15 @@ concept communicator_rebuilder = requires(const R& r, round_change<Comm>& change
   { r.rebuild(change) } -> std::same_as<rebuilt<Comm>>;
 };
 
+namespace detail {
+
+/// A plain factory as a rebuild: a new communicator every round, the previous one unused.
+template <class Comm>
+std::function<rebuilt<Comm>(round_change<Comm>&)> as_rebuild_fn(communicator_factory<Comm> make) {
+  if (!make) return {};
+  return [make = std::move(make)](round_change<Comm>& c) { return rebuilt<Comm>{make(c.store, c.next), "reinit", {}}; };
+}
+
+}  // namespace detail
+
 }  // namespace elastic::inline v1::comm
