@@ -390,11 +390,15 @@ class elastic_group final : public group_hook {
         events_.emit("group_store_back", {{"round", round()}});
       }
       if (!ch.any()) return true;
-      const bool only_newcomers = ch.departed.empty() && !ch.round_advanced && !ch.self_lost;
-      if (only_newcomers && keeps_) {
-        if (newcomers_only_.load(std::memory_order_acquire)) return true;  // an admission is agreed already
-        change_cause_ = fmt::format("newcomer {}", fmt::join(ch.joining, ","));
-        admission_.agree(store_, round_keys(round()) + "admit", opts_.poll_interval);
+      // Newcomers alone, or the round advanced at an agreed admission this member has yet to
+      // reach: wait for the agreed safe point (detail/admission.hpp) and revoke nothing.
+      const std::string admit_key = round_keys(round()) + "admit";
+      if (keeps_ && ch.departed.empty() && !ch.self_lost &&
+          (!ch.round_advanced || admission_.adopt(store_, admit_key))) {
+        if (newcomers_only_.load(std::memory_order_acquire)) return true;
+        change_cause_ = ch.joining.empty() ? std::string("newcomers")
+                                           : fmt::format("newcomer {}", fmt::join(ch.joining, ","));
+        if (!ch.round_advanced) admission_.agree(store_, admit_key, opts_.poll_interval);
         newcomers_only_.store(true, std::memory_order_release);
         change_pending_.store(true, std::memory_order_release);
         return true;

@@ -540,13 +540,15 @@ class nccl_communicator {
     if (comm_ == nullptr || revoked_.load(std::memory_order_acquire) || !can_revoke()) return;
     revoked_.store(true, std::memory_order_release);
     const ncclResult_t r = detail::nccl_call([&] { return detail::nccl_revoke_fn()(comm_, detail::nccl_revoke_default); });
-    if (r != ncclSuccess && r != ncclInProgress) {
-      revoke_failed_.store(true, std::memory_order_release);
-      try {
-        record(detail::nccl_failure(r, where("ncclCommRevoke"), comm_));
-      } catch (...) {
-        failed_.store(true, std::memory_order_release);
-      }
+    if (r == ncclSuccess || r == ncclInProgress) return;
+    // ncclCommRevoke ends by reporting the communicator's asynchronous state, so a network error
+    // the communicator already carried (sticky) comes back here though the revoke took place.
+    // Anything else means it did not.
+    if (r != ncclRemoteError && r != ncclSystemError) revoke_failed_.store(true, std::memory_order_release);
+    try {
+      record(detail::nccl_failure(r, where("ncclCommRevoke"), comm_));
+    } catch (...) {
+      failed_.store(true, std::memory_order_release);
     }
   }
 

@@ -107,7 +107,7 @@ void await_ready(ncclComm_t watched, std::chrono::steady_clock::time_point deadl
 /// non-blocking init, given `patience` to reach the root and then aborted. Call it only in the
 /// process that made `id` and whose rank 0 had connected. Never throws.
 inline void release_bootstrap_root(std::string_view id, int size, int device,
-                                   std::chrono::milliseconds patience = std::chrono::milliseconds(500)) noexcept {
+                                   std::chrono::milliseconds patience = std::chrono::milliseconds(100)) noexcept {
   if (id.size() != NCCL_UNIQUE_ID_BYTES || size < 2) return;  // one rank: the root is done already
   try {
     internal::cuda::device_scope on(device);
