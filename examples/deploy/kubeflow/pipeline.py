@@ -8,30 +8,58 @@
 The file imports without kfp (the kfp imports are inside the functions), so that tools and
 tests can load it; building or compiling the pipeline needs kfp. What it sets up:
 
-- the step from component.yaml (elastic-run around /opt/trainer), retried up to 5 times
-  (set_retry(5)) with a back-off: each retry resumes from the newest checkpoint, so a retry
-  costs at most the steps since the last checkpoint;
-- the step scheduled on a spot/preemptible GPU node pool (node selector + toleration);
+- the step from component.yaml (elastic-run around /opt/trainer), retried up to 5 times with a
+  back-off, under Argo's retry policy "Always" (see below): each retry resumes from the newest
+  checkpoint, so a retry costs at most the steps since the last checkpoint;
+- the step scheduled on a spot/preemptible GPU node pool (node selector + toleration), with
+  elastic-run's --grace 10 inside the 15 s GKE gives a Spot node's pods (../README.md);
 - a ReadWriteMany PVC at /shared for checkpoints and logs (kubernetes/job.yaml creates one named
   elastic-shared), so a retried pod finds the checkpoints and the logs of the preempted one;
 - run_id = the pipeline run's id, identical for every retry of the step and unique per run
-  (the run's name is a display name two runs may share). checkpoint_dir is a pipeline
-  parameter: a new run given the same directory continues the training there.
+  (the run's name is a display name two runs may share), so runs share one etcd. checkpoint_dir
+  is a pipeline parameter: a new run given the same directory continues the training there.
 
-KFP counts every failed attempt against set_retry, preemptions (exit 75) included: it has no
-per-exit-code rule like a Kubernetes Job's podFailurePolicy. Size the retry budget for the
-preemptions you expect; elastic-run itself absorbs worker crashes (--max-restarts) without
-failing the pod.
+Retries and preemption. KFP retries a step through Argo's retryStrategy, whose default
+retryPolicy, OnFailure, retries only attempts whose main container exited non-zero ("Failed"):
+an elastic-run that got the notice and exited 75 is retried, but a pod that was deleted or lost
+with its node before it could exit ("Error": spot reclaim without graceful shutdown, eviction)
+is not (kubeflow/pipelines#4333, #13386). retryPolicy "Always" retries both.
+- KFP 1.8 (v1 SDK): ContainerOp.set_retry(num_retries, policy="Always") (kubeflow/pipelines#4858)
+  compiles to that; build_pipeline_v1 uses it.
+- KFP 2.x: PipelineTask.set_retry has no policy (it is proposed in kubeflow/pipelines#13386), and
+  the backend applies set_retry on Argo only from the fix for #9950 (kubeflow/pipelines#11673,
+  2025), with Argo's default OnFailure. build_pipeline passes policy="Always" when the installed
+  SDK takes it and otherwise warns: set the policy cluster-wide in Argo's
+  workflow-controller-configmap (workflowDefaults; kubeflow/pipelines#13485 adds retry defaults
+  to KFP's manifests), or preempted pods that were deleted fail the run.
+Every retry counts, preemptions included (KFP has no per-exit-code rule like a Kubernetes Job's
+podFailurePolicy): size the budget for the preemptions you expect; elastic-run itself absorbs
+worker crashes (--max-restarts) without failing the pod.
 """
 
+import inspect
 import os
 import sys
+import warnings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 COMPONENT = os.path.join(HERE, "component.yaml")
 GPUS_PER_HOST = 8
 SPOT_LABEL = ("cloud.google.com/gke-spot", "true")   # GKE; e.g. eks.amazonaws.com/capacityType=SPOT on EKS
 SHARED_PVC = "elastic-shared"
+RETRIES = 5
+RETRY_POLICY = "Always"   # Argo retryPolicy: retry "Failed" (exit 75, crashes) and "Error" (pod lost)
+GRACE_SECONDS = 10        # elastic-run --grace: within GKE Spot's 15 s for a node's pods
+
+
+def set_retry_always(task, **backoff):
+    """task.set_retry(RETRIES) with retryPolicy Always where this KFP 2.x SDK can say it."""
+    if "policy" in inspect.signature(task.set_retry).parameters:
+        return task.set_retry(RETRIES, policy=RETRY_POLICY, **backoff)
+    warnings.warn("this kfp SDK's set_retry takes no policy: Argo's default (OnFailure) will not retry a step "
+                  "whose pod was deleted by a preemption; set retryPolicy Always in Argo's "
+                  "workflow-controller-configmap (workflowDefaults)", stacklevel=2)
+    return task.set_retry(RETRIES, **backoff)
 
 
 def build_pipeline():
@@ -51,9 +79,10 @@ def build_pipeline():
             rdzv="etcd://elastic-etcd:2379",
             checkpoint_dir=checkpoint_dir,
             log_dir="/shared/logs",
+            grace_seconds=GRACE_SECONDS,
             steps=steps,
         )
-        train.set_retry(5, backoff_duration="30s", backoff_factor=2)  # preemptions count too
+        set_retry_always(train, backoff_duration="30s", backoff_factor=2)  # preemptions count too
         train.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(GPUS_PER_HOST)
         # Preemptible pool: select it and tolerate its taint.
         kubernetes.add_node_selector(train, label_key=SPOT_LABEL[0], label_value=SPOT_LABEL[1])
@@ -79,8 +108,8 @@ def build_pipeline_v1():
     @dsl.pipeline(name="elastic-train")
     def elastic_pipeline(steps: int = 100000, checkpoint_dir: str = "/shared/ckpt"):
         train = elastic_train(run_id="{{workflow.uid}}", nnodes="1", nproc_per_node=GPUS_PER_HOST,
-                              checkpoint_dir=checkpoint_dir, steps=steps)
-        train.set_retry(5)
+                              grace_seconds=GRACE_SECONDS, checkpoint_dir=checkpoint_dir, steps=steps)
+        train.set_retry(RETRIES, policy=RETRY_POLICY)
         train.set_gpu_limit(GPUS_PER_HOST)
         # Node selector cloud.google.com/gke-preemptible=true and its toleration.
         train.apply(gcp.use_preemptible_nodepool())
