@@ -5,17 +5,25 @@
 
 Checked here, without a cluster:
 - every YAML file parses (python3-yaml);
+- every document of kubernetes/*.yaml validates against the Kubernetes API schema of v1.33.1
+  (tests/data/kubernetes, strict: no unknown fields), and kubeflow/component.yaml against the
+  KFP v1 component schema (tests/data/kubeflow), with python3-jsonschema;
 - kubernetes/job.yaml: an Indexed batch/v1 Job, parallelism = completions = the --nnodes upper
-  bound, restartPolicy Never, a podFailurePolicy that ignores exit 75 of the trainer container
-  and DisruptionTarget conditions, a small backoffLimit, spot nodeSelector and tolerations, a
-  termination grace above elastic-run's --grace, a shared PVC for checkpoints and logs, and an
+  bound, a successPolicy that ends the Job when any one index has succeeded (training ended),
+  restartPolicy Never, a podFailurePolicy that ignores exit 75 of the trainer container and
+  DisruptionTarget conditions, a small backoffLimit, spot nodeSelector and tolerations, a
+  termination grace within the spot pool's notice (GKE: 15 s) and 5 s above elastic-run's
+  --grace, a run id per Job incarnation (<job name>-<job uid> from the downward API, at most 64
+  characters), checkpoints per Job name, a shared PVC for checkpoints and logs, and an
   elastic-run command line that parses into the expected flags;
 - kubernetes/etcd.yaml: a Service and a one-replica StatefulSet serving etcd on 2379 with the
   client URLs elastic-run's --rdzv points at;
-- kubeflow/component.yaml: the v1 component format, the elastic-run command with its inputs;
-  its sh wrapper, run here with a stand-in elastic-run, forwards SIGTERM, keeps exit 75 and
-  writes the newest checkpoint to the output; kubeflow/pipeline.py imports without kfp and
-  asks for set_retry(5), a spot node selector and toleration;
+- kubeflow/component.yaml: the elastic-run command with its inputs, a --grace within the
+  notice; its sh wrapper, run here with a stand-in elastic-run, forwards SIGTERM, keeps exit 75
+  and writes the newest checkpoint to the output; kubeflow/pipeline.py imports without kfp and
+  is run against stand-ins of the KFP 1.8 and 2.x SDKs: retries 5 times with Argo's retryPolicy
+  "Always" where the SDK can say so (and warns where it cannot), a spot node selector and
+  toleration, the pipeline run's id as run id, a PVC;
 - slurm/train.sbatch: bash -n (and shellcheck when installed), --requeue, a B:TERM signal; run
   with stand-ins for srun, scontrol and elastic-run (and the real etcd when installed): exit 75
   requeues, SIGTERM to the batch shell reaches elastic-run, failures are not requeued;
@@ -28,6 +36,7 @@ Exits 0 when everything holds, 1 with one line per failed check.
 import ast
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -88,6 +97,73 @@ def by_kind(docs, kind):
 
 
 # ---------------------------------------------------------------------------------------------
+HERE = os.path.dirname(os.path.abspath(__file__))
+K8S_SCHEMA = os.path.join(HERE, "data", "kubernetes", "v1.33.1-strict.json")
+KFP_SCHEMA = os.path.join(HERE, "data", "kubeflow", "components.json_schema.json")
+# How long a spot pool's pods get between the preemption notice and SIGKILL, by the node label
+# the Job selects (examples/deploy/README.md has the sources). GKE: graceful node shutdown gives
+# non-system pods 15 s of the 30 s notice.
+SPOT_NOTICE_S = {"cloud.google.com/gke-spot": 15, "cloud.google.com/gke-preemptible": 15}
+GRACE_MARGIN_S = 5      # what elastic-run needs after --grace: SIGKILL stragglers, exit 75
+RUN_ID_MAX = 64         # tools/agent/run_id.hpp
+UID_LEN = 36            # a Kubernetes uid: 8-4-4-4-12 hex digits
+
+
+def jsonschema_module():
+    try:
+        import jsonschema
+        return jsonschema
+    except ImportError:
+        check(False, "the schema checks need python3-jsonschema (Debian: apt-get install python3-jsonschema; "
+                     "scripts/lib.sh installs it with the test packages)")
+        return None
+
+
+def schema_errors(validator, doc):
+    return [f"{'/'.join(str(p) for p in e.absolute_path) or '(top)'}: {e.message[:300]}"
+            for e in sorted(validator.iter_errors(doc), key=lambda e: list(map(str, e.absolute_path)))]
+
+
+def check_schemas(root):
+    """Every Kubernetes document against the API schema, the component against KFP's schema."""
+    jsonschema = jsonschema_module()
+    if jsonschema is None:
+        return
+    k8s = json.load(open(K8S_SCHEMA))
+    n = 0
+    for f in sorted(os.listdir(os.path.join(root, "kubernetes"))):
+        if not f.endswith((".yaml", ".yml")):
+            continue
+        path = os.path.join(root, "kubernetes", f)
+        for i, doc in enumerate(load_all(path)):
+            kind = f"{doc.get('apiVersion')}/{doc.get('kind')}"
+            where = f"{path} document {i + 1} ({kind})"
+            if not check(kind in k8s["kinds"], f"{where}: no schema for this kind in {K8S_SCHEMA} "
+                                               f"(has {sorted(k8s['kinds'])}; regenerate it with make_schema.py)"):
+                continue
+            schema = dict(k8s["kinds"][kind], definitions=k8s["definitions"])
+            errors = schema_errors(jsonschema.Draft7Validator(schema), doc)
+            check(not errors, f"{where}: not valid for Kubernetes v1.33.1:\n  " + "\n  ".join(errors))
+            n += 1
+    check(n >= 5, f"{root}/kubernetes: only {n} documents validated")
+    kfp = json.load(open(KFP_SCHEMA))
+    path = os.path.join(root, "kubeflow", "component.yaml")
+    schema = {"$ref": "#/definitions/ComponentSpec", "definitions": kfp["definitions"]}
+    errors = schema_errors(jsonschema.Draft6Validator(schema), yaml.safe_load(open(path)))
+    check(not errors, f"{path}: not a valid KFP component:\n  " + "\n  ".join(errors))
+
+
+def env_vars(text):
+    return re.findall(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", text)
+
+
+def label_ref(env_entry):
+    """The label an env entry takes from the downward API, or None."""
+    path = env_entry.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath", "")
+    m = re.fullmatch(r"metadata\.labels\['([^']+)'\]", path)
+    return m.group(1) if m else None
+
+
 def check_job(root):
     path = os.path.join(root, "kubernetes", "job.yaml")
     docs = load_all(path)
@@ -101,6 +177,14 @@ def check_job(root):
     check(spec.get("parallelism") == spec.get("completions"), f"{path}: parallelism != completions")
     check(isinstance(spec.get("backoffLimit"), int) and spec["backoffLimit"] <= 6,
           f"{path}: backoffLimit {spec.get('backoffLimit')} is not small")
+    # The Job must end when training ends, although not every index may ever have run (spot
+    # capacity short: 2 of 4 hosts): a success rule met by any one succeeded index.
+    completions = spec.get("completions", 1)
+    every_index = {None, f"0-{completions - 1}" if completions > 1 else "0"}
+    rules = spec.get("successPolicy", {}).get("rules", [])
+    check(any(r.get("succeededCount") == 1 and r.get("succeededIndexes") in every_index for r in rules),
+          f"{path}: no successPolicy rule 'succeededCount: 1' over all indexes: the Job would wait for all "
+          f"{completions} indexes to succeed and stay active after training ended")
     pod = spec["template"]["spec"]
     check(pod.get("restartPolicy") == "Never", f"{path}: restartPolicy is not Never (podFailurePolicy requires it)")
     containers = {c["name"]: c for c in pod.get("containers", [])}
@@ -114,14 +198,18 @@ def check_job(root):
         check(exit75[0]["onExitCodes"].get("containerName") in containers,
               f"{path}: the exit-75 rule names container {exit75[0]['onExitCodes'].get('containerName')!r}, not one of the pod's")
     disrupted = [r for r in rules if r.get("action") == "Ignore"
-                 and any(c.get("type") == "DisruptionTarget" for c in r.get("onPodConditions", []))]
-    check(len(disrupted) == 1, f"{path}: no podFailurePolicy rule ignoring DisruptionTarget")
-    # An Ignore rule after a FailJob/Count rule for the same exit code would never be reached.
+                 and any(c.get("type") == "DisruptionTarget" and c.get("status", "True") == "True"
+                         for c in r.get("onPodConditions", []))]
+    check(len(disrupted) == 1, f"{path}: no podFailurePolicy rule ignoring DisruptionTarget=True")
+    # An Ignore rule after another rule that catches the same failure first would never be reached.
     for r in rules[:rules.index(exit75[0])] if exit75 else []:
         codes = r.get("onExitCodes", {})
         check(not (codes.get("operator") == "In" and 75 in codes.get("values", [])) and
               not (codes.get("operator") == "NotIn" and 75 not in codes.get("values", [])),
               f"{path}: an earlier podFailurePolicy rule catches exit 75 first")
+    for r in rules[:rules.index(disrupted[0])] if disrupted else []:
+        check(not any(c.get("type") == "DisruptionTarget" for c in r.get("onPodConditions", [])),
+              f"{path}: an earlier podFailurePolicy rule catches DisruptionTarget first")
 
     tolerations = pod.get("tolerations", [])
     keys = {t.get("key") for t in tolerations}
@@ -140,17 +228,38 @@ def check_job(root):
     check(flags.get("--nnodes") == "2:4", f"{path}: --nnodes is {flags.get('--nnodes')}, not 2:4")
     check(flags.get("--nproc-per-node") == "8", f"{path}: --nproc-per-node is {flags.get('--nproc-per-node')}")
     check(flags.get("--rdzv") == "etcd://elastic-etcd:2379", f"{path}: --rdzv is {flags.get('--rdzv')}")
-    check(flags.get("--run-id") == "$(JOB_NAME)", f"{path}: --run-id is {flags.get('--run-id')}")
     check(flags.get("--log-dir") == "/logs", f"{path}: --log-dir is {flags.get('--log-dir')}")
     check(trainer[:1] == ["/opt/trainer"], f"{path}: the trainer after '--' is {trainer[:1]}")
     nmax = int(flags.get("--nnodes", "0:0").split(":")[-1])
     check(spec.get("completions") == nmax, f"{path}: completions {spec.get('completions')} != --nnodes upper bound {nmax}")
-    # $(JOB_NAME) is expanded by Kubernetes only from the container's own env.
     env = {e["name"]: e for e in c.get("env", [])}
-    check("JOB_NAME" in env, f"{path}: $(JOB_NAME) is used but JOB_NAME is not in the container's env")
+    # $(VAR) is expanded by Kubernetes only from the container's own env.
+    for a in argv:
+        for var in env_vars(a):
+            check(var in env, f"{path}: $({var}) is used in {a!r} but {var} is not in the container's env")
+    # The run id: the same for every pod of the Job and its replacements, new for every
+    # incarnation of the Job (re-created under the same name, other --nnodes), <= 64 characters.
+    run_id = flags.get("--run-id", "")
+    labels = {v: label_ref(env[v]) for v in env_vars(run_id) if v in env}
+    name_labels, uid_labels = {"batch.kubernetes.io/job-name", "job-name"}, {"batch.kubernetes.io/controller-uid", "controller-uid"}
+    check(any(l in uid_labels for l in labels.values()),
+          f"{path}: --run-id {run_id!r} does not include the Job's uid (downward API label "
+          f"batch.kubernetes.io/controller-uid): a re-created Job would meet the old one's rendezvous state")
+    check(any(l in name_labels for l in labels.values()), f"{path}: --run-id {run_id!r} does not include the Job's name")
+    rest = re.sub(r"\$\([A-Za-z_][A-Za-z0-9_]*\)", "", run_id)
+    check(re.fullmatch(r"[A-Za-z0-9._-]*", rest) is not None, f"{path}: --run-id {run_id!r} has characters a run id cannot")
+    longest = len(rest) + sum(len(job["metadata"]["name"]) if l in name_labels else UID_LEN for l in labels.values())
+    check(longest <= RUN_ID_MAX, f"{path}: --run-id {run_id!r} is {longest} characters for this Job, more than {RUN_ID_MAX}")
+    # Grace: the pod's termination grace fits in the spot pool's notice, and leaves elastic-run
+    # its margin after --grace.
     grace = int(flags.get("--grace", "25"))  # elastic-run's default --grace is the loop's 25 s
     tgps = pod.get("terminationGracePeriodSeconds", 30)
-    check(tgps >= grace + 5, f"{path}: terminationGracePeriodSeconds {tgps} leaves no margin over --grace {grace}")
+    check(tgps >= grace + GRACE_MARGIN_S, f"{path}: terminationGracePeriodSeconds {tgps} leaves less than "
+                                          f"{GRACE_MARGIN_S} s over --grace {grace}")
+    for label in sel:
+        if label in SPOT_NOTICE_S:
+            check(tgps <= SPOT_NOTICE_S[label], f"{path}: terminationGracePeriodSeconds {tgps} exceeds the "
+                                                f"{SPOT_NOTICE_S[label]} s a {label} node gives its pods")
     check(c.get("resources", {}).get("limits", {}).get("nvidia.com/gpu") == int(flags.get("--nproc-per-node", 0)),
           f"{path}: GPU limit != --nproc-per-node")
 
@@ -159,7 +268,11 @@ def check_job(root):
     logs = mounts.get("/logs")
     check(logs is not None, f"{path}: /logs is not mounted")
     ckpt_arg = trainer[trainer.index("--ckpt") + 1] if "--ckpt" in trainer[:-1] else None
-    check(ckpt_arg is not None, f"{path}: the trainer gets no --ckpt")
+    if check(ckpt_arg is not None, f"{path}: the trainer gets no --ckpt"):
+        ckpt_labels = {label_ref(env[v]) for v in env_vars(ckpt_arg) if v in env}
+        check(ckpt_labels & name_labels and not ckpt_labels & uid_labels,
+              f"{path}: the checkpoints ({ckpt_arg}) are not per Job name (a re-created Job resumes from them, "
+              f"another Job must not)")
     for what, mount_path in (("logs", "/logs"), ("checkpoints", ckpt_arg)):
         m = next((m for p, m in mounts.items() if mount_path and (mount_path + "/").startswith(p.rstrip("/") + "/")), None)
         vol = volumes.get(m["name"]) if m else None
@@ -387,6 +500,10 @@ def check_component(root, tmp):
     flags, trainer = parse_elastic_run([placeholder_value(a, values, {"last_checkpoint": "out"}) for a in args[i:]], path)
     for f in ("--nnodes", "--nproc-per-node", "--rdzv", "--run-id", "--log-dir", "--grace"):
         check(f in flags, f"{path}: elastic-run gets no {f}")
+    notice = min(SPOT_NOTICE_S.values())
+    check(int(flags.get("--grace", 25)) + GRACE_MARGIN_S <= notice,
+          f"{path}: --grace {flags.get('--grace')} (grace_seconds' default) leaves less than {GRACE_MARGIN_S} s of "
+          f"a spot pool's {notice} s notice")
     check(trainer[:1] == ["/opt/trainer"], f"{path}: trainer {trainer[:1]}")
     check(c["command"][:2] == ["sh", "-c"], f"{path}: expected an sh -c wrapper")
 
@@ -413,7 +530,111 @@ def check_component(root, tmp):
         check(got == os.path.join(d, "ckpt", "step-000000000200"), f"{path} [{mode}]: last_checkpoint output is {got!r}")
 
 
-def check_pipeline(root):
+# Stand-ins for the parts of the KFP SDKs pipeline.py uses: they record every call, with the
+# set_retry signature of KFP 1.8 (ContainerOp: policy), of KFP 2.x up to 2.17 (PipelineTask: no
+# policy) and of 2.x with kubeflow/pipelines#13386 (policy). STUB_KFP says which.
+STUB_KFP = {
+    "kfp/__init__.py": r'''
+import os
+__version__ = {"v1": "1.8.22", "v2": "2.17.0", "v2-policy": "2.99.0"}[os.environ["STUB_KFP"]]
+''',
+    "kfp/_rec.py": r'''
+import os, yaml
+CALLS = []
+
+def rec(name, *args, **kwargs):
+    CALLS.append({"call": name, "args": [repr(a) for a in args], "kwargs": {k: repr(v) for k, v in kwargs.items()}})
+
+class Task:
+    def __init__(self, inputs):
+        self.inputs = inputs
+    @property
+    def container(self):
+        return self
+    def __getattr__(self, name):
+        def method(*args, **kwargs):
+            rec(name, *args, **kwargs)
+            return self
+        return method
+
+class TaskV1(Task):
+    def set_retry(self, num_retries, policy=None, backoff_duration=None, backoff_factor=None, backoff_max_duration=None):
+        assert policy in (None, "Always", "OnError", "OnFailure"), policy
+        rec("set_retry", num_retries, policy=policy, backoff_duration=backoff_duration, backoff_factor=backoff_factor)
+        return self
+
+class TaskV2(Task):
+    def set_retry(self, num_retries, backoff_duration=None, backoff_factor=None, backoff_max_duration=None):
+        rec("set_retry", num_retries, backoff_duration=backoff_duration, backoff_factor=backoff_factor)
+        return self
+
+class TaskV2Policy(Task):
+    def set_retry(self, num_retries, backoff_duration=None, backoff_factor=None, backoff_max_duration=None, policy=None):
+        assert policy in (None, "Always", "OnError", "OnFailure", "OnTransientError"), policy
+        rec("set_retry", num_retries, policy=policy, backoff_duration=backoff_duration, backoff_factor=backoff_factor)
+        return self
+
+def load_component_from_file(path):
+    with open(path) as f:
+        spec = yaml.safe_load(f)
+    names = {i["name"] for i in spec["inputs"]}
+    cls = {"v1": TaskV1, "v2": TaskV2, "v2-policy": TaskV2Policy}[os.environ["STUB_KFP"]]
+    def factory(**kwargs):
+        unknown = set(kwargs) - names
+        assert not unknown, f"component.yaml has no inputs {sorted(unknown)}"
+        rec("component", **kwargs)
+        return cls(kwargs)
+    return factory
+''',
+    "kfp/components.py": "from kfp._rec import load_component_from_file\n",
+    "kfp/dsl.py": '''
+PIPELINE_JOB_ID_PLACEHOLDER = "{{$.pipeline_job_uuid}}"
+def pipeline(*args, **kwargs):
+    return lambda f: f
+''',
+    "kfp/kubernetes.py": '''
+from kfp._rec import rec
+def _op(name):
+    def f(task, *args, **kwargs):
+        rec(name, *args, **kwargs)
+        return task
+    return f
+add_node_selector = _op("add_node_selector")
+add_toleration = _op("add_toleration")
+mount_pvc = _op("mount_pvc")
+enable_shared_memory = _op("enable_shared_memory")
+''',
+    "kfp/gcp.py": '''
+def use_preemptible_nodepool(*args, **kwargs):
+    return "use_preemptible_nodepool"
+''',
+    "kubernetes/__init__.py": "",
+    "kubernetes/client.py": '''
+class _Obj:
+    def __init__(self, **kwargs):
+        self.kwargs = kwargs
+    def __repr__(self):
+        return f"{type(self).__name__}({self.kwargs!r})"
+class V1Toleration(_Obj): pass
+class V1Volume(_Obj): pass
+class V1VolumeMount(_Obj): pass
+class V1PersistentVolumeClaimVolumeSource(_Obj): pass
+''',
+}
+
+RUN_STUB_PIPELINE = r'''
+import json, runpy, sys, warnings
+from kfp import _rec
+m = runpy.run_path(sys.argv[1])
+with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter("always")
+    build = m["build_pipeline_v1"] if sys.argv[2] == "v1" else m["build_pipeline"]
+    build()()
+print(json.dumps({"calls": _rec.CALLS, "warnings": [str(x.message) for x in w]}))
+'''
+
+
+def check_pipeline(root, tmp):
     path = os.path.join(root, "kubeflow", "pipeline.py")
     src = open(path).read()
     tree = ast.parse(src, path)
@@ -421,32 +642,62 @@ def check_pipeline(root):
     names = {a.name.split(".")[0] for n in top_imports for a in n.names} | \
             {n.module.split(".")[0] for n in top_imports if isinstance(n, ast.ImportFrom) and n.module}
     check("kfp" not in names, f"{path}: imports kfp at module level (it must import without kfp)")
-    calls = {}
-    for n in ast.walk(tree):
-        if isinstance(n, ast.Call):
-            f = n.func
-            name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
-            calls.setdefault(name, []).append(n)
-    consts = {t.id: n.value.value for n in tree.body if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)
-              for t in n.targets if isinstance(t, ast.Name)}
-
-    def first_arg(call):
-        a = call.args[0] if call.args else None
-        if isinstance(a, ast.Constant):
-            return a.value
-        if isinstance(a, ast.Name):
-            return consts.get(a.id)
-        return None
-
-    retries = calls.get("set_retry", [])
-    check(retries and all(first_arg(c) == 5 for c in retries), f"{path}: not every pipeline asks for set_retry(5)")
-    check("add_node_selector" in calls or "use_preemptible_nodepool" in calls, f"{path}: no preemptible node selector")
-    check("add_toleration" in calls, f"{path}: no toleration")
-    check("mount_pvc" in calls, f"{path}: no PVC for checkpoints")
-    # Importable without kfp, and says so when asked to compile.
+    # Importable without kfp.
     r = subprocess.run([sys.executable, "-c", f"import runpy; m = runpy.run_path({path!r}); print(m['COMPONENT'])"],
                        capture_output=True, text=True, timeout=60)
     check(r.returncode == 0, f"{path}: does not import without running: {r.stderr.strip()}")
+
+    # Built against stand-ins of each SDK: what does the pipeline ask of KFP?
+    stubs = os.path.join(tmp, "kfp-stubs")
+    for rel, text in STUB_KFP.items():
+        os.makedirs(os.path.dirname(os.path.join(stubs, rel)), exist_ok=True)
+        with open(os.path.join(stubs, rel), "w") as f:
+            f.write(text)
+    runner = os.path.join(tmp, "run_stub_pipeline.py")
+    with open(runner, "w") as f:
+        f.write(RUN_STUB_PIPELINE)
+    notice = min(SPOT_NOTICE_S.values())
+    with open(os.path.join(root, "kubeflow", "component.yaml")) as f:
+        component_defaults = {i["name"]: i.get("default") for i in yaml.safe_load(f).get("inputs", [])}
+    for flavour in ("v1", "v2", "v2-policy"):
+        where = f"{path} [KFP {flavour} stand-in]"
+        env = dict(os.environ, STUB_KFP=flavour, PYTHONPATH=stubs)
+        r = subprocess.run([sys.executable, runner, path, "v1" if flavour == "v1" else "v2"], capture_output=True,
+                           text=True, timeout=60, env=env)
+        if not check(r.returncode == 0, f"{where}: building the pipeline failed:\n{r.stderr[-3000:]}"):
+            continue
+        out = json.loads(r.stdout.strip().splitlines()[-1])
+        calls = out["calls"]
+        by = {}
+        for c in calls:
+            by.setdefault(c["call"], []).append(c)
+        retries = by.get("set_retry", [])
+        want_policy = flavour != "v2"
+        expected = "set_retry(5, policy='Always')" if want_policy else "set_retry(5)"
+        check(len(retries) == 1 and retries[0]["args"] == ["5"]
+              and retries[0]["kwargs"].get("policy") == ("'Always'" if want_policy else None),
+              f"{where}: expected one {expected}, got {retries}")
+        if not want_policy:
+            check(any("policy" in w for w in out["warnings"]),
+                  f"{where}: an SDK whose set_retry takes no policy must be warned about (preempted pods deleted "
+                  f"with their node would not be retried); warnings: {out['warnings']}")
+        comp = (by.get("component") or [{"kwargs": {}}])[0]["kwargs"]
+        run_id = comp.get("run_id", "")
+        check(run_id in ("'{{$.pipeline_job_uuid}}'", "'{{workflow.uid}}'"),
+              f"{where}: run_id is {run_id}, not the pipeline run's id (unique per run, the same for its retries)")
+        grace = int(comp["grace_seconds"]) if "grace_seconds" in comp else int(component_defaults.get("grace_seconds", 25))
+        check(grace + GRACE_MARGIN_S <= notice, f"{where}: grace_seconds {grace} leaves less than {GRACE_MARGIN_S} s "
+                                                f"of a spot pool's {notice} s notice")
+        if flavour == "v1":
+            check("'use_preemptible_nodepool'" in [a for c in by.get("apply", []) for a in c["args"]],
+                  f"{where}: no gcp.use_preemptible_nodepool()")
+            check(by.get("add_volume") and by.get("add_volume_mount"), f"{where}: no PVC volume for checkpoints")
+        else:
+            check(any("spot" in c["kwargs"].get("label_key", "") for c in by.get("add_node_selector", [])),
+                  f"{where}: no spot node selector")
+            check(any("spot" in c["kwargs"].get("key", "") for c in by.get("add_toleration", [])),
+                  f"{where}: no spot toleration")
+            check(by.get("mount_pvc"), f"{where}: no PVC for checkpoints")
     try:
         import kfp  # noqa: F401
         notes.append("kfp is installed: compiling pipeline.py")
@@ -454,7 +705,7 @@ def check_pipeline(root):
             r = subprocess.run([sys.executable, path, os.path.join(d, "p.yaml")], capture_output=True, text=True, timeout=120)
             check(r.returncode == 0, f"{path}: compiling failed: {r.stderr[-2000:]}")
     except ImportError:
-        notes.append("kfp not installed: pipeline.py checked statically, not compiled")
+        notes.append("kfp not installed: pipeline.py built against stand-ins of the KFP SDKs, not compiled")
 
 
 def check_yaml_parses(root):
@@ -507,9 +758,10 @@ def main(argv):
     root = os.path.abspath(roots[0])
     with tempfile.TemporaryDirectory(prefix="elastic-deploy-test-") as tmp:
         for name, fn in (("yaml", lambda: check_yaml_parses(root)),
+                         ("schemas", lambda: check_schemas(root)),
                          ("kubernetes", lambda: check_etcd(root, check_job(root))),
                          ("kubeflow component", lambda: check_component(root, tmp)),
-                         ("kubeflow pipeline", lambda: check_pipeline(root)),
+                         ("kubeflow pipeline", lambda: check_pipeline(root, tmp)),
                          ("slurm", lambda: check_sbatch(root, tmp)),
                          ("kubectl", lambda: check_kubectl(root)),
                          ("elastic-run --help", lambda: check_launcher_help(root, launcher))):
