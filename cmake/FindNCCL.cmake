@@ -7,7 +7,9 @@
 #
 # Inputs (searched in this order, then the system paths):
 #   NCCL_ROOT (CMake or environment variable), CUDAToolkit_ROOT (CMake or environment),
-#   CUDA_HOME (environment), /usr/local/cuda.
+#   CUDA_HOME (environment), /usr/local/cuda; also the environment variables that vcpkg's nccl
+#   port reads when it checks for the system NCCL (NCCL_INCLUDE_DIR, NCCL_LIB_DIR, NCCL_ROOT_DIR,
+#   CUDA_PATH), so that elastic[nccl] finds the NCCL that port accepted.
 #
 # Outputs:
 #   NCCL_FOUND          true when nccl.h and libnccl were found and the version suits
@@ -19,10 +21,20 @@
 # Cache: NCCL_INCLUDE_DIR, NCCL_LIBRARY (advanced; set them to force a particular NCCL).
 
 set(_nccl_hints ${NCCL_ROOT} $ENV{NCCL_ROOT} ${CUDAToolkit_ROOT} $ENV{CUDAToolkit_ROOT}
-                $ENV{CUDA_HOME} /usr/local/cuda)
+                $ENV{CUDA_HOME} $ENV{NCCL_ROOT_DIR} $ENV{CUDA_PATH} /usr/local/cuda)
 
-find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${_nccl_hints} PATH_SUFFIXES include)
-find_library(NCCL_LIBRARY NAMES nccl HINTS ${_nccl_hints} PATH_SUFFIXES lib lib64 lib/x86_64-linux-gnu)
+# vcpkg's nccl port ships a FindNCCL of its own that leaves NCCL_INCLUDE_DIR an empty cache entry
+# (from the environment variable); an empty value would stop find_path from searching.
+foreach(_nccl_var NCCL_INCLUDE_DIR NCCL_LIBRARY)
+  if(DEFINED ${_nccl_var} AND "${${_nccl_var}}" STREQUAL "")
+    unset(${_nccl_var} CACHE)
+    unset(${_nccl_var})
+  endif()
+endforeach()
+
+find_path(NCCL_INCLUDE_DIR nccl.h HINTS $ENV{NCCL_INCLUDE_DIR} ${_nccl_hints} PATH_SUFFIXES include)
+find_library(NCCL_LIBRARY NAMES nccl HINTS $ENV{NCCL_LIB_DIR} ${_nccl_hints}
+             PATH_SUFFIXES lib lib64 lib/x86_64-linux-gnu)
 
 unset(NCCL_VERSION)
 if(NCCL_INCLUDE_DIR AND EXISTS "${NCCL_INCLUDE_DIR}/nccl.h")
@@ -67,3 +79,4 @@ mark_as_advanced(NCCL_INCLUDE_DIR NCCL_LIBRARY)
 unset(_nccl_hints)
 unset(_nccl_version_lines)
 unset(_nccl_part)
+unset(_nccl_var)
