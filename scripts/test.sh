@@ -16,8 +16,8 @@ command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1 && gpu_exclude
 for c in "${configs[@]}"; do
   case "$c" in
     default) dir=build type=RelWithDebInfo san="" exclude="$gpu_exclude" ;;
-    asan) dir=build-asan type=Debug san="address,undefined" exclude="packaging|gpu" ;;
-    tsan) dir=build-tsan type=RelWithDebInfo san="thread" exclude="packaging|gpu" ;;
+    asan) dir=build-asan type=Debug san="address,undefined" exclude="packaging|gpu|slurm" ;;
+    tsan) dir=build-tsan type=RelWithDebInfo san="thread" exclude="packaging|gpu|slurm" ;;
   esac
   echo "=== elastic: $c build ($dir) ==="
   cmake -S "$root" -B "$root/$dir" -G Ninja -DCMAKE_BUILD_TYPE=$type -DELASTIC_SANITIZE="$san" \
