@@ -33,6 +33,8 @@
 #include "support/other_user.hpp"
 #include "support/process.hpp"
 #if defined(ELASTIC_ETCD_SERVER) && defined(ELASTIC_GROUP_WORKER)
+#include <elastic/rendezvous/etcd_store.hpp>
+
 #include "support/etcd_server.hpp"
 #include "support/fleet.hpp"
 #endif
@@ -558,6 +560,29 @@ TEST_CASE("two launchers meet through one etcd and train as one group") {
   CHECK(elastic::test::field(joined[1], "world") == "2");
   CHECK(elastic::test::field(joined[0], "rank") != elastic::test::field(joined[1], "rank"));
   CHECK(finals[0] == finals[1]);
+}
+
+TEST_CASE("two runs share one etcd at once, and each leaves none of its keys when it finishes") {
+  elastic::test::etcd_server etcd;
+  temp_dir ckpt;
+  auto program = [&](const std::string& run) {
+    return std::vector<std::string>{ELASTIC_GROUP_WORKER, "--store", etcd.url(), "--run-id", unique_run(run), "--min",
+                                    "2", "--max", "2", "--steps", "40", "--dir", ckpt.file(run), "--dim", "4096",
+                                    "--step-sleep-ms", "20"};
+  };
+  const std::vector<std::string> options{"--nproc-per-node", "2", "--rdzv", etcd.url()};
+  launch a("shared-a", options, program("shared-a"));
+  launch b("shared-b", options, program("shared-b"));
+  REQUIRE(a.finish(120s) == 0);
+  REQUIRE(b.finish(120s) == 0);
+  for (auto* l : {&a, &b}) {
+    CHECK(l->log(0).find("final ") != std::string::npos);
+    CHECK(l->events().find("\"event\":\"run_keys_removed\"") != std::string::npos);
+  }
+  elastic::rendezvous::etcd_store store(etcd.url());
+  const auto left = store.list("");
+  for (const auto& [k, v] : left) UNSCOPED_INFO("left behind: " << k);
+  CHECK(left.empty());
 }
 #endif
 

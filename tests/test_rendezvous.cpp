@@ -452,16 +452,35 @@ TEST_CASE("a run id is a plain name, by the same rule elastic-run applies") {
   }
 }
 
-TEST_CASE("a participant of another run is refused while the run lives") {
+TEST_CASE("runs share a store, each under its own keys; one alone names the live runs when it times out") {
   scratch_store t;
-  std::optional<rdzv::rendezvous> a(std::in_place, t.s, options("job-a", 1, 1, "a0"));
-  a->join();
+  std::optional<rdzv::rendezvous> a(std::in_place, t.s, options("job", 1, 1, "a0"));
   rdzv::rendezvous b(t.s, options("job-b", 1, 1, "b0"));
-  const auto e = error_of([&] { b.join(); });
-  CHECK(e.code() == errc::mismatch);
-  CHECK(std::string(e.what()).find("serves run 'job-a'") != std::string::npos);
-  a.reset();  // run job-a has ended: the store is free
-  CHECK(b.join().world_size == 1);
+  CHECK(a->join().world_size == 1);
+  CHECK(b.join().world_size == 1);  // another run in the same store is not refused
+  CHECK(rdzv::live_runs(t.s, "/elastic") == std::vector<std::string>{"job", "job-b"});
+  for (auto& [k, v] : t.s.list("")) {
+    INFO(k);
+    CHECK((k.starts_with("/elastic/job/") || k.starts_with("/elastic/job-b/") || k.starts_with("/elastic/runs/")));
+  }
+
+  // A participant whose run id nobody else uses waits alone; its timeout says who is here.
+  auto o = options("job-c", 2, 2, "c0");
+  o.join_timeout = 300ms;
+  rdzv::rendezvous c(t.s, o);
+  const auto e = error_of([&] { c.join(); });
+  CHECK(e.code() == errc::timeout);
+  CHECK(std::string(e.what()).find("runs 'job', 'job-b' are live in this store") != std::string::npos);
+
+  // A finished run's keys go once its last participant has left, and only its own.
+  CHECK_FALSE(rdzv::remove_finished_run(t.s, "/elastic", "job"));  // a0 still lives
+  a.reset();
+  const auto removed = rdzv::remove_finished_run(t.s, "/elastic", "job");
+  REQUIRE(removed);
+  CHECK(*removed > 0);
+  CHECK(t.s.list("/elastic/job/").empty());
+  CHECK_FALSE(t.s.list("/elastic/job-b/").empty());
+  CHECK(rdzv::live_runs(t.s, "/elastic") == std::vector<std::string>{"job-b"});
 }
 
 TEST_CASE("a participant declaring other bounds is refused") {

@@ -33,6 +33,20 @@ inline void check_map_behaviour(elastic::rendezvous::store& s) {
   CHECK(s.compare_set("leader", std::string_view("rank-0"), "rank-1"));
   CHECK(s.get("leader") == "rank-1");
   CHECK(s.get("leader", 1s) == "rank-1");
+  // erase_prefix takes exactly the keys under the prefix ("ns/" spares "ns-2/" and "ns").
+  s.set("ns/a", "1");
+  s.set("ns/b", "2");
+  s.set("ns-2/a", "3");
+  s.set("ns", "4");
+  CHECK(s.erase_prefix("ns/") == 2);
+  CHECK(s.list("ns/").empty());
+  CHECK(s.get("ns-2/a") == "3");
+  CHECK(s.get("ns") == "4");
+  CHECK(s.erase_prefix("ns/") == 0);
+  CHECK_THROWS_AS(s.erase_prefix(""), elastic::error);
+  CHECK(s.get("run/b"));
+  CHECK(s.erase("ns-2/a"));
+  CHECK(s.erase("ns"));
 }
 
 }  // namespace elastic::test

@@ -21,6 +21,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -77,14 +78,20 @@ class async_store {
 
   /// Queues `store.erase(key)`; never blocks. Returns its ticket (0 when it was dropped).
   ticket erase(std::string key) {
+    return call("the erase of " + key, [key](rendezvous::store& s) { (void)s.erase(key); });
+  }
+
+  /// Queues `fn(store)`, named `what` in the messages of a failure; never blocks. Returns its
+  /// ticket (0 when it was dropped). `fn` runs on the store's thread: it must own what it uses.
+  ticket call(std::string what, std::function<void(rendezvous::store&)> fn) {
     if (!state_) return 0;
     std::lock_guard lk(state_->mu);
     if (state_->jobs.size() >= max_queued) {
-      state_->errors.push_back("store calls are " + std::to_string(max_queued) + " behind; dropped the erase of " + key);
+      state_->errors.push_back("store calls are " + std::to_string(max_queued) + " behind; dropped " + what);
       return 0;
     }
     const ticket t = ++state_->last_ticket;
-    state_->jobs.push_back({t, std::move(key)});
+    state_->jobs.push_back({t, std::move(what), std::move(fn)});
     state_->cv.notify_one();
     return t;
   }
@@ -140,7 +147,8 @@ class async_store {
 
   struct job {
     ticket id;
-    std::string key;
+    std::string what;
+    std::function<void(rendezvous::store&)> fn;
   };
 
   struct state {
@@ -185,9 +193,9 @@ class async_store {
         lk.unlock();
         if (wanted) {
           try {
-            if (store) store->erase(j.key);
+            if (store) j.fn(*store);
           } catch (const std::exception& e) {
-            fail(std::string("cannot erase ") + j.key + ": " + e.what());
+            fail(j.what + " failed: " + e.what());
           }
         }
         lk.lock();

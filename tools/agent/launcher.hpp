@@ -32,6 +32,7 @@
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -148,6 +149,7 @@ class launcher {
     loop();
     end_processes();
     finish_report();
+    if (report_.exit_code == exit_done) remove_run_keys();
     print_summary();
     events_.emit("launcher_end", {{"exit_code", report_.exit_code},
                                   {"outcome", report_.outcome},
@@ -621,6 +623,27 @@ class launcher {
     const rendezvous::rendezvous_options defaults;  // the workers' key prefix is the default one
     s.retire = store_->erase(rendezvous::alive_key(defaults.key_prefix, opts_.run_id, participant(s)));
     s.retire_by = clock::now() + retire_wait;
+  }
+
+  /// A finished run leaves nothing behind in a store that other runs share: the last host to
+  /// finish removes the run's keys (rendezvous::remove_finished_run). Bounded like every store
+  /// call at the end: a store that does not answer leaves them, and the run still exits 0.
+  void remove_run_keys() {
+    if (!store_) return;
+    auto removed = std::make_shared<std::atomic<std::int64_t>>(-2);  // -2: not done, -1: others live
+    const rendezvous::rendezvous_options defaults;  // the workers' key prefix is the default one
+    const auto t = store_->call(fmt::format("removing the keys of finished run '{}'", opts_.run_id),
+                                [removed, prefix = defaults.key_prefix, run = opts_.run_id](rendezvous::store& st) {
+                                  const auto n = rendezvous::remove_finished_run(st, prefix, run);
+                                  removed->store(n ? static_cast<std::int64_t>(*n) : -1);
+                                });
+    const auto until = clock::now() + retire_wait;
+    while (!store_->done(t) && clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    for (auto& m : store_->take_errors()) events_.emit("launcher_store_error", {{"message", m}});
+    if (const auto n = removed->load(); n >= -1) {
+      events_.emit("run_keys_removed", {{"run_id", opts_.run_id}, {"keys", std::max<std::int64_t>(n, 0)},
+                                        {"others_live", n == -1}});
+    }
   }
 
   /// Starts the slot's next life after `delay` and once its previous life's alive key is retired.

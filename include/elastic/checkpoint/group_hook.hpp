@@ -22,7 +22,7 @@ class group_hook {
   /// collective failed, a member departed, a newcomer waits) the group forms its next round,
   /// rebuilds its communicator and makes every rank agree on rank 0's step and `st`; it
   /// returns the step the loop goes on from. Throws elastic::error when no group can form (the
-  /// world stayed below min_ranks past the join timeout, another run's store, ...), and
+  /// world stayed below min_ranks past the join timeout, other bounds than the run's, ...), and
   /// errc::interrupted when a preemption notice (preemption_handler::requested()) came while it
   /// waited: the loop then ends as preempted (exit 75) without a new checkpoint.
   virtual std::uint64_t safe_point(std::uint64_t step, checkpoint::state& st) = 0;

@@ -9,7 +9,7 @@
 //
 // What maps to what:
 //   set          /v3/kv/put (with the lease)          get, list  /v3/kv/range
-//   erase        /v3/kv/deleterange                   add        txn on mod_revision, in a loop
+//   erase        /v3/kv/deleterange (erase_prefix: with range_end)   add   txn on mod_revision, in a loop
 //   compare_set  /v3/kv/txn: value == expected, or version == 0 for "absent"
 //   wait         a range check, then a watch from the next revision (no event can slip between)
 //   grant, keep_alive, revoke   /v3/lease/{grant,keepalive,revoke}
@@ -168,6 +168,17 @@ class etcd_store final : public store {
     body["key"] = detail::base64_encode(full_key(key));
     return gateway_.request("/v3/kv/deleterange", body,
                             [](const json& r) { return detail::int_field(r, "deleted") > 0; });
+  }
+
+  std::size_t erase_prefix(std::string_view prefix) override {
+    detail::check_erase_prefix(prefix);
+    const std::string from = full_key(prefix);
+    json body;
+    body["key"] = detail::base64_encode(from);
+    body["range_end"] = detail::base64_encode(detail::prefix_end(from));
+    return gateway_.request("/v3/kv/deleterange", body, [](const json& r) {
+      return static_cast<std::size_t>(std::max<std::int64_t>(0, detail::int_field(r, "deleted")));
+    });
   }
 
   void wait(std::span<const std::string> keys, std::chrono::milliseconds timeout) override {

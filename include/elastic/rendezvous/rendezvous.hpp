@@ -3,10 +3,11 @@
 //
 // Keys, under P = `<key_prefix>/<run_id>` (every participant of a run derives the same ones):
 //
-//   <key_prefix>/active_run   run id of the run the store serves now. Leased: it lives as long
-//                             as one participant of that run does (each re-creates it while
-//                             alive), so a participant of another run is refused (mismatch) and
-//                             the store is free again once the run has ended.
+//   <key_prefix>/runs/<run_id>  the run's registration (run_keys.hpp). Leased: it lives as
+//                             long as one participant of the run does (each re-creates it while
+//                             alive). Many runs share a store, each under its own P; a
+//                             participant whose run id nobody else uses waits alone, and its
+//                             join timeout names the runs that are live in the store.
 //   P/config                  "min_nodes=M max_nodes=N" (min_ranks, max_ranks: the wire names
 //                             predate the rename and stay), written once: a participant that
 //                             declares other bounds is refused (mismatch).
@@ -64,6 +65,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <elastic/checkpoint/preemption.hpp>
 #include <elastic/internal/env.hpp>
@@ -76,6 +78,7 @@
 #include <elastic/rendezvous/detail/resolve_options.hpp>
 #include <elastic/rendezvous/detail/round_records.hpp>
 #include <elastic/rendezvous/rendezvous_options.hpp>
+#include <elastic/rendezvous/run_keys.hpp>
 #include <elastic/rendezvous/store.hpp>
 
 namespace elastic::inline v1::rendezvous {
@@ -107,13 +110,6 @@ struct membership_change {
 
 /// Makes the leader's bootstrap blob for a round (e.g. ncclGetUniqueId's 128 bytes).
 using bootstrap_fn = std::function<std::string(const round_info&)>;
-
-/// The key that says participant `participant_id` of run `run_id` is alive (leased). Erasing it
-/// retires the participant at once: the others see a departure at their next poll instead of
-/// waiting out its heartbeat (elastic-run does so the moment it reaps a dead worker).
-inline std::string alive_key(std::string_view key_prefix, std::string_view run_id, std::string_view participant_id) {
-  return fmt::format("{}/{}/alive/{}", key_prefix, run_id, participant_id);
-}
 
 /// One participant of a run's rendezvous. Not thread-safe: one thread calls join(), poll(),
 /// next_round(); a background thread only renews the lease.
@@ -148,7 +144,7 @@ class rendezvous {
   /// returns its outcome once the leader's bootstrap is there. The leader (rank 0) calls
   /// `make_bootstrap` (default: the Gloo store prefix `P/round/<r>/gloo/`).
   ///
-  /// Throws errc::mismatch for another run id or other min/max; errc::capacity_exhausted when
+  /// Throws errc::mismatch for other min/max than the run's; errc::capacity_exhausted when
   /// the run already has max_ranks live members; errc::timeout when no round formed within
   /// join_timeout (the group stayed below min_ranks); errc::interrupted when a preemption
   /// notice came while waiting; errc::corrupt naming a damaged key.
@@ -289,22 +285,33 @@ class rendezvous {
       }
     }
     incarnation_ = detail::random_hex(8);
-    keeper_.start(opts_.heartbeat_interval, opts_.key_prefix + "/active_run", opts_.run_id);
-    claim_store(fresh);
+    keeper_.start(opts_.heartbeat_interval, run_key(opts_.key_prefix, opts_.run_id));
+    register_run(fresh);
     check_config();
     publish_alive(fresh);
   }
 
-  void claim_store(lease_id lease) {
-    const std::string key = opts_.key_prefix + "/active_run";
+  /// The run's registration: other runs' participants see it (live_runs), and a participant
+  /// that waits alone names it when its join times out.
+  void register_run(lease_id lease) {
     std::optional<std::string> actual;
-    if (store_.compare_set(key, std::nullopt, opts_.run_id, lease, &actual) || actual == opts_.run_id) return;
-    if (!actual) return claim_store(lease);  // it expired in between
-    throw error(errc::mismatch,
-                fmt::format("participant '{}' of run '{}' refused: the store serves run '{}' ({}): give this "
-                            "participant ELASTIC_RUN_ID={}, or use another store for run '{}'",
-                            opts_.participant_id, opts_.run_id, internal::printable(*actual), key,
-                            internal::printable(*actual), opts_.run_id));
+    store_.compare_set(run_key(opts_.key_prefix, opts_.run_id), std::nullopt, "", lease, &actual);
+  }
+
+  /// ", while run 'a', 'b' are live in this store" when runs other than ours are: a participant
+  /// alone in its run may have the wrong run id.
+  std::string other_runs_hint() {
+    std::vector<std::string> others;
+    try {
+      for (auto& id : live_runs(store_, opts_.key_prefix)) {
+        if (id != opts_.run_id) others.push_back(fmt::format("'{}'", internal::printable(id)));
+      }
+    } catch (const error&) {
+      return {};  // the hint is a courtesy: the timeout stands without it
+    }
+    if (others.empty()) return {};
+    return fmt::format("; run{} {} {} live in this store: is ELASTIC_RUN_ID (--run-id) right?",
+                       others.size() > 1 ? "s" : "", fmt::join(others, ", "), others.size() > 1 ? "are" : "is");
   }
 
   /// P/config: written by the first participant; every other must declare the same bounds.
@@ -480,8 +487,8 @@ class rendezvous {
                           "one else joined within {} ms: stop, or start more participants",
                           r, opts_.run_id, joined, opts_.min_ranks, opts_.join_timeout.count())
             : fmt::format("round {} of run '{}': only {} of min_ranks {} participants joined within {} ms: "
-                          "start more participants, or lower min_ranks",
-                          r, opts_.run_id, joined, opts_.min_ranks, opts_.join_timeout.count());
+                          "start more participants, or lower min_ranks{}",
+                          r, opts_.run_id, joined, opts_.min_ranks, opts_.join_timeout.count(), other_runs_hint());
     // Abandoning is decided by the store as closing is: either everyone gets members, or
     // everyone stops with the same reason.
     if (store_.compare_set(key_round(r, "closed"), std::nullopt, "abandoned\n" + why)) {

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -39,6 +40,13 @@ inline std::int64_t parse_counter(std::string_view key, std::string_view v) {
   return *out;
 }
 
+/// erase_prefix("") would erase every key of the store (every run's): refused.
+inline void check_erase_prefix(std::string_view prefix) {
+  if (prefix.empty()) {
+    throw error(errc::invalid_argument, "erase_prefix refuses an empty prefix: it would erase every key of the store");
+  }
+}
+
 }  // namespace detail
 
 /// A lease handle; 0 means "no lease".
@@ -64,6 +72,15 @@ class store {
   virtual void wait(std::span<const std::string> keys, std::chrono::milliseconds timeout) = 0;
   /// Every key starting with `prefix`, with its value, in key order.
   [[nodiscard]] virtual std::vector<std::pair<std::string, std::string>> list(std::string_view prefix) = 0;
+  /// Removes every key starting with `prefix` (not empty: errc::invalid_argument) and returns
+  /// how many. This one lists and erases key by key; a store that can do it in one request
+  /// overrides it (etcd: one deleterange).
+  virtual std::size_t erase_prefix(std::string_view prefix) {
+    detail::check_erase_prefix(prefix);
+    std::size_t n = 0;
+    for (const auto& kv : list(prefix)) n += erase(kv.first) ? 1 : 0;
+    return n;
+  }
 
   /// A lease that expires `ttl` after its last keep_alive().
   virtual lease_id grant(std::chrono::milliseconds ttl) = 0;

@@ -1,6 +1,6 @@
 // The heartbeat of a rendezvous participant: a background thread that renews the participant's
 // lease every heartbeat_interval (its alive key and join records live on it) and re-creates the
-// run's claim on the store (<key_prefix>/active_run) under that lease. It notices when the store
+// run's registration (<key_prefix>/runs/<run_id>, run_keys.hpp) under that lease. It notices when the store
 // says the lease has expired (the group then counts us dead) and reports it through lost().
 //
 // Contract: the owner declares the keeper after everything the keeper's store reference needs;
@@ -39,12 +39,11 @@ class lease_keeper {
     return old;
   }
 
-  /// Starts the renewal thread, every `interval`, unless it runs already; `active_run_key` and
-  /// `run_id` are the run's claim, re-created on each renewal.
-  void start(std::chrono::milliseconds interval, std::string active_run_key, std::string run_id) {
+  /// Starts the renewal thread, every `interval`, unless it runs already; `run_key` is the
+  /// run's registration, re-created on each renewal.
+  void start(std::chrono::milliseconds interval, std::string run_key) {
     if (!thread_.started()) {
-      active_run_key_ = std::move(active_run_key);
-      run_id_ = std::move(run_id);
+      run_key_ = std::move(run_key);
       thread_ = internal::periodic_thread(interval, [this] {
         renew();
         return true;
@@ -65,7 +64,7 @@ class lease_keeper {
     try {
       store_.keep_alive(l);
       std::optional<std::string> actual;
-      store_.compare_set(active_run_key_, std::nullopt, run_id_, l, &actual);
+      store_.compare_set(run_key_, std::nullopt, "", l, &actual);
     } catch (const error& e) {
       // Only the lease we renewed counts: join() may have replaced it meanwhile.
       if (e.code() == errc::not_found && lease_.load() == l) lost_ = true;
@@ -74,8 +73,7 @@ class lease_keeper {
   }
 
   store& store_;
-  std::string active_run_key_;  // written only while no thread runs
-  std::string run_id_;
+  std::string run_key_;  // written only while no thread runs
   std::atomic<lease_id> lease_{0};
   std::atomic<bool> lost_{false};
   internal::periodic_thread thread_;  // last: it stops before the members it uses go away
