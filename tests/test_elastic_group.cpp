@@ -209,6 +209,22 @@ TEST_CASE("a participant of another run shares the store without disturbing the 
   for (std::size_t i : {0, 1}) check_finished(f, i, steps, want, "0");
 }
 
+TEST_CASE("a group refuses sharded state with a clear error instead of giving every rank rank 0's slice") {
+  scratch s;
+  fleet f(ELASTIC_GROUP_WORKER, s.url, "sharded", fast, s.events);
+  const std::vector<std::string> args{"--dir", s.ckpt, "--steps", "20", "--min", "2", "--max", "2", "--shard", "1"};
+  f.start("w0", args);
+  f.start("w1", args);
+  REQUIRE(f.wait_until([&] { return f.all_ended({0, 1}); }, 60s));
+  for (std::size_t i : {0, 1}) {
+    CHECK(exit_code_of(f[i].status) == 3);
+    const auto err = f.find(i, "error ");
+    REQUIRE(err);
+    CHECK(field(*err, "code") == "not_supported");
+    CHECK(err->find("'moments' is sharded") != std::string::npos);
+  }
+}
+
 TEST_CASE("a group that falls below min_ranks stops with a clear error and keeps its checkpoint") {
   scratch s;
   fleet f(ELASTIC_GROUP_WORKER, s.url, "shrink", fast, s.events);

@@ -70,8 +70,13 @@ void elastic_checkpoint(Archive& ar, history& h) {
 
 int main(int argc, char** argv) {
   std::chrono::milliseconds unavailable{30000};  // how long the etcd store may be away
+  bool shard = false;                            // --shard 1: also register a sharded entry
   const job_options o = elastic::test::parse_job_options(argc, argv, "elastic_group_worker", {},
                                                          [&](const std::string& name, long long v) {
+                                                           if (name == "--shard") {
+                                                             shard = v != 0;
+                                                             return true;
+                                                           }
                                                            if (name != "--unavailable-ms") return false;
                                                            unavailable = std::chrono::milliseconds(v);
                                                            return true;
@@ -85,6 +90,8 @@ int main(int argc, char** argv) {
     history hist;
     elastic::checkpoint::state st;
     st.add("w", w).add_value("samples_seen", samples_seen).add_object("history", hist);
+    std::vector<float> moments(shard ? 16 : 0);
+    if (shard) st.add_shard("moments", std::span<float>(moments), 0, 16);
 
     comm::gloo_group group(*store, elastic::test::group_options_of(o), comm::gloo_factory(o.timeout));
     elastic::training_loop loop({.dir = o.dir,

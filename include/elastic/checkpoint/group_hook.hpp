@@ -13,7 +13,8 @@ namespace elastic::inline v1::checkpoint {
 ///
 /// The state registered with the loop is replicated: every rank holds the same copy, so the
 /// group's rank 0 alone writes checkpoints (as a world of one) and, after a rebuild, sends its
-/// copy to the others. Sharded state (add_shard) is not resynced by a group.
+/// copy to the others. Sharded state (add_shard) is refused by elastic_group (errc::not_supported)
+/// rather than overwritten with rank 0's slice.
 class group_hook {
  public:
   virtual ~group_hook() = default;

@@ -61,6 +61,18 @@ bool broadcast_device(Run& run, const checkpoint::entry& e) {
 /// Throws errc::mismatch when this rank registered other state than rank 0.
 template <class Comm, class Run>
 std::optional<resynced> resync_state(Run& run, int rank, std::uint64_t step, checkpoint::state& st) {
+  // A group copies rank 0's state to every rank and writes it alone: a slice would become rank
+  // 0's slice everywhere, and the others' slices would never reach a checkpoint.
+  for (const auto& e : st.entries()) {
+    if (e.shard) {
+      throw error(errc::not_supported,
+                  fmt::format("elastic_group: state entry '{}' is sharded (add_shard), and a group resyncs and "
+                              "checkpoints replicated state only (every rank would get rank 0's slice): register "
+                              "replicated state with a group, or checkpoint sharded state from ranks that run "
+                              "without one (training_loop with rank and world_size)",
+                              e.name));
+    }
+  }
   std::vector<std::byte> payload;
   if (rank == 0) pack(st, payload, device_communicator<Comm>);
   std::int64_t head[3] = {static_cast<std::int64_t>(step), static_cast<std::int64_t>(fingerprint(st)),
