@@ -324,6 +324,90 @@ TEST_CASE("sharded entries are reassembled for another number of ranks") {
   }
 }
 
+TEST_CASE("the even partition tiles a buffer in rank order, and a partition that does not tile it is refused") {
+  using ck::slice;
+  CHECK(ck::partition_slices(ck::even_partition, "m", 10, 3) == std::vector<slice>{{0, 4}, {4, 3}, {7, 3}});
+  CHECK(ck::partition_slices(ck::even_partition, "m", 2, 3) == std::vector<slice>{{0, 1}, {1, 1}, {2, 0}});
+  CHECK(ck::partition_slices(ck::even_partition, "m", 0, 2) == std::vector<slice>{{0, 0}, {0, 0}});
+  // Any order is fine as long as the slices tile the buffer: here rank 0 holds the tail.
+  const ck::partition_fn reversed = [](std::uint64_t n, int r, int w) { return ck::even_partition(n, w - 1 - r, w); };
+  CHECK(ck::partition_slices(reversed, "m", 10, 3) == std::vector<slice>{{7, 3}, {4, 3}, {0, 4}});
+  const ck::partition_fn overlapping = [](std::uint64_t n, int r, int) { return slice{r == 0 ? 0u : n / 2 - 1, n / 2 + 1}; };
+  const ck::partition_fn gapped = [](std::uint64_t n, int r, int) { return slice{r == 0 ? 0u : n / 2 + 1, n / 2 - 1}; };
+  for (const auto* bad : {&overlapping, &gapped}) {
+    const auto e = error_of([&] { (void)ck::partition_slices(*bad, "adam_m", 10, 2); });
+    CHECK(e.code() == errc::invalid_argument);
+    CHECK(std::string(e.what()).find("sharded entry 'adam_m'") != std::string::npos);
+  }
+  CHECK(error_of([] { (void)ck::partition_slices(ck::even_partition, "m", 10, 0); }).code() == errc::invalid_argument);
+}
+
+TEST_CASE("a partitioned entry holds this rank's slice and follows the world when repartitioned") {
+  std::vector<float> m;
+  std::vector<double> user(100);  // storage the caller manages: slices of it are handed out
+  std::uint64_t asked = 0;
+  ck::state st;
+  st.add_partitioned("m", m, 10, 1, 3).add_partitioned(
+      "v",
+      [&](std::uint64_t count) {
+        asked = count;
+        return std::span<double>(user.data(), static_cast<std::size_t>(count));
+      },
+      10, 1, 3);
+  CHECK(m.size() == 3);
+  CHECK(asked == 3);
+  const auto* e = st.find("m");
+  REQUIRE(e);
+  CHECK(e->shard->offset == 4);
+  CHECK(e->shard->global_count == 10);
+  CHECK(e->bytes == 3 * sizeof(float));
+  st.repartition(0, 2);  // the world became 2: rank 0 holds [0, 5)
+  CHECK(m.size() == 5);
+  CHECK(asked == 5);
+  CHECK(st.find("m")->data == m.data());
+  CHECK(st.find("m")->shard->offset == 0);
+  CHECK(st.find("v")->bytes == 5 * sizeof(double));
+  CHECK(error_of([&] { st.repartition(2, 2); }).code() == errc::invalid_argument);  // no rank 2 of 2
+  CHECK(m.size() == 5);  // nothing changed
+  ck::state bad;
+  const auto e2 = error_of([&] {
+    bad.add_partitioned("w", [&](std::uint64_t) { return std::span<double>(user.data(), 1); }, 10, 0, 2);
+  });
+  CHECK(e2.code() == errc::invalid_argument);
+  CHECK(std::string(e2.what()).find("resize(5) returned 1 elements") != std::string::npos);
+}
+
+TEST_CASE("a checkpoint of partitioned state written by 4 ranks loads into 3 and into 5") {
+  elastic::test::temp_dir tmp;
+  const auto dir = tmp.file("ckpt"), events = tmp.file("events.jsonl");
+  const std::uint64_t global = 100003;
+  std::vector<float> truth(global);
+  std::iota(truth.begin(), truth.end(), 0.25f);
+  for (int r : {3, 2, 1, 0}) {  // rank 0 last: it commits once the others' parts are there
+    std::vector<float> m;
+    ck::state st;
+    st.add_partitioned("adam_m", m, global, r, 4);
+    const auto* e = st.find("adam_m");
+    std::copy_n(truth.begin() + static_cast<std::ptrdiff_t>(e->shard->offset), m.size(), m.begin());
+    ck::checkpointer c(st, opts(dir, events, r, 4));
+    c.snapshot(9);
+    c.wait_durable();
+  }
+  REQUIRE(ck::storage::list_steps(dir) == std::vector<std::uint64_t>{9});
+  for (int world : {3, 5}) {
+    std::vector<float> whole;
+    for (int r = 0; r < world; ++r) {
+      std::vector<float> m;
+      ck::state st;
+      st.add_partitioned("adam_m", m, global, r, world);
+      REQUIRE(ck::storage::load_step(dir, 9, st, r).step == 9);
+      CHECK(st.find("adam_m")->shard->offset == whole.size());
+      whole.insert(whole.end(), m.begin(), m.end());
+    }
+    CHECK(whole == truth);
+  }
+}
+
 TEST_CASE("rank 0 does not commit a step while another rank's part is missing") {
   elastic::test::temp_dir tmp;
   const auto dir = tmp.file("ckpt"), events = tmp.file("events.jsonl");

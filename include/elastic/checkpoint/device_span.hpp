@@ -9,6 +9,7 @@ namespace elastic::inline v1::checkpoint {
 /// snapshot copy it on a side CUDA stream; in a build without CUDA it cannot be snapshotted.
 template <class T>
 struct device_span {
+  using element_type = T;
   T* data = nullptr;
   std::size_t count = 0;
 

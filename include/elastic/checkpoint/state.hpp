@@ -5,10 +5,12 @@
 //   st.add("weights", elastic::device_span(d_w, n));   // device memory (CUDA builds)
 //   st.add("adam_m", std::span<float>(host_m));        // host memory
 //   st.add_shard("emb", std::span(local), offset, n);  // this rank's slice of a global buffer
+//   st.add_partitioned("adam_m", m, n, rank, world);    // a slice that follows the world size
 //   st.add_value("step", step);                        // trivially copyable scalars
 //   st.add_object("loader", loader);                   // user type via elastic_checkpoint()
 #pragma once
 
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -18,13 +20,35 @@
 #include <type_traits>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include <elastic/checkpoint/archive.hpp>
 #include <elastic/checkpoint/device_span.hpp>
 #include <elastic/checkpoint/dtype.hpp>
+#include <elastic/checkpoint/partition.hpp>
 #include <elastic/config.hpp>
 #include <elastic/error.hpp>
 
 namespace elastic::inline v1::checkpoint {
+
+namespace detail {
+template <class M>
+struct is_span : std::false_type {};
+template <class T, std::size_t N>
+struct is_span<std::span<T, N>> : std::true_type {};
+template <class M>
+struct is_device_span : std::false_type {};
+template <class T>
+struct is_device_span<device_span<T>> : std::true_type {};
+template <class T, std::size_t N>
+T* data_of(const std::span<T, N>& s) noexcept {
+  return s.data();
+}
+template <class T>
+T* data_of(const device_span<T>& s) noexcept {
+  return s.data;
+}
+}  // namespace detail
 
 /// Where an entry's bytes live.
 enum class location : std::uint8_t { host, device };
@@ -50,6 +74,10 @@ struct entry {
   std::size_t bytes = 0;                     ///< buffers and values; objects: 0 until serialized
   void* data = nullptr;                      ///< buffers and values
   std::optional<shard_range> shard;          ///< buffers only
+  /// Partitioned shards only (add_partitioned): each world's slices, and how the storage takes
+  /// a new slice of `count` elements (it returns the memory; the old contents may be gone).
+  partition_fn partition;
+  std::function<void*(std::uint64_t count)> resize;
   std::function<void(std::vector<std::byte>&)> save;            ///< objects only
   std::function<void(std::span<const std::byte>)> load;         ///< objects only
 
@@ -93,6 +121,73 @@ class state {
   state& add_shard(std::string name, device_span<T> data, std::uint64_t offset, std::uint64_t global_count) {
     if constexpr (!ELASTIC_WITH_CUDA) return add(std::move(name), data);  // throws the same clear error
     return add_buffer<T>(std::move(name), data.data, data.count, location::device, {}, shard_range{offset, global_count});
+  }
+
+  /// Rank `rank` of `world`'s slice of a global 1-D buffer of `global_count` elements, split by
+  /// `partition` (even by default), held in `storage`, which repartition() resizes when the world
+  /// changes: the entry then names the new slice. Loading a checkpoint written by another number
+  /// of ranks fills this rank's slice from theirs.
+  template <class T, class A>
+  state& add_partitioned(std::string name, std::vector<T, A>& storage, std::uint64_t global_count, int rank,
+                         int world, partition_fn partition = even_partition) {
+    return add_partitioned(
+        std::move(name),
+        [&storage](std::uint64_t count) {
+          storage.resize(static_cast<std::size_t>(count));
+          return std::span<T>(storage);
+        },
+        global_count, rank, world, std::move(partition));
+  }
+  /// The same with storage the caller manages: `resize(count)` makes room for a slice of `count`
+  /// elements and returns it, as a std::span<T> (host memory) or a device_span<T>. It is called
+  /// here for this world's slice, then at every repartition().
+  template <class Resize>
+    requires std::invocable<Resize&, std::uint64_t>
+  state& add_partitioned(std::string name, Resize resize, std::uint64_t global_count, int rank, int world,
+                         partition_fn partition = even_partition) {
+    using memory = std::invoke_result_t<Resize&, std::uint64_t>;
+    constexpr bool device = detail::is_device_span<memory>::value;
+    static_assert(device || detail::is_span<memory>::value,
+                  "add_partitioned: resize(count) must return a std::span<T> or an elastic::device_span<T>");
+    using T = typename memory::element_type;
+    static_assert(!std::is_const_v<T>, "add_partitioned: a slice is written on restore: return non-const elements");
+    if (!partition) throw error(errc::invalid_argument, "sharded entry '" + name + "': no partition function");
+    if constexpr (device && !ELASTIC_WITH_CUDA) return add(std::move(name), device_span<T>());  // the clear error
+    const slice mine = slice_of(partition, name, global_count, rank, world);
+    auto erased = [resize = std::move(resize), name](std::uint64_t count) mutable -> void* {
+      const memory m = resize(count);
+      if (m.size() != count) {
+        throw error(errc::invalid_argument, fmt::format("sharded entry '{}': resize({}) returned {} elements", name,
+                                                        count, m.size()));
+      }
+      return detail::data_of(m);
+    };
+    void* data = erased(mine.count);
+    add_buffer<T>(name, static_cast<T*>(data), static_cast<std::size_t>(mine.count),
+                  device ? location::device : location::host, {}, shard_range{mine.offset, global_count});
+    entries_.back().partition = std::move(partition);
+    entries_.back().resize = std::move(erased);
+    return *this;
+  }
+
+  /// Gives every partitioned entry (add_partitioned) rank `rank` of `world`'s slice: its storage
+  /// is resized to the new slice and the entry names it. The contents are the storage's own
+  /// (a std::vector keeps what fits): the caller fills the new slice, from the ranks that held
+  /// it or from a checkpoint. Entries registered with add_shard keep their fixed slice.
+  void repartition(int rank, int world) {
+    std::vector<slice> next;
+    for (const auto& e : entries_) {  // all checked before anything changes
+      if (e.partition) next.push_back(slice_of(e.partition, e.name, e.shard->global_count, rank, world));
+    }
+    std::size_t i = 0;
+    for (auto& e : entries_) {
+      if (!e.partition) continue;
+      const slice s = next[i++];
+      e.data = e.resize(s.count);
+      e.bytes = static_cast<std::size_t>(s.count) * e.element_bytes;
+      e.shape = {s.count};
+      e.shard = shard_range{s.offset, e.shard->global_count};
+    }
   }
 
   /// A trivially copyable value (step counter, RNG state, a small struct), copied at snapshot.
@@ -178,6 +273,16 @@ class state {
                                               std::to_string(shard->global_count) + " elements");
     }
     return push(std::move(e));
+  }
+
+  static slice slice_of(const partition_fn& partition, const std::string& name, std::uint64_t global_count, int rank,
+                        int world) {
+    const auto all = partition_slices(partition, name, global_count, world);
+    if (rank < 0 || rank >= world) {
+      throw error(errc::invalid_argument,
+                  fmt::format("sharded entry '{}': rank {} is not in a world of {} ranks", name, rank, world));
+    }
+    return all[static_cast<std::size_t>(rank)];
   }
 
   state& push(entry e) {
