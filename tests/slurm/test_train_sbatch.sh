@@ -27,12 +27,14 @@ rc=$?
 fail() { echo "FAIL: $*" >&2; exit 1; }
 field() { scontrol -o show job "$1" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$2=//p"; }
 state() { field "$1" JobState; }
-# wait_done JOB SECONDS: until the job has ended (its state is none of the live ones).
+# Whether a job state is final. Anything else (PENDING, RUNNING, REQUEUED, SIGNALING, COMPLETING,
+# ...) may still change: a job passes through short-lived states while it is signalled or requeued.
+ended() { case $1 in COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|BOOT_FAIL|DEADLINE|OUT_OF_MEMORY) return 0 ;; esac; return 1; }
+# wait_done JOB SECONDS: until the job has ended.
 wait_done() {
-  local job=$1 t=$(( $2 * 5 )) s
+  local job=$1 t=$(( $2 * 5 ))
   while [ "$t" -gt 0 ]; do
-    s=$(state "$job")
-    case $s in PENDING|RUNNING|REQUEUED|COMPLETING|CONFIGURING|SUSPENDED|REQUEUE_HOLD|REQUEUE_FED|RESIZING|"") ;; *) return 0 ;; esac
+    ended "$(state "$job")" && return 0
     sleep 0.2
     t=$((t - 1))
   done
@@ -65,7 +67,7 @@ short=(--steps 1000 --every 100)
   fail "the undisturbed short run failed"
 ref_long=$(crc "$work/ref/ref-long")
 ref_short=$(crc "$work/ref/ref-short")
-[ -n "$ref_long" ] && [ -n "$ref_short" ] || fail "no weights from the undisturbed runs"
+if [ -z "$ref_long" ] || [ -z "$ref_short" ]; then fail "no weights from the undisturbed runs"; fi
 
 # Every stop wrote a final checkpoint at the step it stopped, and the next start resumed there.
 check_resumes() {
@@ -79,7 +81,7 @@ check_resumes() {
     grep -q "stopped, checkpoint step-$(printf '%012d' "$s") saved; requeueing" "$work/out-$job.txt" ||
       { show "$job"; fail "job $job: step $s was not the newest committed checkpoint when the job stopped"; }
   done
-  echo "job $job: stopped at steps $(echo $stops), resumed from $(echo $starts)"
+  echo "job $job: stopped at steps $(tr "\n" " " <<<"$stops"), resumed from $(tr "\n" " " <<<"$starts")"
 }
 
 # 1. The time-limit notice, at every start, until training is done.
@@ -114,15 +116,11 @@ signalled=-1
 for _ in $(seq 1 1200); do
   s=$(state "$job")
   r=$(field "$job" Restarts)
-  case $s in
-    RUNNING)
-      if [ "$r" != "$signalled" ] && grep -q "start $((r + 1))," "$work/out-$job.txt" 2>/dev/null; then
-        sleep 3
-        scancel --signal=TERM "$job" && signalled=$r
-      fi ;;
-    PENDING|REQUEUED|COMPLETING|CONFIGURING) ;;
-    *) break ;;
-  esac
+  ended "$s" && break
+  if [ "$s" = RUNNING ] && [ "$r" != "$signalled" ] && grep -q "start $((r + 1))," "$work/out-$job.txt" 2>/dev/null; then
+    sleep 3
+    scancel --signal=TERM "$job" && signalled=$r
+  fi
   sleep 0.1
 done
 wait_done "$job" 60
