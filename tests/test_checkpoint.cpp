@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -422,6 +423,138 @@ TEST_CASE("rank 0 does not commit a step while another rank's part is missing") 
   CHECK(e.code() == errc::timeout);
   CHECK(ck::storage::list_steps(dir).empty());
   CHECK(elastic::test::events_named(events, "checkpoint_failed").size() == 1);
+}
+
+TEST_CASE("set_world abandons a step still waiting for a rank of the old world, and the new world commits") {
+  elastic::test::temp_dir tmp;
+  const auto dir = tmp.file("ckpt"), events = tmp.file("events.jsonl");
+  std::vector<float> w(1000, 1.5f);
+  std::uint64_t counter = 5;
+  ck::state st;
+  st.add("w", w).add_value("counter", counter);
+  auto o = opts(dir, events, 0, 2);
+  o.commit_timeout = std::chrono::seconds(60);
+  ck::checkpointer c(st, o);
+  c.snapshot(5);
+  c.before_update();
+  // Rank 0's part is written, then it waits for rank 1's, which never comes (rank 1 is gone).
+  const auto own_part = fs::path(dir) / ck::format::pending_dir_name(5) / ck::format::rank_manifest_name(0);
+  for (int i = 0; i < 2000 && !fs::exists(own_part); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  const auto t0 = std::chrono::steady_clock::now();
+  c.set_world(0, 1);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));  // not the 60 s commit timeout
+  CHECK(c.rank() == 0);
+  CHECK(c.world_size() == 1);
+  CHECK(ck::storage::list_steps(dir).empty());
+  const auto abandoned = elastic::test::events_named(events, "checkpoint_abandoned");
+  REQUIRE(abandoned.size() == 1);
+  CHECK(contains(abandoned[0], "\"step\":5"));
+  CHECK(contains(abandoned[0], "the group changed"));
+  CHECK(elastic::test::events_named(events, "checkpoint_failed").empty());
+  CHECK_NOTHROW(c.wait_durable());
+  CHECK(c.stats().abandoned == 1);
+  CHECK(c.stats().failed == 0);
+  // The new world of one commits on its own.
+  counter = 6;
+  c.snapshot(6);
+  c.before_update();
+  CHECK_NOTHROW(c.wait_durable());
+  CHECK(steps_once(dir, {6}) == std::vector<std::uint64_t>{6});
+  counter = 0;
+  CHECK(ck::storage::load_step(dir, 6, st, 0).world_size == 1);
+  CHECK(counter == 6);
+}
+
+TEST_CASE("set_world after a repartition lays the staging out again, and the new world's step loads into any world") {
+  elastic::test::temp_dir tmp;
+  const auto dir = tmp.file("ckpt"), events = tmp.file("events.jsonl");
+  const std::uint64_t global = 100003;
+  std::vector<float> truth(global);
+  std::iota(truth.begin(), truth.end(), 0.75f);
+  auto fill_slice = [&](const ck::state& st, std::vector<float>& m) {
+    std::copy_n(truth.begin() + static_cast<std::ptrdiff_t>(st.find("adam_m")->shard->offset), m.size(), m.begin());
+  };
+  std::uint64_t counter = 42;
+  std::vector<float> m;
+  ck::state st;
+  st.add_partitioned("adam_m", m, global, 1, 4).add_value("counter", counter);
+  fill_slice(st, m);
+  ck::checkpointer c(st, opts(dir, events, 1, 4));
+  const std::size_t before = c.staging_bytes();
+  // A snapshot of the old world, still being written while the world changes: its part keeps
+  // the old slice, whatever the state says by then.
+  c.snapshot(3);
+  c.before_update();
+  st.repartition(0, 3);  // rank 1 of 4 becomes rank 0 of 3: a larger slice
+  fill_slice(st, m);
+  CHECK(error_of([&] { c.snapshot(4); }).code() == errc::mismatch);  // the staging no longer fits
+  c.set_world(0, 3);
+  CHECK(c.rank() == 0);
+  CHECK(c.world_size() == 3);
+  CHECK(c.staging_bytes() > before);
+  const auto old_part = ck::storage::read_rank_manifest(fs::path(dir) / ck::format::pending_dir_name(3), 1);
+  CHECK(old_part.world_size == 4);
+  REQUIRE(old_part.entries.at(0).shard);
+  CHECK(old_part.entries.at(0).shard->offset == ck::even_partition(global, 1, 4).offset);
+  // Ranks 1 and 2 of the new world write theirs; rank 0 commits.
+  for (int r : {1, 2}) {
+    std::vector<float> other;
+    ck::state ost;
+    ost.add_partitioned("adam_m", other, global, r, 3).add_value("counter", counter);
+    fill_slice(ost, other);
+    ck::checkpointer oc(ost, opts(dir, events, r, 3));
+    oc.snapshot(7);
+    oc.wait_durable();
+  }
+  c.snapshot(7);
+  c.before_update();
+  c.wait_durable();
+  REQUIRE(ck::storage::list_steps(dir) == std::vector<std::uint64_t>{7});
+  for (int world : {3, 2}) {
+    std::vector<float> whole;
+    for (int r = 0; r < world; ++r) {
+      std::vector<float> part;
+      std::uint64_t c0 = 0;
+      ck::state rst;
+      rst.add_partitioned("adam_m", part, global, r, world).add_value("counter", c0);
+      REQUIRE(ck::storage::load_step(dir, 7, rst, r).world_size == 3);
+      CHECK(c0 == 42);
+      whole.insert(whole.end(), part.begin(), part.end());
+    }
+    REQUIRE(whole.size() == truth.size());
+    CHECK(std::memcmp(whole.data(), truth.data(), truth.size() * sizeof(float)) == 0);
+  }
+}
+
+TEST_CASE("set_world refuses a rank outside the world, or a layout over the budget, and changes nothing") {
+  elastic::test::temp_dir tmp;
+  const auto dir = tmp.file("ckpt"), events = tmp.file("events.jsonl");
+  std::vector<float> m;
+  ck::state st;
+  st.add_partitioned("m", m, 4000, 1, 2);  // 2000 floats
+  auto o = opts(dir, events, 1, 2);
+  o.staging_budget = 9000;  // one slot of 8000 bytes
+  ck::checkpointer c(st, o);
+  REQUIRE(c.staging_bytes() == 8000);
+  for (auto [rank, world] : {std::pair{-1, 2}, {2, 2}, {0, 0}, {3, 1}}) {
+    const auto e = error_of([&] { c.set_world(rank, world); });
+    CHECK(e.code() == errc::invalid_argument);
+    CHECK(contains(e.what(), "rank " + std::to_string(rank) + " of world size " + std::to_string(world)));
+  }
+  CHECK(c.rank() == 1);
+  CHECK(c.world_size() == 2);
+  st.repartition(0, 1);  // all 4000 floats: over the budget
+  const auto e = error_of([&] { c.set_world(0, 1); });
+  CHECK(e.code() == errc::capacity_exhausted);
+  CHECK(contains(e.what(), "raise staging_budget"));
+  CHECK(c.rank() == 1);
+  CHECK(c.world_size() == 2);
+  CHECK(c.staging_bytes() == 8000);
+  st.repartition(1, 2);  // back to the world the checkpointer has: its snapshots work as before
+  c.snapshot(1);
+  c.before_update();
+  CHECK_NOTHROW(c.wait_durable());
+  CHECK(ck::storage::read_rank_manifest(fs::path(dir) / ck::format::pending_dir_name(1), 1).world_size == 2);
 }
 
 TEST_CASE("a full disk fails the write with a clear error and keeps the previous step") {

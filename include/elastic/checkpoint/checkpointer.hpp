@@ -7,7 +7,7 @@
 // forward/backward runs meanwhile; before_update() is the fence the optimizer step must pass.
 // A persister thread then writes the staged copy (storage.hpp) while training goes on. Staging
 // is allocated once: two slots when the budget allows, so one snapshot can be copied while the
-// previous one is written.
+// previous one is written; set_world() lays it out again when the world's slices change sizes.
 //
 // Nothing but elastic::error leaves the engine: whatever a background thread catches is turned
 // into one before a caller sees it.
@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -68,6 +69,7 @@ struct checkpointer_stats {
   std::uint64_t snapshots = 0;
   std::uint64_t committed = 0;  ///< parts written (rank != 0) or steps committed (rank 0)
   std::uint64_t failed = 0;
+  std::uint64_t abandoned = 0;  ///< steps rank 0 gave up committing when the world changed (set_world)
   std::optional<std::uint64_t> last_durable_step;
   double stall_seconds = 0;       ///< caller blocked in snapshot() and before_update()
   double last_stall_seconds = 0;  ///< of the newest snapshot
@@ -91,7 +93,8 @@ class checkpointer {
     // The copier waits on events of this device: it makes the device its own, or its first CUDA
     // call would open a context on GPU 0 (a rank on GPU 3 would hold memory on GPU 0).
     if (st_.has_device_entries()) device_ = internal::cuda::current_device();
-    allocate_slots();
+    layout_ = lay_out();
+    slots_ = make_slots(layout_);
     if (st_.has_device_entries()) side_ = internal::cuda::stream::create();
     copier_ = std::jthread([this] { copy_loop(); });
     persister_ = std::jthread([this] { persist_loop(); });
@@ -115,6 +118,8 @@ class checkpointer {
   [[nodiscard]] const checkpointer_options& options() const noexcept { return opts_; }
   [[nodiscard]] const event_log& events() const noexcept { return events_; }
   [[nodiscard]] std::size_t staging_slots() const noexcept { return slots_.size(); }
+  /// Bytes of one staging slot: one copy of the registered buffers and values.
+  [[nodiscard]] std::size_t staging_bytes() const noexcept { return layout_.bytes; }
 
   /// Loads the newest valid step into the state; returns its manifest, or nothing for a fresh
   /// start (no step, or none usable). Call before training (no snapshot in flight). Steps it
@@ -124,10 +129,10 @@ class checkpointer {
     wait_durable_quiet();
     const auto t0 = std::chrono::steady_clock::now();
     // Idle, so a snapshot slot is free to serve as the restore's staging.
-    auto& slot0 = *slots_.front();
+    std::span<std::byte> scratch;
+    if (!slots_.empty()) scratch = {slots_.front()->memory.data(), slots_.front()->memory.size()};
     std::vector<storage::skipped_step> skipped;
-    auto m = storage::restore_newest_at(dir_.fd(), opts_.dir, st_, opts_.rank, events_,
-                                        std::span<std::byte>(slot0.memory.data(), slot0.memory.size()), &skipped);
+    auto m = storage::restore_newest_at(dir_.fd(), opts_.dir, st_, opts_.rank, events_, scratch, &skipped);
     if (opts_.rank == 0) {
       // Left in place, a damaged step would shadow the steps this run commits (retention would
       // count it; a restart would try it first). Every rank of a group may race us here.
@@ -157,8 +162,11 @@ class checkpointer {
 
   /// Captures the state as of now under `step` and returns; the copy and the write go on in
   /// the background. `stream` is the stream whose queued work must land in the snapshot.
+  /// Throws errc::mismatch when an entry changed size since the staging was laid out (a
+  /// state::repartition() not yet followed by set_world()).
   void snapshot(std::uint64_t step, std::map<std::string, std::string> metadata = {}, stream_handle stream = nullptr) {
     const auto t0 = std::chrono::steady_clock::now();
+    check_staging();
     std::unique_lock lk(mu_);
     // Backpressure: with every slot still being written, wait (the stall is counted).
     slot* s = nullptr;
@@ -171,6 +179,7 @@ class checkpointer {
   bool try_snapshot(std::uint64_t step, std::map<std::string, std::string> metadata = {},
                     stream_handle stream = nullptr) {
     const auto t0 = std::chrono::steady_clock::now();
+    check_staging();
     std::unique_lock lk(mu_);
     slot* s = free_slot_locked();
     if (s == nullptr) return false;
@@ -198,10 +207,11 @@ class checkpointer {
     if (!s->has_device_copies || s->device_fenced) fence_slot_ = nullptr;
   }
 
-  /// Blocks until every snapshot taken so far is durable or failed, then throws the error of
-  /// the newest snapshot if that one failed (an elastic::error), for as long as it stays the
-  /// newest. An older failure that a later snapshot's commit superseded is not thrown: its
-  /// checkpoint_failed event told of it, and the newest state is saved.
+  /// Blocks until every snapshot taken so far is durable, failed or abandoned (set_world), then
+  /// throws the error of the newest snapshot if that one failed (an elastic::error), for as long
+  /// as it stays the newest. An older failure that a later snapshot's commit superseded is not
+  /// thrown: its checkpoint_failed event told of it, and the newest state is saved. An abandoned
+  /// step is no failure: it is never thrown.
   void wait_durable() {
     std::unique_lock lk(mu_);
     cv_.wait(lk, [&] { return durable_locked(); });
@@ -216,6 +226,23 @@ class checkpointer {
     return true;
   }
 
+  /// Makes later snapshots parts of rank `rank` of a world of `world` (an elastic group after a
+  /// rebuild). Call it at a safe point, with no snapshot() running, after state::repartition()
+  /// (the old world's snapshots must be past before_update(): their copies read the old slices).
+  ///
+  /// The old world's snapshots finish copying and their parts are written; rank 0 of the old
+  /// world waits for no other rank: a step still missing a part is abandoned at once (left
+  /// uncommitted, its pending directory for the next retention sweep; event
+  /// checkpoint_abandoned, reason "the group changed"; never thrown by wait_durable()). Returns
+  /// once nothing of the old world is in flight, so never later than the local copies and
+  /// writes take. When an entry's size changed, the staging is laid out and allocated again.
+  ///
+  /// Throws errc::invalid_argument (no such rank) or errc::capacity_exhausted (the new layout
+  /// does not fit staging_budget) with nothing changed. When the new staging cannot be
+  /// allocated (the old one is freed first), the old layout is allocated again, rank and world
+  /// stay, and snapshots of the resized state throw errc::mismatch until a set_world() succeeds.
+  void set_world(int rank, int world);
+
   [[nodiscard]] checkpointer_stats stats() const {
     std::lock_guard lk(mu_);
     return stats_;
@@ -228,6 +255,15 @@ class checkpointer {
     detail::host_memory memory;
     std::vector<std::vector<std::byte>> objects;
     std::vector<staged_entry> staged;
+    // What the writer and the copier need, taken at snapshot time: neither reads the state's
+    // entries, which state::repartition() may change while this slot is being written.
+    std::vector<entry> records;  // each entry's description (no memory, no callbacks)
+    struct host_copy {
+      std::byte* to;
+      const void* from;
+      std::size_t bytes;
+    };
+    std::vector<host_copy> host_copies;  // the copier's work: host buffers into staging
     std::map<std::string, std::string> metadata;
     std::uint64_t step = 0;
     std::uint64_t sequence = 0;
@@ -246,15 +282,28 @@ class checkpointer {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
 
-  // The definitions of these four are in detail/checkpointer_workers.hpp.
-  /// Allocates the staging slots once: two when the budget allows, else one; throws when not even one fits.
-  void allocate_slots();
+  /// Where each entry's copy sits in a slot, and how many slots the budget allows.
+  struct staging_layout {
+    std::vector<std::size_t> sizes;    // each entry's bytes when laid out (objects: 0)
+    std::vector<std::size_t> offsets;  // into a slot's memory
+    std::size_t bytes = 0;             // of one slot
+    std::size_t slots = 0;
+  };
+
+  // The definitions of these are in detail/checkpointer_workers.hpp.
+  /// The layout of the state as it is now: two slots when the budget allows, else one; throws
+  /// errc::capacity_exhausted when not even one fits.
+  staging_layout lay_out() const;
+  std::vector<std::unique_ptr<slot>> make_slots(const staging_layout& layout) const;
+  /// Throws unless the staging fits the state as it is now (caller's thread, like set_world).
+  void check_staging() const;
 
   // Stages the state into slot `s` (free, found under `lk`) and hands it to the writer.
   void fill(slot& s, std::unique_lock<std::mutex>& lk, std::chrono::steady_clock::time_point t0, std::uint64_t step,
             std::map<std::string, std::string> metadata, stream_handle stream);
 
   slot* free_slot_locked() {
+    if (changing_world_) return nullptr;  // set_world is replacing the staging
     for (auto& s : slots_)
       if (s->phase == slot_phase::free) return s.get();
     return nullptr;
@@ -321,7 +370,7 @@ class checkpointer {
   state& st_;
   checkpointer_options opts_;
   event_log events_;
-  std::vector<std::size_t> offsets_;
+  staging_layout layout_;  // changed by set_world only, with every slot free
   std::vector<std::unique_ptr<slot>> slots_;
   internal::cuda::stream side_;
   int device_ = 0;  // the device of the device entries, made current on the copier thread
@@ -329,6 +378,8 @@ class checkpointer {
   std::condition_variable cv_;
   bool stopping_ = false;
   bool retaining_ = false;  // the persister is deleting old steps (after a commit)
+  bool changing_world_ = false;       // set_world: no slot is handed out
+  std::atomic<bool> abandon_{false};  // set_world: rank 0 stops waiting for the old world's parts
   std::uint64_t sequence_ = 0;
   slot* fence_slot_ = nullptr;
   checkpointer_stats stats_;

@@ -1,41 +1,118 @@
 // The checkpointer's staging and its two background threads, defined out of the class
-// (checkpointer.hpp holds the engine's interface and its invariants): allocate_slots sizes the
-// staging once; fill stages a snapshot; copy_loop copies buffers into staging (memcpy, or
-// cudaMemcpyAsync on the side stream); persist_loop writes, commits and retires steps in order.
+// (checkpointer.hpp holds the engine's interface and its invariants): lay_out and make_slots size
+// the staging; fill stages a snapshot; copy_loop copies buffers into staging (memcpy, or
+// cudaMemcpyAsync on the side stream); persist_loop writes, commits and retires steps in order;
+// set_world drains the old world and lays the staging out again for the new one.
 #pragma once
 
 #include <elastic/checkpoint/checkpointer.hpp>
 
 namespace elastic::inline v1::checkpoint {
 
-inline void checkpointer::allocate_slots() {
-  std::size_t fixed = 0;
-  offsets_.clear();
+inline checkpointer::staging_layout checkpointer::lay_out() const {
+  staging_layout l;
   for (const auto& e : st_.entries()) {
-    offsets_.push_back(fixed);
-    if (e.kind != entry_kind::object) fixed += (e.bytes + 63) / 64 * 64;  // cache-line aligned copies
+    const std::size_t bytes = e.kind == entry_kind::object ? 0 : e.bytes;
+    l.sizes.push_back(bytes);
+    l.offsets.push_back(l.bytes);
+    l.bytes += (bytes + 63) / 64 * 64;  // cache-line aligned copies
   }
   std::size_t budget = opts_.staging_budget;
   if (budget == 0) {
     const auto ram = static_cast<std::size_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
-    budget = std::min(2 * fixed, std::max(fixed, ram / 2));
+    budget = std::min(2 * l.bytes, std::max(l.bytes, ram / 2));
   }
-  if (fixed > budget) {
+  if (l.bytes > budget) {
     throw error(errc::capacity_exhausted,
                 fmt::format("checkpoint staging needs {} bytes for one snapshot of the registered state but the "
                             "budget is {} bytes: raise staging_budget, or register less state",
-                            fixed, budget));
+                            l.bytes, budget));
   }
-  const std::size_t n = fixed == 0 ? 2 : std::min<std::size_t>(2, budget / fixed);
-  const bool pinned = st_.has_device_entries();
-  for (std::size_t i = 0; i < n; ++i) {
-    auto& s = slots_.emplace_back(std::make_unique<slot>());
-    s->memory = detail::host_memory(fixed, pinned);
-    if (st_.has_device_entries()) {
+  l.slots = l.bytes == 0 ? 2 : std::min<std::size_t>(2, budget / l.bytes);
+  return l;
+}
+
+inline std::vector<std::unique_ptr<checkpointer::slot>> checkpointer::make_slots(const staging_layout& layout) const {
+  std::vector<std::unique_ptr<slot>> slots;
+  const bool device = st_.has_device_entries();
+  for (std::size_t i = 0; i < layout.slots; ++i) {
+    auto& s = slots.emplace_back(std::make_unique<slot>());
+    s->memory = detail::host_memory(layout.bytes, device);  // pinned for device copies
+    if (device) {
       s->ready = internal::cuda::event::create();
       s->copied = internal::cuda::event::create();
     }
   }
+  return slots;
+}
+
+inline void checkpointer::check_staging() const {
+  if (slots_.empty()) {
+    throw error(errc::capacity_exhausted, "checkpoint staging could not be allocated again after set_world failed: "
+                                          "call set_world again once memory is free");
+  }
+  const auto& entries = st_.entries();
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    const std::size_t bytes = entries[i].kind == entry_kind::object ? 0 : entries[i].bytes;
+    if (i >= layout_.sizes.size() || bytes != layout_.sizes[i]) {
+      throw error(errc::mismatch,
+                  fmt::format("checkpoint entry '{}' is {} bytes, but the staging was laid out for {}: after "
+                              "state::repartition() or adding entries, call set_world(rank, world) before a snapshot",
+                              entries[i].name, bytes, i < layout_.sizes.size() ? layout_.sizes[i] : 0));
+    }
+  }
+}
+
+inline void checkpointer::set_world(int rank, int world) {
+  if (world < 1 || rank < 0 || rank >= world) {
+    throw error(errc::invalid_argument,
+                fmt::format("checkpointer::set_world: rank {} of world size {} is impossible", rank, world));
+  }
+  staging_layout next;
+  try {
+    next = lay_out();  // a layout that does not fit is refused before anything changes
+  } catch (...) {
+    std::rethrow_exception(detail::as_library_error(std::current_exception(), "checkpointer::set_world"));
+  }
+  // Slots of the old layout serve as long as every entry still sits where it did.
+  const bool relayout = next.offsets != layout_.offsets || next.bytes != layout_.bytes || slots_.empty();
+  std::vector<std::unique_ptr<slot>> old;
+  {
+    std::unique_lock lk(mu_);
+    changing_world_ = true;                           // no snapshot starts meanwhile
+    abandon_.store(true, std::memory_order_release);  // rank 0 stops waiting for the old world
+    cv_.wait(lk, [&] { return idle_locked(); });
+    // Every slot is free: neither thread holds one, and none is handed out until we are done.
+    fence_slot_ = nullptr;
+    if (relayout) old = std::exchange(slots_, {});
+  }
+  std::exception_ptr failure;
+  std::vector<std::unique_ptr<slot>> fresh;
+  if (relayout) {
+    old.clear();  // the old staging goes first: the new one may need the memory
+    try {
+      fresh = make_slots(next);
+    } catch (...) {
+      failure = detail::as_library_error(std::current_exception(), "checkpointer::set_world: new staging");
+      try {
+        fresh = make_slots(layout_);  // the size just freed; still, snapshots check (check_staging)
+      } catch (...) {
+      }
+    }
+  }
+  {
+    std::lock_guard lk(mu_);
+    if (relayout) slots_ = std::move(fresh);
+    if (!failure) {
+      layout_ = std::move(next);
+      opts_.rank = rank;
+      opts_.world_size = world;
+    }
+    abandon_.store(false, std::memory_order_release);
+    changing_world_ = false;
+  }
+  cv_.notify_all();
+  if (failure) std::rethrow_exception(failure);
 }
 
 inline void checkpointer::fill(slot& s, std::unique_lock<std::mutex>& lk, std::chrono::steady_clock::time_point t0, std::uint64_t step,
@@ -48,18 +125,29 @@ inline void checkpointer::fill(slot& s, std::unique_lock<std::mutex>& lk, std::c
   s.staged.clear();
   s.objects.clear();
   s.objects.reserve(st_.entries().size());
+  s.host_copies.clear();
   s.has_host_copies = false;
   s.has_device_copies = false;
   const auto& entries = st_.entries();
+  s.records.resize(entries.size());  // before staged points into it
   for (std::size_t i = 0; i < entries.size(); ++i) {
     const entry& e = entries[i];
+    entry& r = s.records[i];  // assigned field by field: capacity is reused, callbacks are not copied
+    r.name = e.name;
+    r.kind = e.kind;
+    r.type = e.type;
+    r.shape = e.shape;
+    r.element_bytes = e.element_bytes;
+    r.where = e.where;
+    r.bytes = e.bytes;
+    r.shard = e.shard;
     if (e.kind == entry_kind::object) {
       auto& bytes = s.objects.emplace_back();
       e.save(bytes);
-      s.staged.push_back({&e, std::span<const std::byte>(bytes)});
+      s.staged.push_back({&r, std::span<const std::byte>(bytes)});
       continue;
     }
-    std::byte* dst = s.memory.data() + offsets_[i];
+    std::byte* dst = s.memory.data() + layout_.offsets[i];
     if (e.kind == entry_kind::value) {
       std::memcpy(dst, e.data, e.bytes);
     } else if (e.where == location::device) {
@@ -71,9 +159,10 @@ inline void checkpointer::fill(slot& s, std::unique_lock<std::mutex>& lk, std::c
       internal::cuda::copy_to_host_async(dst, e.data, e.bytes, side_.get());
       s.has_device_copies = true;
     } else {
+      if (e.bytes) s.host_copies.push_back({dst, e.data, e.bytes});
       s.has_host_copies = true;
     }
-    s.staged.push_back({&e, std::span<const std::byte>(dst, e.bytes)});
+    s.staged.push_back({&r, std::span<const std::byte>(dst, e.bytes)});
   }
   if (s.has_device_copies) s.copied.record(side_.get());
 
@@ -103,13 +192,7 @@ inline void checkpointer::copy_loop() {
     s->copy_started = true;
     lk.unlock();
     try {
-      const auto& entries = st_.entries();
-      for (std::size_t i = 0; i < entries.size(); ++i) {
-        const entry& e = entries[i];
-        if (e.kind == entry_kind::buffer && e.where == location::host && e.bytes) {
-          std::memcpy(s->memory.data() + offsets_[i], e.data, e.bytes);
-        }
-      }
+      for (const auto& c : s->host_copies) std::memcpy(c.to, c.from, c.bytes);
       if (s->has_device_copies) s->copied.synchronize();
     } catch (...) {
       // A failed device copy: the snapshot is lost, training is not.
@@ -135,6 +218,7 @@ inline void checkpointer::persist_loop() {
     const auto t0 = std::chrono::steady_clock::now();
     std::uint64_t bytes = 0;
     std::exception_ptr failure;
+    bool abandoned = false;
     try {
       bytes = storage::write_rank_part(dir_, s->step, opts_.rank, opts_.world_size, opts_.run_id, s->staged,
                                        opts_.chunk_bytes);
@@ -145,7 +229,7 @@ inline void checkpointer::persist_loop() {
         m.run_id = opts_.run_id;
         m.time = now_rfc3339();
         m.metadata = s->metadata;
-        storage::commit_step(dir_, m, opts_.commit_timeout, events_);
+        abandoned = !storage::commit_step(dir_, m, opts_.commit_timeout, events_, &abandon_);
       }
     } catch (...) {
       failure = detail::as_library_error(std::current_exception(), fmt::format("checkpoint step {}", s->step));
@@ -154,6 +238,14 @@ inline void checkpointer::persist_loop() {
     lk.lock();
     if (failure) {
       fail_locked(*s, failure);
+      continue;
+    }
+    if (abandoned) {
+      // Not a failure: the old world's step simply will not be complete. The settled outcome
+      // stays as it was, so wait_durable() throws nothing new for it.
+      ++stats_.abandoned;
+      events_.emit("checkpoint_abandoned", {{"step", s->step}, {"reason", "the group changed"}});
+      release_locked(*s);
       continue;
     }
     ++stats_.committed;

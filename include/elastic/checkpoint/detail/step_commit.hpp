@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
@@ -91,9 +92,13 @@ inline std::uint64_t write_rank_part(const internal::private_dir& root, std::uin
 }
 
 /// Rank 0: once every rank's part of `step` is durable in the pending directory, writes the
-/// step manifest and makes the step visible. Waits at most `timeout` for the other ranks.
-inline void commit_step(const internal::private_dir& root, const format::step_manifest& manifest,
-                        std::chrono::milliseconds timeout, const event_log& events = {}) {
+/// step manifest and makes the step visible, and returns true. Waits at most `timeout` for the
+/// other ranks, and not at all once `abandon` is raised (the group changed: a rank of the old
+/// world may be gone): a part still missing then ends the wait at once and it returns false,
+/// the step uncommitted and its pending directory left for retention to sweep.
+inline bool commit_step(const internal::private_dir& root, const format::step_manifest& manifest,
+                        std::chrono::milliseconds timeout, const event_log& events = {},
+                        const std::atomic<bool>* abandon = nullptr) {
   const std::string pending_name = format::pending_dir_name(manifest.step);
   const auto pending = root.subdir(pending_name);
   const auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -104,6 +109,7 @@ inline void commit_step(const internal::private_dir& root, const format::step_ma
       struct stat st {};
       if (::fstatat(pending.fd(), part.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) break;
       if (errno != ENOENT) throw os_error("cannot look for " + (pending / part).string());
+      if (abandon && abandon->load(std::memory_order_acquire)) return false;
       if (std::chrono::steady_clock::now() >= deadline) {
         throw error(errc::timeout, fmt::format("checkpoint step {}: rank {} did not write its part within {} ms; "
                                                "the step stays uncommitted and the previous one is kept",
@@ -131,7 +137,7 @@ inline void commit_step(const internal::private_dir& root, const format::step_ma
     if (::renameat2(root.fd(), pending_name.c_str(), root.fd(), final_name.c_str(), RENAME_EXCHANGE) == 0) {
       root.sync();
       remove_quietly(root, pending_name, events);
-      return;
+      return true;
     }
     if (errno != EINVAL && errno != ENOSYS) {
       throw os_error("cannot exchange " + pending.path().string() + " with " + (root / final_name).string());
@@ -147,12 +153,13 @@ inline void commit_step(const internal::private_dir& root, const format::step_ma
     }
     root.sync();
     remove_quietly(root, trash, events);
-    return;
+    return true;
   }
   if (::renameat(root.fd(), pending_name.c_str(), root.fd(), final_name.c_str()) != 0) {
     throw os_error("cannot rename " + pending.path().string() + " to " + (root / final_name).string());
   }
   root.sync();
+  return true;
 }
 
 }  // namespace storage
