@@ -209,7 +209,60 @@ TEST_CASE("a participant of another run shares the store without disturbing the 
   for (std::size_t i : {0, 1}) check_finished(f, i, steps, want, "0");
 }
 
-TEST_CASE("a group refuses sharded state with a clear error instead of giving every rank rank 0's slice") {
+TEST_CASE("partitioned moments: 4 ranks lose one and reload from disk, take it back from memory, and end bit-identical") {
+  const std::uint64_t steps = 150;
+  std::vector<std::string> common = fast;
+  common.insert(common.end(), {"--shard", "2"});
+  // The undisturbed run, alone: its weights and its whole moments buffer.
+  std::string want, want_moments;
+  {
+    scratch r;
+    fleet ref(ELASTIC_GROUP_WORKER, r.url, "ref", common, r.events);
+    const auto i = ref.start("ref", {"--dir", r.ckpt, "--steps", std::to_string(steps), "--min", "1", "--max", "1"});
+    REQUIRE(ref.wait_until([&] { return ref.all_ended({i}); }, 120s));
+    const auto fin = ref.find(i, "final ");
+    REQUIRE(fin);
+    want = field(*fin, "crc");
+    want_moments = field(*fin, "moments");
+  }
+  scratch s;
+  fleet f(ELASTIC_GROUP_WORKER, s.url, "zero1", common, s.events);
+  const std::vector<std::string> args{"--dir", s.ckpt, "--steps", std::to_string(steps), "--min", "2", "--max", "4",
+                                      "--step-sleep-ms", "10"};
+  for (int i = 0; i < 4; ++i) {
+    auto a = args;
+    if (i == 2) a.insert(a.end(), {"--kill-self-at", "25"});
+    f.start("w" + std::to_string(i), a);
+  }
+  REQUIRE(f.wait_until([&] { return f[2].status.has_value(); }, 60s));
+  REQUIRE(WIFSIGNALED(*f[2].status));
+  REQUIRE(f.wait_until([&] { return f.find(0, "step=", [](auto& l) { return field(l, "world") == "3"; }).has_value(); },
+                       30s));
+  const auto back = f.start("w2", args);
+  const bool ended = f.wait_until([&] { return f.all_ended({0, 1, 3, back}); }, 120s);
+  INFO(f.transcript(0) << f.transcript(1) << f.transcript(3) << f.transcript(back));
+  REQUIRE(ended);
+  for (auto i : {std::size_t{0}, std::size_t{1}, std::size_t{3}, back}) {
+    CHECK(exit_code_of(f[i].status) == 0);
+    const auto fin = f.find(i, "final ");
+    REQUIRE(fin);
+    CHECK(field(*fin, "step") == std::to_string(steps));
+    CHECK(field(*fin, "crc") == want);
+    CHECK(field(*fin, "moments") == want_moments);
+  }
+  // The lost slice came from the checkpoint, the 3 -> 4 move from the survivors' memory.
+  const auto moves = elastic::test::events_named(s.events, "group_resharded");
+  INFO(moves.size() << " group_resharded events");
+  CHECK(std::any_of(moves.begin(), moves.end(), [](const std::string& e) {
+    return e.find("\"from\":\"disk\"") != std::string::npos && e.find("\"world_after\":3") != std::string::npos;
+  }));
+  CHECK(std::any_of(moves.begin(), moves.end(), [](const std::string& e) {
+    return e.find("\"from\":\"memory\"") != std::string::npos && e.find("\"world_before\":3") != std::string::npos &&
+           e.find("\"world_after\":4") != std::string::npos;
+  }));
+}
+
+TEST_CASE("a group refuses a fixed slice (add_shard), which cannot follow it, with a clear error") {
   scratch s;
   fleet f(ELASTIC_GROUP_WORKER, s.url, "sharded", fast, s.events);
   const std::vector<std::string> args{"--dir", s.ckpt, "--steps", "20", "--min", "2", "--max", "2", "--shard", "1"};
@@ -221,7 +274,7 @@ TEST_CASE("a group refuses sharded state with a clear error instead of giving ev
     const auto err = f.find(i, "error ");
     REQUIRE(err);
     CHECK(field(*err, "code") == "not_supported");
-    CHECK(err->find("'moments' is sharded") != std::string::npos);
+    CHECK(err->find("'moments' is a fixed slice (add_shard)") != std::string::npos);
   }
 }
 

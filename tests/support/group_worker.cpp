@@ -70,11 +70,13 @@ void elastic_checkpoint(Archive& ar, history& h) {
 
 int main(int argc, char** argv) {
   std::chrono::milliseconds unavailable{30000};  // how long the etcd store may be away
-  bool shard = false;                            // --shard 1: also register a sharded entry
+  // --shard 1: also a fixed slice (add_shard), which a group refuses; --shard 2: moments
+  // partitioned across the group (add_partitioned), ZeRO-1 style.
+  long long shard = 0;
   const job_options o = elastic::test::parse_job_options(argc, argv, "elastic_group_worker", {},
                                                          [&](const std::string& name, long long v) {
                                                            if (name == "--shard") {
-                                                             shard = v != 0;
+                                                             shard = v;
                                                              return true;
                                                            }
                                                            if (name != "--unavailable-ms") return false;
@@ -90,8 +92,10 @@ int main(int argc, char** argv) {
     history hist;
     elastic::checkpoint::state st;
     st.add("w", w).add_value("samples_seen", samples_seen).add_object("history", hist);
-    std::vector<float> moments(shard ? 16 : 0);
-    if (shard) st.add_shard("moments", std::span<float>(moments), 0, 16);
+    std::vector<float> moments(shard == 1 ? 16 : 0);
+    if (shard == 1) st.add_shard("moments", std::span<float>(moments), 0, 16);
+    // Partitioned: registered as a world of one; the group gives each rank its slice at the join.
+    if (shard == 2) st.add_partitioned("moments", moments, o.dim, 0, 1);
 
     comm::gloo_group group(*store, elastic::test::group_options_of(o), comm::gloo_factory(o.timeout));
     elastic::training_loop loop({.dir = o.dir,
@@ -113,6 +117,12 @@ int main(int argc, char** argv) {
       if (!group.allreduce(std::span<std::int64_t>(grad), comm::reduce_op::sum)) continue;  // redone on the new group
       step.before_update();
       elastic::test::apply_gradient(w, grad.data(), o.batch);
+      if (shard == 2) {  // this rank's slice of the moments, from the whole gradient
+        const std::size_t lo = st.find("moments")->shard->offset;
+        for (std::size_t k = 0; k < moments.size(); ++k) {
+          moments[k] = 0.9f * moments[k] + static_cast<float>(static_cast<double>(grad[lo + k]) / 1e6);
+        }
+      }
       const auto crc = elastic::internal::crc32c(w.data(), w.size() * sizeof(float));
       samples_seen += o.batch;
       hist.recent.push_back(crc);
@@ -125,10 +135,19 @@ int main(int argc, char** argv) {
     std::uint32_t all = elastic::internal::crc32c(w.data(), w.size() * sizeof(float));
     all = elastic::internal::crc32c(&samples_seen, sizeof samples_seen, all);
     all = elastic::internal::crc32c(hist.recent.data(), hist.recent.size() * sizeof(std::uint32_t), all);
-    std::snprintf(line, sizeof line, "final step=%llu crc=%08x reason=%s redone=%llu",
+    std::uint32_t moments_crc = 0;
+    if (shard == 2 && loop.reason() == elastic::loop_reason::finished) {
+      // The whole buffer, each rank adding its slice to zeros: exact in float.
+      std::vector<float> whole(o.dim, 0.0f);
+      const std::size_t lo = st.find("moments")->shard->offset;
+      std::copy(moments.begin(), moments.end(), whole.begin() + static_cast<std::ptrdiff_t>(lo));
+      if (!group.allreduce(std::span<float>(whole), comm::reduce_op::sum)) throw elastic::error(elastic::errc::aborted, "gather failed");
+      moments_crc = elastic::internal::crc32c(whole.data(), whole.size() * sizeof(float));
+    }
+    std::snprintf(line, sizeof line, "final step=%llu crc=%08x reason=%s redone=%llu moments=%08x",
                   static_cast<unsigned long long>(loop.completed_steps()), all,
                   std::string(elastic::to_string(loop.reason())).c_str(),
-                  static_cast<unsigned long long>(loop.redone_steps()));
+                  static_cast<unsigned long long>(loop.redone_steps()), moments_crc);
     say(line);
     return loop.exit_code();
   } catch (const elastic::error& e) {

@@ -207,6 +207,17 @@ class checkpointer {
     if (!s->has_device_copies || s->device_fenced) fence_slot_ = nullptr;
   }
 
+  /// Waits until no snapshot's staging copy still reads the state (its writes may go on): an
+  /// elastic group calls it before it moves or resizes slices of the state (repartition).
+  void wait_copied() {
+    std::unique_lock lk(mu_);
+    cv_.wait(lk, [&] {
+      return std::none_of(slots_.begin(), slots_.end(), [](const auto& s) {
+        return s->phase == slot_phase::filling || s->phase == slot_phase::copying;
+      });
+    });
+  }
+
   /// Blocks until every snapshot taken so far is durable, failed or abandoned (set_world), then
   /// throws the error of the newest snapshot if that one failed (an elastic::error), for as long
   /// as it stays the newest. An older failure that a later snapshot's commit superseded is not

@@ -4,26 +4,50 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <optional>
 
 #include <elastic/checkpoint/state.hpp>
 
 namespace elastic::inline v1::checkpoint {
 
+/// Loads committed step `step` (nothing: the newest that verifies) of the loop's checkpoint
+/// directory into the state as rank `rank`, and returns the step it loaded (nothing: no step).
+using restore_fn = std::function<std::optional<std::uint64_t>(std::optional<std::uint64_t> step, int rank)>;
+
+/// What a training loop lends its group for sharded state.
+struct loop_link {
+  restore_fn restore;            ///< reloads the state from a committed checkpoint
+  std::function<void()> settle;  ///< waits until no snapshot copy still reads the state
+};
+
 /// The loop's view of a data-parallel group whose membership can change.
 ///
-/// The state registered with the loop is replicated: every rank holds the same copy, so the
-/// group's rank 0 alone writes checkpoints (as a world of one) and, after a rebuild, sends its
-/// copy to the others. Sharded state (add_shard) is refused by elastic_group (errc::not_supported)
-/// rather than overwritten with rank 0's slice.
+/// Replicated state (add, add_value, add_object) is the same on every rank: after a rebuild the
+/// group sends rank 0's copy to the others. Partitioned state (add_partitioned) is split: after
+/// a rebuild the group moves every rank's new slice to it from the ranks that hold it, or, when
+/// a slice was lost with its rank, has every rank load the newest committed checkpoint (through
+/// the loop's restore_fn). Without sharded state the group's rank 0 alone writes checkpoints (as
+/// a world of one); with it every rank writes its part as rank rank() of size().
 class group_hook {
  public:
   virtual ~group_hook() = default;
+
+  /// This rank and the number of ranks now (after the last safe point); a group that carries
+  /// no sharded state may keep the defaults.
+  [[nodiscard]] virtual int rank() const noexcept { return 0; }
+  [[nodiscard]] virtual int size() const noexcept { return 1; }
+  /// Changes whenever the group was rebuilt: checkpoint steps begun before belong to another world.
+  [[nodiscard]] virtual std::uint64_t generation() const noexcept { return 0; }
+  /// What the loop lends the group (it calls this once, at its start).
+  virtual void attach(loop_link /*link*/) {}
 
   /// Before every step, `step` being the loop's next step index. When the group changed (a
   /// collective failed, a member departed, a newcomer waits) the group forms its next round,
   /// rebuilds its communicator and makes every rank agree on rank 0's step and `st`; it
   /// returns the step the loop goes on from. Throws elastic::error when no group can form (the
-  /// world stayed below min_ranks past the join timeout, other bounds than the run's, ...), and
+  /// world stayed below min_ranks past the join timeout, other bounds than the run's, a slice
+  /// lost with no checkpoint to reload it from, ...), and
   /// errc::interrupted when a preemption notice (preemption_handler::requested()) came while it
   /// waited: the loop then ends as preempted (exit 75) without a new checkpoint.
   virtual std::uint64_t safe_point(std::uint64_t step, checkpoint::state& st) = 0;

@@ -78,6 +78,7 @@ struct entry {
   /// a new slice of `count` elements (it returns the memory; the old contents may be gone).
   partition_fn partition;
   std::function<void*(std::uint64_t count)> resize;
+  int part_rank = 0, part_world = 1;  ///< partitioned shards: whose slice `shard` is
   std::function<void(std::vector<std::byte>&)> save;            ///< objects only
   std::function<void(std::span<const std::byte>)> load;         ///< objects only
 
@@ -167,6 +168,8 @@ class state {
                   device ? location::device : location::host, {}, shard_range{mine.offset, global_count});
     entries_.back().partition = std::move(partition);
     entries_.back().resize = std::move(erased);
+    entries_.back().part_rank = rank;
+    entries_.back().part_world = world;
     return *this;
   }
 
@@ -187,7 +190,16 @@ class state {
       e.bytes = static_cast<std::size_t>(s.count) * e.element_bytes;
       e.shape = {s.count};
       e.shard = shard_range{s.offset, e.shard->global_count};
+      e.part_rank = rank;
+      e.part_world = world;
     }
+  }
+
+  /// Whether any entry is a slice (add_shard or add_partitioned).
+  [[nodiscard]] bool has_shards() const noexcept {
+    for (const auto& e : entries_)
+      if (e.shard) return true;
+    return false;
   }
 
   /// A trivially copyable value (step counter, RNG state, a small struct), copied at snapshot.

@@ -120,8 +120,10 @@ class training_loop {
                    .staging_budget = opts_.staging_budget,
                    .commit_timeout = opts_.commit_timeout,
                    .events = events_}),
-        ctx_(this) {
+        ctx_(this),
+        sharded_group_(opts_.group && st.has_shards()) {
     checkpoint::detail::check_watchdog(opts_.step_timeout);
+    if (sharded_group_) attach_group();
     if (opts_.handle_signals) signals_.emplace();
     const auto m = ckpt_.restore();
     start_ = next_ = last_snapshot_step_ = m ? m->step : 0;
@@ -176,8 +178,9 @@ class training_loop {
   [[nodiscard]] bool final_checkpoint_written() const noexcept { return final_written_; }
 
  private:
-  /// Whether this process writes checkpoints: always alone, rank 0 of the round in a group.
-  bool writer() const noexcept { return !opts_.group || opts_.group->writes_checkpoints(); }
+  /// Whether this process writes checkpoints: always alone, rank 0 of the round in a group, and
+  /// every rank (its part) in a group with sharded state.
+  bool writer() const noexcept { return !opts_.group || sharded_group_ || opts_.group->writes_checkpoints(); }
 
   /// Starts a step; false when the loop ended instead (a notice while the group re-formed).
   bool begin_step() {
@@ -197,6 +200,7 @@ class training_loop {
         next_ = agreed;
       }
       last_snapshot_step_ = std::min(last_snapshot_step_, next_);
+      if (sharded_group_ && opts_.group->generation() != generation_) follow_group();
     }
     step_started_ = std::chrono::steady_clock::now();
     if (opts_.step_timeout.count() > 0) scope_.emplace(elastic::expires(opts_.step_timeout, "step"));
@@ -300,6 +304,7 @@ class training_loop {
 
   bool due(std::chrono::steady_clock::time_point now) const {
     const auto interval = policy_.interval();
+    if (sharded_group_) return next_ % interval == 0;  // the same steps on every rank, whatever each joined at
     if (interval && next_ - last_snapshot_step_ >= interval) return true;
     if (opts_.every_seconds.count() > 0 && now - last_snapshot_time_ >= opts_.every_seconds) return true;
     return false;
@@ -316,6 +321,12 @@ class training_loop {
                                        {"persist_ms", s.last_persist_seconds * 1e3},
                                        {"max_overhead", opts_.max_overhead}});
   }
+
+  /// A group with sharded state: every rank writes its part of the same steps, and the group
+  /// can reload the state from the checkpoints when a slice is lost (detail/loop_ending.hpp).
+  void attach_group();
+  /// After the group was rebuilt: parts of the new world, and a final-step agreement among it.
+  void follow_group();
 
   /// The final checkpoint of a loop that ends alone (no agreement needed): the writer
   /// snapshots the step it stopped at and waits until it is durable.
@@ -389,6 +400,8 @@ class training_loop {
   std::chrono::steady_clock::time_point step_started_{}, last_snapshot_time_{std::chrono::steady_clock::now()};
   checkpoint::detail::interval_policy policy_{opts_.every_steps, opts_.max_overhead};
   bool stop_requested_ = false;
+  bool sharded_group_ = false;    // a group, and sharded state: every rank writes its part
+  std::uint64_t generation_ = 0;  // the group's generation the checkpointer follows
 };
 
 }  // namespace elastic::inline v1::checkpoint

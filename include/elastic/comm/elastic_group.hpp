@@ -106,8 +106,10 @@ class elastic_group final : public group_hook {
   }
 
   [[nodiscard]] bool joined() const noexcept { return joined_; }
-  [[nodiscard]] int rank() const noexcept { return rdzv_.current().rank; }
-  [[nodiscard]] int size() const noexcept { return rdzv_.current().world_size; }
+  [[nodiscard]] int rank() const noexcept override { return rdzv_.current().rank; }
+  [[nodiscard]] int size() const noexcept override { return rdzv_.current().world_size; }
+  [[nodiscard]] std::uint64_t generation() const noexcept override { return rebuilds_ + (joined_ ? 1 : 0); }
+  void attach(checkpoint::loop_link link) override { link_ = std::move(link); }
   [[nodiscard]] std::int64_t round() const noexcept { return rdzv_.current().round; }
   [[nodiscard]] const rendezvous::round_info& current() const noexcept { return rdzv_.current(); }
   /// True from a failed collective until the group is rebuilt.
@@ -359,21 +361,17 @@ class elastic_group final : public group_hook {
     }
   }
 
-  /// Every rank ends with rank 0's step and state. Nothing when a collective failed on the way.
+  /// Every rank ends with rank 0's step and state (detail/state_resync.hpp). Nothing when a
+  /// collective failed on the way.
   std::optional<std::uint64_t> resync(std::uint64_t step, checkpoint::state& st) {
-    if (size() <= 1) {
-      last_.resynced_ns = internal::monotonic_ns();
-      return step;
-    }
     auto runner = [this](std::string_view what, auto&& f) { return run(what, f); };
-    const auto agreed = detail::resync_state<Comm>(runner, rank(), step, st);
+    if (st.has_shards() && link_.settle) link_.settle();  // no snapshot copy reads a slice we move
+    const auto agreed = size() <= 1 && !st.has_shards()
+                            ? std::optional<detail::resynced>(detail::resynced{step})
+                            : detail::resync_state<Comm>(runner, rank(), size(), step, st, shards_valid_, link_.restore);
     if (!agreed) return std::nullopt;
     last_.resynced_ns = internal::monotonic_ns();
-    events_.emit("group_resynced", {{"round", round()},
-                                    {"step", agreed->step},
-                                    {"bytes", agreed->bytes},
-                                    {"resync_ms", (last_.resynced_ns - last_.connected_ns) / 1e6},
-                                    {"recovery_ms", (last_.resynced_ns - last_.noticed_ns) / 1e6}});
+    detail::report_resync(events_, round(), size(), *agreed, last_, st.has_shards());
     return agreed->step;
   }
 
@@ -443,6 +441,8 @@ class elastic_group final : public group_hook {
   std::string change_cause_;  // guarded by rdzv_mu_
   std::size_t rebuilds_ = 0;
   recovery_timings last_;
+  checkpoint::loop_link link_;      // the loop's checkpoints, for slices lost with their rank
+  bool shards_valid_ = true;        // false once a move of this rank's slices failed half way
   std::jthread reaper_;  // destroys a retired communicator
   internal::periodic_thread watcher_;  // last: it stops before the members it uses go away
 };

@@ -161,6 +161,16 @@ inline void copy_to_host_async(void* dst, const void* src, std::size_t n, stream
 #endif
 }
 
+/// Synchronous device-to-host copy (an elastic group moving a device slice).
+inline void copy_to_host(void* dst, const void* src, std::size_t n) {
+#if ELASTIC_WITH_CUDA
+  check(cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost), "cudaMemcpy device to host");
+#else
+  (void)dst, (void)src, (void)n;
+  unavailable("a device-to-host copy");
+#endif
+}
+
 /// Synchronous host-to-device copy, used on restore (from pinned staging).
 inline void copy_to_device(void* dst, const void* src, std::size_t n) {
 #if ELASTIC_WITH_CUDA

@@ -14,6 +14,31 @@
 
 namespace elastic::inline v1::checkpoint {
 
+inline void training_loop::attach_group() {
+  // Every rank must snapshot the same steps: a fixed interval in steps, nothing timed or adaptive.
+  if (opts_.every_steps == 0 || opts_.every_seconds.count() > 0 || opts_.max_overhead > 0) {
+    throw error(errc::invalid_argument,
+                "training_loop: with sharded state in a group every rank writes its part of the same steps, so "
+                "checkpoints go by every_steps alone: set every_steps, and neither every_seconds nor max_overhead");
+  }
+  opts_.group->attach({.restore =
+                           [this](std::optional<std::uint64_t> step, int rank) -> std::optional<std::uint64_t> {
+                             if (step) return storage::load_step(opts_.dir, *step, state_, rank).step;
+                             const auto m = storage::restore_newest(opts_.dir, state_, rank, events_);
+                             return m ? std::optional<std::uint64_t>(m->step) : std::nullopt;
+                           },
+                       .settle = [this] { ckpt_.wait_copied(); }});
+}
+
+inline void training_loop::follow_group() {
+  generation_ = opts_.group->generation();
+  const int rank = opts_.group->rank(), world = opts_.group->size();
+  ckpt_.set_world(rank, world);
+  agreement_.reset();
+  agreement_.emplace(opts_.dir, rank, world, next_,
+                     2 * std::max<std::chrono::milliseconds>(*opts_.grace, opts_.commit_timeout) + std::chrono::minutes(1));
+}
+
 inline void training_loop::final_checkpoint(loop_reason why) {
   reason_ = why;
   if (!writer() || (why != loop_reason::preempted && !opts_.checkpoint_at_end)) {

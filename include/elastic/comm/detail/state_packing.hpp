@@ -19,9 +19,11 @@
 
 namespace elastic::inline v1::comm::detail {
 
-/// Whether entry `e` stays out of the packed host state: device entries travel by the device
-/// communicator (`device_comm`); with a host one they cannot, and that is an error.
+/// Whether entry `e` stays out of the packed host state: slices move on their own
+/// (detail/shard_resync.hpp); device entries travel by the device communicator
+/// (`device_comm`); with a host one they cannot, and that is an error.
 inline bool skip_entry(const checkpoint::entry& e, bool device_comm) {
+  if (e.shard) return true;
   if (e.kind == checkpoint::entry_kind::object || e.where == checkpoint::location::host) return false;
   if (device_comm) return true;
   throw error(errc::invalid_argument,
@@ -30,7 +32,8 @@ inline bool skip_entry(const checkpoint::entry& e, bool device_comm) {
                           e.name));
 }
 
-/// Names, kinds and sizes of the state: ranks must agree before bytes move.
+/// Names, kinds and sizes of the state (a slice: its global size): ranks must agree before
+/// bytes move.
 inline std::uint64_t fingerprint(const checkpoint::state& st) {
   std::uint64_t h = 1469598103934665603ull;
   auto mix = [&](const void* p, std::size_t n) {
@@ -41,8 +44,12 @@ inline std::uint64_t fingerprint(const checkpoint::state& st) {
     mix(e.name.data(), e.name.size() + 1);
     const auto kind = static_cast<std::uint8_t>(e.kind);
     mix(&kind, 1);
-    const std::uint64_t bytes = e.kind == checkpoint::entry_kind::object ? 0 : e.bytes;
+    const std::uint64_t bytes = e.kind == checkpoint::entry_kind::object ? 0
+                                : e.shard                                ? e.shard->global_count * e.element_bytes
+                                                                         : e.bytes;
     mix(&bytes, sizeof bytes);
+    const std::uint8_t sliced = e.shard ? 1 : 0;
+    mix(&sliced, 1);
   }
   return h >> 1;  // travels as a non-negative int64
 }

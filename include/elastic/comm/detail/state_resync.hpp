@@ -1,7 +1,7 @@
-// How an elastic_group's ranks come to hold rank 0's replicated state after a rebuild: a header
-// (step, layout fingerprint, payload size), the packed host state (detail/state_packing.hpp), then
-// each device buffer straight from rank 0's device memory when the communicator takes device
-// memory. Every collective goes through the group's `run`, so a peer dying midway fails the
+// How an elastic_group's ranks come to hold rank 0's state after a rebuild: a header (step,
+// layout fingerprint), the partitioned state's slices (detail/shard_resync.hpp), the packed host
+// state (detail/state_packing.hpp), then each replicated device buffer straight from rank 0's
+// device memory when the communicator takes device memory. Every collective goes through the group's `run`, so a peer dying midway fails the
 // resync like any collective, and the group rebuilds and resyncs again.
 #pragma once
 
@@ -16,28 +16,20 @@
 
 #include <elastic/checkpoint/state.hpp>
 #include <elastic/comm/communicator.hpp>
+#include <elastic/comm/detail/shard_resync.hpp>
 #include <elastic/comm/detail/state_packing.hpp>
+#include <elastic/comm/group_options.hpp>
 #include <elastic/error.hpp>
+#include <elastic/events.hpp>
 
 namespace elastic::inline v1::comm::detail {
 
 /// What a resync agreed on.
 struct resynced {
-  std::uint64_t step = 0;   ///< rank 0's step
-  std::size_t bytes = 0;    ///< host bytes moved
+  std::uint64_t step = 0;   ///< rank 0's step, or the checkpoint step all ranks reloaded
+  std::size_t bytes = 0;    ///< replicated host bytes moved
+  sharded shards{};         ///< how the partitioned state came (when there is some)
 };
-
-/// Host words from rank 0 to every rank, through `run(what, f(Comm&))` (false: a collective failed).
-template <class Comm, class Run>
-bool broadcast_words(Run& run, std::span<std::int64_t> words) {
-  return run("broadcast", [&](Comm& c) {
-    if constexpr (device_communicator<Comm>) {
-      c.broadcast_host(words, 0);
-    } else {
-      c.broadcast(words, 0);
-    }
-  });
-}
 
 /// A device buffer from rank 0, bit for bit, moved as 64- or 32-bit words.
 template <class Comm, class Run>
@@ -57,44 +49,69 @@ bool broadcast_device(Run& run, const checkpoint::entry& e) {
                           e.name, e.bytes, addr));
 }
 
-/// Every rank ends with rank 0's step and `st`; nothing when a collective failed on the way.
-/// Throws errc::mismatch when this rank registered other state than rank 0.
+/// Every rank ends with rank 0's step and `st`: its replicated state from rank 0, its slice of
+/// the partitioned state from the ranks that hold it (or, when one was lost, all of its state
+/// from the newest committed checkpoint through `restore`). `shards_valid`: whether this rank's
+/// slices are whole (kept here: false once a move failed half way). Nothing when a collective
+/// failed on the way. Throws errc::mismatch when this rank registered other state than rank 0.
 template <class Comm, class Run>
-std::optional<resynced> resync_state(Run& run, int rank, std::uint64_t step, checkpoint::state& st) {
-  // A group copies rank 0's state to every rank and writes it alone: a slice would become rank
-  // 0's slice everywhere, and the others' slices would never reach a checkpoint.
-  for (const auto& e : st.entries()) {
-    if (e.shard) {
-      throw error(errc::not_supported,
-                  fmt::format("elastic_group: state entry '{}' is sharded (add_shard), and a group resyncs and "
-                              "checkpoints replicated state only (every rank would get rank 0's slice): register "
-                              "replicated state with a group, or checkpoint sharded state from ranks that run "
-                              "without one (training_loop with rank and world_size)",
-                              e.name));
+std::optional<resynced> resync_state(Run& run, int rank, int world, std::uint64_t step, checkpoint::state& st,
+                                     bool& shards_valid, const checkpoint::restore_fn& restore) {
+  std::int64_t head[2] = {static_cast<std::int64_t>(step), static_cast<std::int64_t>(fingerprint(st))};
+  if (!broadcast_words<Comm>(run, std::span<std::int64_t>(head))) return std::nullopt;
+  if (static_cast<std::uint64_t>(head[1]) != fingerprint(st)) {
+    throw error(errc::mismatch,
+                fmt::format("elastic_group: rank {} registered other state than rank 0 (names, types, sizes or "
+                            "partitioning differ): every rank of a group must register the same state",
+                            rank));
+  }
+  resynced out{static_cast<std::uint64_t>(head[0])};
+  if (st.has_shards()) {
+    const auto sh = resync_shards<Comm>(run, rank, world, static_cast<std::int64_t>(step), head[0], shards_valid, st,
+                                        restore);
+    shards_valid = sh.has_value();
+    if (!sh) return std::nullopt;
+    out.shards = *sh;
+    if (sh->from_disk) {  // every rank loaded all of its state from that step
+      out.step = static_cast<std::uint64_t>(sh->step);
+      return out;
     }
   }
   std::vector<std::byte> payload;
   if (rank == 0) pack(st, payload, device_communicator<Comm>);
-  std::int64_t head[3] = {static_cast<std::int64_t>(step), static_cast<std::int64_t>(fingerprint(st)),
-                          static_cast<std::int64_t>((payload.size() + 7) / 8)};
-  if (!broadcast_words<Comm>(run, std::span<std::int64_t>(head))) return std::nullopt;
-  if (static_cast<std::uint64_t>(head[1]) != fingerprint(st)) {
-    throw error(errc::mismatch,
-                fmt::format("elastic_group: rank {} registered other state than rank 0 (names, types or sizes "
-                            "differ): every rank of a group must register the same replicated state",
-                            rank));
-  }
-  std::vector<std::int64_t> words(static_cast<std::size_t>(head[2]));
+  std::int64_t size = static_cast<std::int64_t>((payload.size() + 7) / 8);
+  if (!broadcast_words<Comm>(run, std::span<std::int64_t>(&size, 1))) return std::nullopt;
+  std::vector<std::int64_t> words(static_cast<std::size_t>(size));
   if (rank == 0 && !payload.empty()) std::memcpy(words.data(), payload.data(), payload.size());
   if (!broadcast_words<Comm>(run, std::span<std::int64_t>(words))) return std::nullopt;
   if (rank != 0) unpack(st, std::as_bytes(std::span<const std::int64_t>(words)), device_communicator<Comm>);
   if constexpr (device_communicator<Comm>) {
     for (const auto& e : st.entries()) {
-      if (e.kind != checkpoint::entry_kind::buffer || e.where != checkpoint::location::device) continue;
+      if (e.kind != checkpoint::entry_kind::buffer || e.where != checkpoint::location::device || e.shard) continue;
       if (!broadcast_device<Comm>(run, e)) return std::nullopt;
     }
   }
-  return resynced{static_cast<std::uint64_t>(head[0]), words.size() * 8};
+  out.bytes = words.size() * 8;
+  return out;
+}
+
+/// The events of a resync: group_resynced, and group_resharded where slices moved or came from disk.
+inline void report_resync(const event_log& events, std::int64_t round, int world, const resynced& r,
+                          const recovery_timings& t, bool shards) {
+  if (world <= 1 && !shards) return;
+  events.emit("group_resynced", {{"round", round},
+                                 {"step", r.step},
+                                 {"bytes", r.bytes},
+                                 {"resync_ms", (t.resynced_ns - t.connected_ns) / 1e6},
+                                 {"recovery_ms", (t.resynced_ns - t.noticed_ns) / 1e6}});
+  if (!shards) return;
+  events.emit("group_resharded", {{"round", round},
+                                  {"step", r.step},
+                                  {"world_before", r.shards.world_before},
+                                  {"world_after", world},
+                                  {"bytes", r.shards.bytes},
+                                  {"from", r.shards.from_disk ? "disk" : "memory"},
+                                  {"ms", (t.resynced_ns - t.connected_ns) / 1e6}});
 }
 
 }  // namespace elastic::inline v1::comm::detail
