@@ -262,6 +262,57 @@ TEST_CASE("partitioned moments: 4 ranks lose one and reload from disk, take it b
   }));
 }
 
+TEST_CASE("partitioned moments: a notice stops 4 ranks at one agreed step with every part saved, and 3 resume it") {
+  const std::uint64_t steps = 120;
+  std::vector<std::string> common = fast;
+  common.insert(common.end(), {"--shard", "2"});
+  std::string want, want_moments;
+  {
+    scratch r;
+    fleet ref(ELASTIC_GROUP_WORKER, r.url, "ref", common, r.events);
+    const auto i = ref.start("ref", {"--dir", r.ckpt, "--steps", std::to_string(steps), "--min", "1", "--max", "1"});
+    REQUIRE(ref.wait_until([&] { return ref.all_ended({i}); }, 120s));
+    const auto fin = ref.find(i, "final ");
+    REQUIRE(fin);
+    want = field(*fin, "crc");
+    want_moments = field(*fin, "moments");
+  }
+  scratch s;
+  fleet f(ELASTIC_GROUP_WORKER, s.url, "zero1-stop", common, s.events);
+  const std::vector<std::string> args{"--dir", s.ckpt, "--steps", std::to_string(steps), "--min", "2", "--max", "4",
+                                      "--step-sleep-ms", "20"};
+  for (int i = 0; i < 4; ++i) f.start("w" + std::to_string(i), args);
+  REQUIRE(f.wait_until([&] { return f.find(0, "step=", [](auto& l) { return num(l, "step") >= 33; }).has_value(); },
+                       60s));
+  for (std::size_t i = 0; i < 4; ++i) f[i].proc.kill(SIGTERM);
+  REQUIRE(f.wait_until([&] { return f.all_ended({0, 1, 2, 3}); }, 60s));
+  std::string stopped_at;
+  for (std::size_t i = 0; i < 4; ++i) {
+    INFO(f.transcript(i));
+    CHECK(exit_code_of(f[i].status) == 75);
+    const auto fin = f.find(i, "final ");
+    REQUIRE(fin);
+    CHECK(field(*fin, "reason") == "preempted");
+    if (i == 0) stopped_at = field(*fin, "step");
+    CHECK(field(*fin, "step") == stopped_at);  // one agreed step
+  }
+  const std::string step_dir = "step-" + std::string(12 - stopped_at.size(), '0') + stopped_at;
+  REQUIRE(std::filesystem::exists(std::filesystem::path(s.ckpt) / step_dir));  // committed: every part was there
+  // Three ranks resume the 4 ranks' checkpoint and finish.
+  std::vector<std::size_t> again;
+  for (int i = 0; i < 3; ++i) again.push_back(f.start("v" + std::to_string(i), args));
+  REQUIRE(f.wait_until([&] { return f.all_ended(again); }, 120s));
+  for (auto i : again) {
+    INFO(f.transcript(i));
+    CHECK(exit_code_of(f[i].status) == 0);
+    const auto fin = f.find(i, "final ");
+    REQUIRE(fin);
+    CHECK(field(*fin, "step") == std::to_string(steps));
+    CHECK(field(*fin, "crc") == want);
+    CHECK(field(*fin, "moments") == want_moments);
+  }
+}
+
 TEST_CASE("a group refuses a fixed slice (add_shard), which cannot follow it, with a clear error") {
   scratch s;
   fleet f(ELASTIC_GROUP_WORKER, s.url, "sharded", fast, s.events);
