@@ -23,6 +23,8 @@ inline std::size_t n = 0;
 inline std::vector<float> host_m;
 inline std::vector<float> local;
 inline std::uint64_t offset = 0;
+inline std::vector<float> v;            // this rank's slice of a partitioned buffer
+inline int my_rank = 0, ranks = 1;      // this rank's guess of its place (a group corrects it)
 inline std::uint64_t step = 0;
 struct data_loader {
   std::uint64_t epoch = 0;

@@ -74,9 +74,10 @@ inline shard_layout layout_of(const checkpoint::state& st, std::int64_t step) {
   return l;
 }
 
-/// Every rank's layout, in rank order: each rank broadcasts its own three words.
+/// Every rank's layout, in rank order: each rank broadcasts its own three words (the others'
+/// are overwritten by the broadcast).
 template <class Comm, class Run>
-std::optional<std::vector<shard_layout>> exchange_layouts(Run& run, int rank, int world, const shard_layout& mine) {
+std::optional<std::vector<shard_layout>> exchange_layouts(Run& run, int world, const shard_layout& mine) {
   std::vector<shard_layout> all(static_cast<std::size_t>(world));
   for (int r = 0; r < world; ++r) {
     std::int64_t w[3] = {mine.rank, mine.world, mine.step};
@@ -196,7 +197,7 @@ template <class Comm, class Run>
 std::optional<sharded> resync_shards(Run& run, int rank, int world, std::int64_t own_step, std::int64_t step,
                                      bool valid, checkpoint::state& st, const checkpoint::restore_fn& restore) {
   const shard_layout mine = layout_of(st, valid ? own_step : -1);
-  const auto all = exchange_layouts<Comm>(run, rank, world, mine);
+  const auto all = exchange_layouts<Comm>(run, world, mine);
   if (!all) return std::nullopt;
   sharded out{step};
   if (const auto chosen = choose_holders(*all, step)) {
