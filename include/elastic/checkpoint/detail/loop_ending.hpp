@@ -4,17 +4,29 @@
 // event.
 #pragma once
 
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <exception>
 #include <optional>
 #include <string>
 #include <string_view>
 
+#include <fmt/format.h>
+
 #include <elastic/checkpoint/training_loop.hpp>
 
 namespace elastic::inline v1::checkpoint {
 
 inline void training_loop::attach_group() {
+  for (const auto& e : state_.entries()) {  // refused before any rank waits for the others
+    if (e.shard && !e.partition) {
+      throw error(errc::not_supported,
+                  fmt::format("training_loop: state entry '{}' is a fixed slice (add_shard), which cannot follow a "
+                              "group when its size changes: register it with add_partitioned",
+                              e.name));
+    }
+  }
   // Every rank must snapshot the same steps: a fixed interval in steps, nothing timed or adaptive.
   if (opts_.every_steps == 0 || opts_.every_seconds.count() > 0 || opts_.max_overhead > 0) {
     throw error(errc::invalid_argument,
