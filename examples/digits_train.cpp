@@ -12,6 +12,12 @@
 // on how many ranks there are, so a disturbed run ends with the very weights of an undisturbed
 // one, which the demo checks.
 //
+// --zero1 1 shards the optimizer ZeRO-1 style: each rank keeps only its slice of the momentum
+// (state::add_partitioned), updates its slice of the parameters, and the slices are gathered
+// by a second collective (each rank adds its slice to zeros: exact). After a rebuild the group
+// moves each rank its new slice of the momentum, from memory, or from the newest checkpoint
+// when a slice died with its rank. The weights are the same bits as without it.
+//
 // Fault injection for the demo, by worker slot (ELASTIC_LOCAL_RANK, else the first rank it got),
 // only in a worker's first life (ELASTIC_RESTART_COUNT=0), so each fault happens once:
 //   --kill-rank R --kill-at S    worker R SIGKILLs itself in the middle of step S's allreduce
@@ -56,12 +62,14 @@ struct options {
   std::uint64_t steps = 600, every = 25;
   long step_sleep_ms = 0;
   long kill_rank = -1, kill_at = -1, hang_rank = -1, hang_at = -1;
+  bool zero1 = false;
 };
 
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
                "digits_train: %s\nusage: digits_train [--data digits.csv] [--ckpt DIR] [--steps N] [--every N]\n"
-               "                    [--step-sleep-ms MS] [--kill-rank R --kill-at S] [--hang-rank R --hang-at S]\n",
+               "                    [--step-sleep-ms MS] [--kill-rank R --kill-at S] [--hang-rank R --hang-at S]\n"
+               "                    [--zero1 1]\n",
                why.c_str());
   std::exit(2);
 }
@@ -87,6 +95,7 @@ options parse(int argc, char** argv) {
     else if (a == "--kill-at") o.kill_at = static_cast<long>(n());
     else if (a == "--hang-rank") o.hang_rank = static_cast<long>(n());
     else if (a == "--hang-at") o.hang_at = static_cast<long>(n());
+    else if (a == "--zero1") o.zero1 = n() != 0;
     else usage("unknown option " + a);
   }
   return o;
@@ -261,8 +270,9 @@ int main(int argc, char** argv) {
       elastic::rendezvous::shm_store::remove(name);
     }
 
-    // The replicated state: parameters and momentum, initialized the same on every rank.
-    std::vector<float> p(params), velocity(params, 0.0f);
+    // The parameters, initialized the same on every rank, and the momentum: replicated, or with
+    // --zero1 this rank's slice of it (a world of one until the group says otherwise).
+    std::vector<float> p(params), velocity(o.zero1 ? 0 : params, 0.0f);
     {
       std::mt19937 g(1234);
       std::normal_distribution<float> n(0.0f, 1.0f);
@@ -271,7 +281,13 @@ int main(int argc, char** argv) {
       for (int i = 0; i < hidden * classes; ++i) m.w2[i] = n(g) * std::sqrt(2.0f / hidden);
     }
     elastic::checkpoint::state st;
-    st.add("params", p).add("velocity", velocity);
+    st.add("params", p);
+    if (o.zero1) {
+      st.add_partitioned("velocity", velocity, params, 0, 1);
+    } else {
+      st.add("velocity", velocity);
+    }
+    std::vector<float> gathered(o.zero1 ? params : 0), next_velocity;
 
     elastic::comm::group_options go;
     go.rendezvous.min_ranks = cfg.min_ranks;
@@ -343,11 +359,29 @@ int main(int argc, char** argv) {
         });
       }
       if (!group.allreduce(std::span<std::int64_t>(grad), elastic::comm::reduce_op::sum)) continue;  // redone
-      step.before_update();
       constexpr float lr = 0.05f, momentum = 0.9f;
-      for (std::size_t k = 0; k < params; ++k) {
-        velocity[k] = momentum * velocity[k] + static_cast<float>(static_cast<double>(grad[k]) / scale / batch);
-        p[k] -= lr * velocity[k];
+      if (o.zero1) {
+        // This rank's slice of the update, gathered by a second collective; the state changes
+        // only once both succeeded, so a failed step leaves every slice as of this step.
+        const std::size_t lo = st.find("velocity")->shard->offset;
+        next_velocity.resize(velocity.size());
+        std::fill(gathered.begin(), gathered.end(), 0.0f);
+        for (std::size_t i = 0; i < velocity.size(); ++i) {
+          const std::size_t k = lo + i;
+          next_velocity[i] = momentum * velocity[i] + static_cast<float>(static_cast<double>(grad[k]) / scale / batch);
+          gathered[k] = p[k] - lr * next_velocity[i];
+        }
+        if (!group.allreduce(std::span<float>(gathered), elastic::comm::reduce_op::sum)) continue;  // redone
+        step.before_update();
+        // Copied, not swapped: the state's entries point at these vectors' storage.
+        std::copy(next_velocity.begin(), next_velocity.end(), velocity.begin());
+        std::copy(gathered.begin(), gathered.end(), p.begin());
+      } else {
+        step.before_update();
+        for (std::size_t k = 0; k < params; ++k) {
+          velocity[k] = momentum * velocity[k] + static_cast<float>(static_cast<double>(grad[k]) / scale / batch);
+          p[k] -= lr * velocity[k];
+        }
       }
       if (rank == 0 && ((s + 1) % 100 == 0 || s + 1 == o.steps)) {
         std::size_t right = 0;

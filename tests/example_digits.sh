@@ -2,15 +2,16 @@
 # The main job in small, as a test: elastic-run trains digits_train (synthetic digits, so no
 # network is needed) undisturbed, then with a worker SIGKILLed, a worker hung until the watchdog
 # kills it, and a SIGTERM to the launcher followed by a resume; the final weights must match.
-#   tests/example_digits.sh ELASTIC_RUN DIGITS_TRAIN
+#   tests/example_digits.sh ELASTIC_RUN DIGITS_TRAIN [TRAINER ARGS...]   (e.g. --zero1 1)
 set -euo pipefail
 run="$1"
 train="$2"
+shift 2
 work="$(mktemp -d)"
 trap 'kill -KILL "${pid:-0}" 2>/dev/null || true; rm -rf "$work"' EXIT
 launcher=("$run" --nproc-per-node 3 --min-ranks 2 --max-restarts 3 --step-timeout 2 --grace 10 --quiet
           --log-dir "$work/logs")
-trainer=("$train" --steps 300 --every 20 --step-sleep-ms 5)
+trainer=("$train" --steps 300 --every 20 --step-sleep-ms 5 "$@")
 # The weights of the run that finished (logs are appended across runs, and the rank that was the
 # group's rank 0 at a preemption may be any slot: its "preempted" line can come later in file order).
 crc() { grep -h "^finished at step .* weights crc32c" "$work/logs/$1"/rank-*.log | tail -1 | awk '{print $NF}'; }
@@ -37,6 +38,11 @@ grep -q "watchdog kills   1" "$work/hit.err" || { echo "FAIL: the hang was not k
 grep -q "failures         2" "$work/hit.err" || { echo "FAIL: want 2 failures (a kill and a hang)" >&2; exit 1; }
 
 "${launcher[@]}" --run-id hit -- "${trainer[@]}" --ckpt "$work/hit" 2>/dev/null
+if [[ " $* " == *" --zero1 1 "* ]]; then
+  # The momentum slices followed the group: moved from memory, or reloaded when one died.
+  grep -q '"event":"group_resharded".*"from":"disk"' "$work/logs/hit/events.jsonl" ||
+    { echo "FAIL: no slice was reloaded from disk after a rank died" >&2; exit 1; }
+fi
 ref="$(crc ref)"
 hit="$(crc hit)"
 echo "undisturbed $ref, disturbed $hit"
