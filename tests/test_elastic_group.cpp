@@ -76,6 +76,37 @@ void check_finished(fleet& f, std::size_t i, std::uint64_t steps, const std::str
   }
 }
 
+/// The worker's options with its moments partitioned across the group (--shard 2).
+std::vector<std::string> with_shards(std::vector<std::string> common) {
+  common.insert(common.end(), {"--shard", "2"});
+  return common;
+}
+
+/// The weights and the whole moments buffer of an undisturbed run, alone.
+struct sharded_final {
+  std::string crc, moments;
+};
+sharded_final sharded_reference(const std::vector<std::string>& common, std::uint64_t steps) {
+  scratch r;
+  fleet ref(ELASTIC_GROUP_WORKER, r.url, "ref", common, r.events);
+  const auto i = ref.start("ref", {"--dir", r.ckpt, "--steps", std::to_string(steps), "--min", "1", "--max", "1"});
+  REQUIRE(ref.wait_until([&] { return ref.all_ended({i}); }, 120s));
+  const auto fin = ref.find(i, "final ");
+  REQUIRE(fin);
+  return {field(*fin, "crc"), field(*fin, "moments")};
+}
+
+/// Worker i finished all `steps` with the undisturbed weights and moments.
+void check_sharded_finish(fleet& f, std::size_t i, std::uint64_t steps, const sharded_final& want) {
+  INFO(f.transcript(i));
+  CHECK(exit_code_of(f[i].status) == 0);
+  const auto fin = f.find(i, "final ");
+  REQUIRE(fin);
+  CHECK(field(*fin, "step") == std::to_string(steps));
+  CHECK(field(*fin, "crc") == want.crc);
+  CHECK(field(*fin, "moments") == want.moments);
+}
+
 // Workers of 4 that detect a death quickly: 100 ms heartbeats, 500 ms to be declared dead.
 const std::vector<std::string> fast{"--every", "10", "--dim", "65536", "--timeout-ms", "2000",
                                     "--hb-interval-ms", "100", "--hb-timeout-ms", "500", "--last-call-ms", "300",
@@ -211,20 +242,8 @@ TEST_CASE("a participant of another run shares the store without disturbing the 
 
 TEST_CASE("partitioned moments: 4 ranks lose one and reload from disk, take it back from memory, and end bit-identical") {
   const std::uint64_t steps = 150;
-  std::vector<std::string> common = fast;
-  common.insert(common.end(), {"--shard", "2"});
-  // The undisturbed run, alone: its weights and its whole moments buffer.
-  std::string want, want_moments;
-  {
-    scratch r;
-    fleet ref(ELASTIC_GROUP_WORKER, r.url, "ref", common, r.events);
-    const auto i = ref.start("ref", {"--dir", r.ckpt, "--steps", std::to_string(steps), "--min", "1", "--max", "1"});
-    REQUIRE(ref.wait_until([&] { return ref.all_ended({i}); }, 120s));
-    const auto fin = ref.find(i, "final ");
-    REQUIRE(fin);
-    want = field(*fin, "crc");
-    want_moments = field(*fin, "moments");
-  }
+  const auto common = with_shards(fast);
+  const auto want = sharded_reference(common, steps);
   scratch s;
   fleet f(ELASTIC_GROUP_WORKER, s.url, "zero1", common, s.events);
   const std::vector<std::string> args{"--dir", s.ckpt, "--steps", std::to_string(steps), "--min", "2", "--max", "4",
@@ -242,14 +261,7 @@ TEST_CASE("partitioned moments: 4 ranks lose one and reload from disk, take it b
   const bool ended = f.wait_until([&] { return f.all_ended({0, 1, 3, back}); }, 120s);
   INFO(f.transcript(0) << f.transcript(1) << f.transcript(3) << f.transcript(back));
   REQUIRE(ended);
-  for (auto i : {std::size_t{0}, std::size_t{1}, std::size_t{3}, back}) {
-    CHECK(exit_code_of(f[i].status) == 0);
-    const auto fin = f.find(i, "final ");
-    REQUIRE(fin);
-    CHECK(field(*fin, "step") == std::to_string(steps));
-    CHECK(field(*fin, "crc") == want);
-    CHECK(field(*fin, "moments") == want_moments);
-  }
+  for (auto i : {std::size_t{0}, std::size_t{1}, std::size_t{3}, back}) check_sharded_finish(f, i, steps, want);
   // The lost slice came from the checkpoint, the 3 -> 4 move from the survivors' memory.
   const auto moves = elastic::test::events_named(s.events, "group_resharded");
   INFO(moves.size() << " group_resharded events");
@@ -264,19 +276,8 @@ TEST_CASE("partitioned moments: 4 ranks lose one and reload from disk, take it b
 
 TEST_CASE("partitioned moments: a notice stops 4 ranks at one agreed step with every part saved, and 3 resume it") {
   const std::uint64_t steps = 120;
-  std::vector<std::string> common = fast;
-  common.insert(common.end(), {"--shard", "2"});
-  std::string want, want_moments;
-  {
-    scratch r;
-    fleet ref(ELASTIC_GROUP_WORKER, r.url, "ref", common, r.events);
-    const auto i = ref.start("ref", {"--dir", r.ckpt, "--steps", std::to_string(steps), "--min", "1", "--max", "1"});
-    REQUIRE(ref.wait_until([&] { return ref.all_ended({i}); }, 120s));
-    const auto fin = ref.find(i, "final ");
-    REQUIRE(fin);
-    want = field(*fin, "crc");
-    want_moments = field(*fin, "moments");
-  }
+  const auto common = with_shards(fast);
+  const auto want = sharded_reference(common, steps);
   scratch s;
   fleet f(ELASTIC_GROUP_WORKER, s.url, "zero1-stop", common, s.events);
   const std::vector<std::string> args{"--dir", s.ckpt, "--steps", std::to_string(steps), "--min", "2", "--max", "4",
@@ -302,15 +303,7 @@ TEST_CASE("partitioned moments: a notice stops 4 ranks at one agreed step with e
   std::vector<std::size_t> again;
   for (int i = 0; i < 3; ++i) again.push_back(f.start("v" + std::to_string(i), args));
   REQUIRE(f.wait_until([&] { return f.all_ended(again); }, 120s));
-  for (auto i : again) {
-    INFO(f.transcript(i));
-    CHECK(exit_code_of(f[i].status) == 0);
-    const auto fin = f.find(i, "final ");
-    REQUIRE(fin);
-    CHECK(field(*fin, "step") == std::to_string(steps));
-    CHECK(field(*fin, "crc") == want);
-    CHECK(field(*fin, "moments") == want_moments);
-  }
+  for (auto i : again) check_sharded_finish(f, i, steps, want);
 }
 
 TEST_CASE("a group refuses a fixed slice (add_shard), which cannot follow it, with a clear error") {
