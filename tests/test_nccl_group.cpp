@@ -93,20 +93,24 @@ const std::vector<std::string> fast{"--every", "10", "--dim", "16384", "--timeou
                                     "--hb-interval-ms", "100", "--hb-timeout-ms", "500", "--last-call-ms", "300",
                                     "--join-timeout-ms", "40000", "--poll-ms", "20"};
 
-/// The final crc of an undisturbed run of `steps` (one rank: the exact sums make any world size
-/// give the same bits).
-std::string reference_crc(std::uint64_t steps) {
+/// The final line of an undisturbed run of `steps` (one rank: the exact sums make any world size
+/// give the same bits), the worker given `extra` too.
+std::string reference_final(std::uint64_t steps, const std::vector<std::string>& extra = {}) {
   scratch s;
   fleet f(worker(), s.url, "ref", fast, s.events);
   auto args = std::vector<std::string>{"--dir", s.ckpt, "--steps", std::to_string(steps), "--min", "1", "--max", "1"};
+  args.insert(args.end(), extra.begin(), extra.end());
   const auto i = f.start("ref", args, rank_env("ref", 0, topology::hosts));
   const bool ended = f.wait_until([&] { return f.all_ended({i}); }, 120s);
   INFO(f.transcript(i));
   REQUIRE(ended);
   const auto fin = f.find(i, "final ");
   REQUIRE(fin);
-  return field(*fin, "crc");
+  return *fin;
 }
+
+/// The final crc of an undisturbed run of `steps`.
+std::string reference_crc(std::uint64_t steps) { return field(reference_final(steps), "crc"); }
 
 /// What the worker's libnccl offers, from its first line.
 struct calls {
@@ -300,6 +304,40 @@ TEST_CASE("a killed rank restarted under its id is grown back in: 3 ranks become
     REQUIRE(into4);
     CHECK(field(*into4, "path") == expected);
   }
+}
+
+TEST_CASE("partitioned device moments: 4 ranks lose one and reload from disk, take it back from memory, and end "
+          "bit-identical",
+          "[nccl]") {
+  require_gpu();
+  const std::uint64_t steps = 120;
+  const std::vector<std::string> shard{"--shard", "2"};
+  const std::string ref = reference_final(steps, shard);
+  scratch s;
+  fleet f(worker(), s.url, "zero1", fast, s.events);
+  auto args = std::vector<std::string>{"--dir", s.ckpt, "--steps", std::to_string(steps), "--min", "2", "--max", "4",
+                                       "--step-sleep-ms", "10"};
+  args.insert(args.end(), shard.begin(), shard.end());
+  start_four(f, "zero1", topology::hosts, args, 2, {"--kill-self-at", "15"});
+  REQUIRE(f.wait_until([&] { return f.all_ended({2}); }, 60s));
+  REQUIRE(f.wait_until([&] { return f.find(0, "step=", [](auto& l) { return field(l, "world") == "3"; }).has_value(); },
+                       60s));
+  const auto back = start_slot(f, "zero1", topology::hosts, 2, args);
+  const bool ended = f.wait_until([&] { return f.all_ended({0, 1, 3, back}); }, 150s);
+  INFO(transcripts(f));
+  REQUIRE(ended);
+  for (std::size_t i : {std::size_t{0}, std::size_t{1}, std::size_t{3}, back}) {
+    check_finished(f, i, steps, field(ref, "crc"), "4");
+    const auto fin = f.find(i, "final ");
+    REQUIRE(fin);
+    CHECK(field(*fin, "moments") == field(ref, "moments"));
+  }
+  const auto moves = elastic::test::events_named(s.events, "group_resharded");
+  CHECK(std::any_of(moves.begin(), moves.end(),
+                    [](const std::string& e) { return e.find("\"from\":\"disk\"") != std::string::npos; }));
+  CHECK(std::any_of(moves.begin(), moves.end(), [](const std::string& e) {
+    return e.find("\"from\":\"memory\"") != std::string::npos && e.find("\"world_after\":4") != std::string::npos;
+  }));
 }
 
 TEST_CASE("when one rank's shrink fails, every rank falls back to a fresh init and finishes", "[nccl]") {

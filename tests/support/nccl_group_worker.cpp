@@ -12,7 +12,9 @@
 // on the legacy default stream, behind a host function that sleeps (--producer-delay-ms), so a
 // collective that does not wait for the default stream reads stale data and the weights differ.
 // The weights live on the host and, as registered device state, on the device (resynced by NCCL
-// broadcast, snapshotted by the checkpoint's device path).
+// broadcast, snapshotted by the checkpoint's device path). --shard 2 adds moments partitioned
+// across the group in device memory (state::add_partitioned with a resize callback), which the
+// group moves through the host after a rebuild; the final line then carries their whole crc.
 //
 // stdout, one line each, flushed:
 //   nccl version=<code> revoke=<0|1> shrink=<0|1> grow=<0|1>
@@ -20,12 +22,13 @@
 //   step=N world=W rank=r t=<CLOCK_MONOTONIC ns> crc=<crc32c of the weights>
 //   rebuilt round=R world=W rank=r path=<reinit|shrink|grow|shrink+grow|kept> noticed=<ns> ... cause=<...>
 //   killing t=<ns> / stopping t=<ns>
-//   final step=N crc=<hex> reason=<finished|preempted|stopped> redone=<n> roots=<n|-1>
+//   final step=N crc=<hex> reason=<finished|preempted|stopped> redone=<n> roots=<n|-1> moments=<hex>
 // Errors: "error code=<errc> <message>" and exit 3.
 #include <dlfcn.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -99,6 +102,7 @@ int live_bootstrap_roots() {
 
 int main(int argc, char** argv) {
   int device = 0;
+  bool shard = false;
   std::chrono::milliseconds producer_delay{2};
   job_options defaults;
   defaults.dim = 16384;
@@ -108,6 +112,7 @@ int main(int argc, char** argv) {
                                                          [&](const std::string& name, long long v) {
                                                            if (name == "--device") device = static_cast<int>(v);
                                                            else if (name == "--producer-delay-ms") producer_delay = std::chrono::milliseconds(v);
+                                                           else if (name == "--shard") shard = v == 2;
                                                            else return false;
                                                            return true;
                                                          });
@@ -126,6 +131,18 @@ int main(int argc, char** argv) {
     std::uint64_t samples_seen = 0;
     elastic::checkpoint::state st;
     st.add("w", w).add("d_w", elastic::device_span(d_w.p, d_w.n)).add_value("samples_seen", samples_seen);
+    // This rank's slice of the moments, in device memory the state resizes through us.
+    std::unique_ptr<device_array<float>> d_m;
+    std::vector<float> m_host;
+    if (shard) {
+      st.add_partitioned(
+          "moments",
+          [&d_m](std::uint64_t count) {
+            d_m = std::make_unique<device_array<float>>(std::max<std::size_t>(1, static_cast<std::size_t>(count)));
+            return elastic::device_span<float>(d_m->p, static_cast<std::size_t>(count));
+          },
+          o.dim, 0, 1);
+    }
 
     comm::nccl_group group(*store, elastic::test::group_options_of(o), comm::nccl_factory(device, o.timeout),
                            comm::nccl_bootstrap());
@@ -161,6 +178,16 @@ int main(int argc, char** argv) {
       step.before_update();
       elastic::test::apply_gradient(w, grad.p, o.batch);
       check(cudaMemcpy(d_w.p, w.data(), o.dim * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy weights");
+      if (shard) {  // this rank's slice of the moments, from the whole gradient
+        const auto* e = st.find("moments");
+        const std::size_t lo = e->shard->offset, n = e->bytes / sizeof(float);
+        m_host.resize(n);
+        check(cudaMemcpy(m_host.data(), d_m->p, n * sizeof(float), cudaMemcpyDeviceToHost), "cudaMemcpy moments");
+        for (std::size_t k = 0; k < n; ++k) {
+          m_host[k] = 0.9f * m_host[k] + static_cast<float>(static_cast<double>(grad.p[lo + k]) / 1e6);
+        }
+        check(cudaMemcpy(d_m->p, m_host.data(), n * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy moments");
+      }
       const auto crc = elastic::internal::crc32c(w.data(), w.size() * sizeof(float));
       samples_seen += o.batch;
       elastic::test::report_step(idx + 1, group.size(), group.rank(), crc);
@@ -172,11 +199,22 @@ int main(int argc, char** argv) {
     std::uint32_t all = elastic::internal::crc32c(w.data(), w.size() * sizeof(float));
     all = elastic::internal::crc32c(dev.data(), dev.size() * sizeof(float), all);
     all = elastic::internal::crc32c(&samples_seen, sizeof samples_seen, all);
-    char line[200];
-    std::snprintf(line, sizeof line, "final step=%llu crc=%08x reason=%s redone=%llu roots=%d",
+    std::uint32_t moments_crc = 0;
+    if (shard && loop.reason() == elastic::loop_reason::finished) {
+      // The whole buffer on the device: each rank adds its slice to zeros (exact), by NCCL.
+      const auto* e = st.find("moments");
+      device_array<float> whole(o.dim);
+      check(cudaMemcpy(whole.p + e->shard->offset, d_m->p, e->bytes, cudaMemcpyDeviceToDevice), "cudaMemcpy slice");
+      if (!group.allreduce(whole.span(), comm::reduce_op::sum)) throw elastic::error(elastic::errc::aborted, "gather failed");
+      std::vector<float> host(o.dim);
+      check(cudaMemcpy(host.data(), whole.p, o.dim * sizeof(float), cudaMemcpyDeviceToHost), "cudaMemcpy moments");
+      moments_crc = elastic::internal::crc32c(host.data(), host.size() * sizeof(float));
+    }
+    char line[220];
+    std::snprintf(line, sizeof line, "final step=%llu crc=%08x reason=%s redone=%llu roots=%d moments=%08x",
                   static_cast<unsigned long long>(loop.completed_steps()), all,
                   std::string(elastic::to_string(loop.reason())).c_str(),
-                  static_cast<unsigned long long>(loop.redone_steps()), live_bootstrap_roots());
+                  static_cast<unsigned long long>(loop.redone_steps()), live_bootstrap_roots(), moments_crc);
     say(line);
     return loop.exit_code();
   } catch (const elastic::error& e) {
