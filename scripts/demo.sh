@@ -6,11 +6,22 @@
 #   - worker 1 hangs in a step: the watchdog elastic-run hosts kills it after the step timeout;
 #     the others go on, it is restarted and rejoins;
 #   - the launcher gets SIGTERM (a preemption notice): every worker stops, rank 0 writes a final
-#     checkpoint, all exit 75 ("retry me") and so does elastic-run;
+#     checkpoint (with --zero1 every worker its part, at one agreed step), all exit 75
+#     ("retry me") and so does elastic-run;
 #   - the same command again resumes from that checkpoint and finishes.
 # The final weights are compared with an undisturbed run's: they must be identical, bit for bit.
-#   scripts/demo.sh
+#   scripts/demo.sh [--zero1]
+# --zero1: the momentum is sharded across the workers ZeRO-1 style (state::add_partitioned): each
+# worker holds its slice only, every worker writes its part of each checkpoint, and after a death
+# the group moves the slices to the new ranks (from memory, or from the newest checkpoint when a
+# slice died with its worker). The weights are the same bits either way.
 set -euo pipefail
+zero1=()
+case "${1:-}" in
+  "") ;;
+  --zero1) zero1=(--zero1 1) ;;
+  *) echo "usage: scripts/demo.sh [--zero1]" >&2; exit 2 ;;
+esac
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 . "$root/scripts/lib.sh"
 ensure_packages "${ELASTIC_BUILD_PACKAGES[@]}" libgloo-dev
@@ -32,7 +43,7 @@ rm -rf "$work"
 mkdir -p "$work"
 launcher=("$build/tools/elastic-run" --nproc-per-node 4 --min-ranks 2 --max-restarts 3 --step-timeout 3 --grace 15
           --log-dir "$work/logs")
-trainer=("$build/examples/digits_train" ${data:+--data "$data"} --steps 600 --every 25 --step-sleep-ms 15)
+trainer=("$build/examples/digits_train" ${data:+--data "$data"} --steps 600 --every 25 --step-sleep-ms 15 "${zero1[@]}")
 
 final_crc() {  # the weights checksum of the run that finished (not a preempted life's)
   grep -h "^finished at step .* weights crc32c" "$work/logs/$1"/rank-*.log | tail -1 | awk '{print $NF}'
