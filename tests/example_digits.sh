@@ -8,22 +8,27 @@ run="$1"
 train="$2"
 shift 2
 work="$(mktemp -d)"
-trap 'kill -KILL "${pid:-0}" 2>/dev/null || true; rm -rf "$work"' EXIT
+# Only a pid we started: `kill 0` would kill our whole process group (ctest with it).
+trap 'if [ -n "${pid:-}" ]; then kill -KILL "$pid" 2>/dev/null || true; fi; rm -rf "$work"' EXIT
 launcher=("$run" --nproc-per-node 3 --min-ranks 2 --max-restarts 3 --step-timeout 2 --grace 10 --quiet
           --log-dir "$work/logs")
 trainer=("$train" --steps 300 --every 20 --step-sleep-ms 5 "$@")
 # The weights of the run that finished (logs are appended across runs, and the rank that was the
 # group's rank 0 at a preemption may be any slot: its "preempted" line can come later in file order).
 crc() { grep -h "^finished at step .* weights crc32c" "$work/logs/$1"/rank-*.log | tail -1 | awk '{print $NF}'; }
+# Run ids of our own: elastic-run refuses a second launcher of one run on a host, and the same
+# example may run beside this one (with other trainer arguments).
+ref=ref-$$
+hit=hit-$$
 
-"${launcher[@]}" --run-id ref -- "${trainer[@]}" --ckpt "$work/ref" 2>/dev/null
+"${launcher[@]}" --run-id "$ref" -- "${trainer[@]}" --ckpt "$work/ref" 2>/dev/null
 
-"${launcher[@]}" --run-id hit -- "${trainer[@]}" --ckpt "$work/hit" \
+"${launcher[@]}" --run-id "$hit" -- "${trainer[@]}" --ckpt "$work/hit" \
   --kill-rank 2 --kill-at 60 --hang-rank 1 --hang-at 150 2>"$work/hit.err" &
 pid=$!
 for _ in $(seq 1 600); do
   # the hung worker killed and started again: both failures are behind us
-  grep -qs "worker 1 started: pid [0-9]*, restart 1" "$work/logs/hit/rank-1.log" && break
+  grep -qs "worker 1 started: pid [0-9]*, restart 1" "$work/logs/$hit/rank-1.log" && break
   kill -0 "$pid" 2>/dev/null || break
   sleep 0.1
 done
@@ -37,13 +42,13 @@ cat "$work/hit.err" >&2
 grep -q "watchdog kills   1" "$work/hit.err" || { echo "FAIL: the hang was not killed by the watchdog" >&2; exit 1; }
 grep -q "failures         2" "$work/hit.err" || { echo "FAIL: want 2 failures (a kill and a hang)" >&2; exit 1; }
 
-"${launcher[@]}" --run-id hit -- "${trainer[@]}" --ckpt "$work/hit" 2>/dev/null
+"${launcher[@]}" --run-id "$hit" -- "${trainer[@]}" --ckpt "$work/hit" 2>/dev/null
 if [[ " $* " == *" --zero1 1 "* ]]; then
   # The momentum slices followed the group: moved from memory, or reloaded when one died.
-  grep -q '"event":"group_resharded".*"from":"disk"' "$work/logs/hit/events.jsonl" ||
+  grep -q '"event":"group_resharded".*"from":"disk"' "$work/logs/$hit/events.jsonl" ||
     { echo "FAIL: no slice was reloaded from disk after a rank died" >&2; exit 1; }
 fi
-ref="$(crc ref)"
-hit="$(crc hit)"
-echo "undisturbed $ref, disturbed $hit"
-[ -n "$ref" ] && [ "$ref" = "$hit" ]
+ref_crc="$(crc "$ref")"
+hit_crc="$(crc "$hit")"
+echo "undisturbed $ref_crc, disturbed $hit_crc"
+[ -n "$ref_crc" ] && [ "$ref_crc" = "$hit_crc" ]

@@ -5,7 +5,8 @@
 set -euo pipefail
 train="$1"
 work="$(mktemp -d)"
-trap 'kill -KILL "${pid:-0}" 2>/dev/null || true; rm -rf "$work"' EXIT
+# Only a pid we started: `kill 0` would kill our whole process group (ctest with it).
+trap 'if [ -n "${pid:-}" ]; then kill -KILL "$pid" 2>/dev/null || true; fi; rm -rf "$work"' EXIT
 # Not under elastic-run, whatever runs this test.
 alone=(env -u ELASTIC_RDZV -u ELASTIC_RUN_ID -u ELASTIC_RANK -u ELASTIC_WORLD_SIZE -u ELASTIC_MIN_NODES
        -u ELASTIC_MAX_NODES -u ELASTIC_MIN_RANKS -u ELASTIC_MAX_RANKS -u ELASTIC_WATCHDOG -u ELASTIC_STEP_TIMEOUT -u ELASTIC_GRACE)
