@@ -78,6 +78,43 @@ void save(model& m, const std::string& dir, std::uint64_t step, const std::strin
   c.wait_durable();
 }
 
+/// Rank `rank` of `world` writes its part of `step`: its slice of `truth` as the partitioned entry
+/// "adam_m", beside the value `counter`.
+void write_partitioned(const std::string& dir, const std::string& events, std::uint64_t step,
+                       const std::vector<float>& truth, int rank, int world, std::uint64_t counter) {
+  std::vector<float> m;
+  ck::state st;
+  st.add_partitioned("adam_m", m, truth.size(), rank, world).add_value("counter", counter);
+  std::copy_n(truth.begin() + static_cast<std::ptrdiff_t>(st.find("adam_m")->shard->offset), m.size(), m.begin());
+  ck::checkpointer c(st, opts(dir, events, rank, world));
+  c.snapshot(step);
+  c.wait_durable();
+}
+
+/// Step `step` loaded by every rank of `world`: "adam_m" reassembled from their slices in rank
+/// order, the world that wrote it, and the counter each rank read.
+struct partitioned_load {
+  std::vector<float> whole;
+  int written_by = 0;
+  std::vector<std::uint64_t> counters;
+};
+partitioned_load load_partitioned(const std::string& dir, std::uint64_t step, std::uint64_t global, int world) {
+  partitioned_load out;
+  for (int r = 0; r < world; ++r) {
+    std::vector<float> part;
+    std::uint64_t counter = 0;
+    ck::state st;
+    st.add_partitioned("adam_m", part, global, r, world).add_value("counter", counter);
+    const auto m = ck::storage::load_step(dir, step, st, r);
+    REQUIRE(m.step == step);
+    out.written_by = m.world_size;
+    CHECK(st.find("adam_m")->shard->offset == out.whole.size());  // slices in rank order
+    out.whole.insert(out.whole.end(), part.begin(), part.end());
+    out.counters.push_back(counter);
+  }
+  return out;
+}
+
 std::string step_dir(const std::string& dir, std::uint64_t s) { return dir + "/" + ck::format::step_dir_name(s); }
 
 std::string read_all(const std::string& path) {
@@ -384,29 +421,10 @@ TEST_CASE("a checkpoint of partitioned state written by 4 ranks loads into 3 and
   const std::uint64_t global = 100003;
   std::vector<float> truth(global);
   std::iota(truth.begin(), truth.end(), 0.25f);
-  for (int r : {3, 2, 1, 0}) {  // rank 0 last: it commits once the others' parts are there
-    std::vector<float> m;
-    ck::state st;
-    st.add_partitioned("adam_m", m, global, r, 4);
-    const auto* e = st.find("adam_m");
-    std::copy_n(truth.begin() + static_cast<std::ptrdiff_t>(e->shard->offset), m.size(), m.begin());
-    ck::checkpointer c(st, opts(dir, events, r, 4));
-    c.snapshot(9);
-    c.wait_durable();
-  }
+  // Rank 0 last: it commits once the others' parts are there.
+  for (int r : {3, 2, 1, 0}) write_partitioned(dir, events, 9, truth, r, 4, 0);
   REQUIRE(ck::storage::list_steps(dir) == std::vector<std::uint64_t>{9});
-  for (int world : {3, 5}) {
-    std::vector<float> whole;
-    for (int r = 0; r < world; ++r) {
-      std::vector<float> m;
-      ck::state st;
-      st.add_partitioned("adam_m", m, global, r, world);
-      REQUIRE(ck::storage::load_step(dir, 9, st, r).step == 9);
-      CHECK(st.find("adam_m")->shard->offset == whole.size());
-      whole.insert(whole.end(), m.begin(), m.end());
-    }
-    CHECK(whole == truth);
-  }
+  for (int world : {3, 5}) CHECK(load_partitioned(dir, 9, global, world).whole == truth);
 }
 
 TEST_CASE("rank 0 does not commit a step while another rank's part is missing") {
@@ -497,32 +515,17 @@ TEST_CASE("set_world after a repartition lays the staging out again, and the new
   REQUIRE(old_part.entries.at(0).shard);
   CHECK(old_part.entries.at(0).shard->offset == ck::even_partition(global, 1, 4).offset);
   // Ranks 1 and 2 of the new world write theirs; rank 0 commits.
-  for (int r : {1, 2}) {
-    std::vector<float> other;
-    ck::state ost;
-    ost.add_partitioned("adam_m", other, global, r, 3).add_value("counter", counter);
-    fill_slice(ost, other);
-    ck::checkpointer oc(ost, opts(dir, events, r, 3));
-    oc.snapshot(7);
-    oc.wait_durable();
-  }
+  for (int r : {1, 2}) write_partitioned(dir, events, 7, truth, r, 3, counter);
   c.snapshot(7);
   c.before_update();
   c.wait_durable();
   REQUIRE(ck::storage::list_steps(dir) == std::vector<std::uint64_t>{7});
   for (int world : {3, 2}) {
-    std::vector<float> whole;
-    for (int r = 0; r < world; ++r) {
-      std::vector<float> part;
-      std::uint64_t c0 = 0;
-      ck::state rst;
-      rst.add_partitioned("adam_m", part, global, r, world).add_value("counter", c0);
-      REQUIRE(ck::storage::load_step(dir, 7, rst, r).world_size == 3);
-      CHECK(c0 == 42);
-      whole.insert(whole.end(), part.begin(), part.end());
-    }
-    REQUIRE(whole.size() == truth.size());
-    CHECK(std::memcmp(whole.data(), truth.data(), truth.size() * sizeof(float)) == 0);
+    const auto loaded = load_partitioned(dir, 7, global, world);
+    REQUIRE(loaded.written_by == 3);
+    CHECK(loaded.counters == std::vector<std::uint64_t>(static_cast<std::size_t>(world), 42));
+    REQUIRE(loaded.whole.size() == truth.size());
+    CHECK(std::memcmp(loaded.whole.data(), truth.data(), truth.size() * sizeof(float)) == 0);
   }
 }
 

@@ -29,10 +29,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
-#include <atomic>
 #include <memory>
 #include <mutex>
 #include <optional>

@@ -6,8 +6,10 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <string>
 
 #include <elastic/checkpoint/state.hpp>
+#include <elastic/error.hpp>
 
 namespace elastic::inline v1::checkpoint {
 
@@ -20,6 +22,18 @@ struct loop_link {
   restore_fn restore;            ///< reloads the state from a committed checkpoint
   std::function<void()> settle;  ///< waits until no snapshot copy still reads the state
 };
+
+/// A fixed slice (add_shard) cannot follow a group whose size changes: errc::not_supported
+/// naming the first one (the loop checks at its start, the group at a resync).
+inline void refuse_fixed_slices(const state& st) {
+  for (const auto& e : st.entries()) {
+    if (e.shard && !e.partition) {
+      throw error(errc::not_supported, "state entry '" + e.name +
+                                           "' is a fixed slice (add_shard), which cannot follow a group when its "
+                                           "size changes: register it with add_partitioned");
+    }
+  }
+}
 
 /// The loop's view of a data-parallel group whose membership can change.
 ///

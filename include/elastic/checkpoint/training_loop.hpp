@@ -128,11 +128,7 @@ class training_loop {
     const auto m = ckpt_.restore();
     start_ = next_ = last_snapshot_step_ = m ? m->step : 0;
     if (!opts_.group && ckpt_.world_size() > 1) {
-      // An incarnation's agreement is over within twice its longest wait (the grace after a
-      // notice, the commit timeout otherwise): older files from another host are stale.
-      agreement_.emplace(opts_.dir, ckpt_.rank(), ckpt_.world_size(), start_,
-                         2 * std::max<std::chrono::milliseconds>(*opts_.grace, opts_.commit_timeout) +
-                             std::chrono::minutes(1));
+      agreement_.emplace(opts_.dir, ckpt_.rank(), ckpt_.world_size(), start_, agreement_stale_after());
     }
     events_.emit("loop_start", {{"step", next_},
                                 {"resumed", m.has_value()},
@@ -339,6 +335,12 @@ class training_loop {
 
   /// At the agreed final step: snapshot it, wait until durable, then acknowledge.
   void finish_agreed();
+
+  /// An incarnation's agreement is over within twice its longest wait (the grace after a notice,
+  /// the commit timeout otherwise): older files from another host are stale.
+  std::chrono::milliseconds agreement_stale_after() const {
+    return 2 * std::max<std::chrono::milliseconds>(*opts_.grace, opts_.commit_timeout) + std::chrono::minutes(1);
+  }
 
   std::chrono::steady_clock::time_point agreement_deadline() const {
     if (grace_deadline_) return *grace_deadline_;

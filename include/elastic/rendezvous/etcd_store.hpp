@@ -9,7 +9,8 @@
 //
 // What maps to what:
 //   set          /v3/kv/put (with the lease)          get, list  /v3/kv/range
-//   erase        /v3/kv/deleterange (erase_prefix: with range_end)   add   txn on mod_revision, in a loop
+//   erase        /v3/kv/deleterange                   add        txn on mod_revision, in a loop
+//   erase_prefix /v3/kv/deleterange with range_end
 //   compare_set  /v3/kv/txn: value == expected, or version == 0 for "absent"
 //   wait         a range check, then a watch from the next revision (no event can slip between)
 //   grant, keep_alive, revoke   /v3/lease/{grant,keepalive,revoke}

@@ -120,7 +120,7 @@ class rendezvous {
     if (opts_.run_id.empty()) opts_.run_id = internal::env_string("ELASTIC_RUN_ID").value_or("");
     events_ = opts_.events ? *opts_.events : event_log::from_env();
     detail::resolve_options(opts_);
-    prefix_ = opts_.key_prefix + "/" + opts_.run_id;
+    prefix_ = run_prefix(opts_.key_prefix, opts_.run_id);
     if (prefix_.size() + 40 + opts_.participant_id.size() > 255) {
       detail::refuse_options(fmt::format("key prefix '{}' with participant id '{}' makes store keys longer than "
                                          "255 bytes",
@@ -294,8 +294,7 @@ class rendezvous {
   /// The run's registration: other runs' participants see it (live_runs), and a participant
   /// that waits alone names it when its join times out.
   void register_run(lease_id lease) {
-    std::optional<std::string> actual;
-    store_.compare_set(run_key(opts_.key_prefix, opts_.run_id), std::nullopt, "", lease, &actual);
+    store_.compare_set(run_key(opts_.key_prefix, opts_.run_id), std::nullopt, "", lease);
   }
 
   /// ", while run 'a', 'b' are live in this store" when runs other than ours are: a participant

@@ -15,11 +15,16 @@
 
 namespace elastic::inline v1::rendezvous {
 
+/// Where every key of run `run_id` lives: `<key_prefix>/<run_id>` (no trailing slash).
+inline std::string run_prefix(std::string_view key_prefix, std::string_view run_id) {
+  return fmt::format("{}/{}", key_prefix, run_id);
+}
+
 /// The key that says participant `participant_id` of run `run_id` is alive (leased). Erasing it
 /// retires the participant at once: the others see a departure at their next poll instead of
 /// waiting out its heartbeat (elastic-run does so the moment it reaps a dead worker).
 inline std::string alive_key(std::string_view key_prefix, std::string_view run_id, std::string_view participant_id) {
-  return fmt::format("{}/{}/alive/{}", key_prefix, run_id, participant_id);
+  return fmt::format("{}/alive/{}", run_prefix(key_prefix, run_id), participant_id);
 }
 
 /// The registration of run `run_id`: present (leased) while one of its participants lives.
@@ -29,7 +34,7 @@ inline std::string run_key(std::string_view key_prefix, std::string_view run_id)
 
 /// The runs with a live participant in the store, by run id, in order.
 inline std::vector<std::string> live_runs(store& s, std::string_view key_prefix) {
-  const std::string from = fmt::format("{}/runs/", key_prefix);
+  const std::string from = run_key(key_prefix, "");
   std::vector<std::string> ids;
   for (auto& [k, v] : s.list(from)) ids.push_back(k.substr(from.size()));
   return ids;
@@ -41,7 +46,7 @@ inline std::vector<std::string> live_runs(store& s, std::string_view key_prefix)
 /// its host exited 0): a run that merely stopped (preempted, failed) keeps its keys, which its
 /// next start goes on from.
 inline std::optional<std::size_t> remove_finished_run(store& s, std::string_view key_prefix, std::string_view run_id) {
-  const std::string prefix = fmt::format("{}/{}/", key_prefix, run_id);
+  const std::string prefix = run_prefix(key_prefix, run_id) + "/";
   if (!s.list(prefix + "alive/").empty()) return std::nullopt;
   return s.erase_prefix(prefix);
 }

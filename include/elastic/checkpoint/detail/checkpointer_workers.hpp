@@ -9,10 +9,15 @@
 
 namespace elastic::inline v1::checkpoint {
 
+namespace detail {
+/// Bytes entry `e` takes in staging (objects are serialized apart).
+inline std::size_t staged_bytes(const entry& e) noexcept { return e.kind == entry_kind::object ? 0 : e.bytes; }
+}  // namespace detail
+
 inline checkpointer::staging_layout checkpointer::lay_out() const {
   staging_layout l;
   for (const auto& e : st_.entries()) {
-    const std::size_t bytes = e.kind == entry_kind::object ? 0 : e.bytes;
+    const std::size_t bytes = detail::staged_bytes(e);
     l.sizes.push_back(bytes);
     l.offsets.push_back(l.bytes);
     l.bytes += (bytes + 63) / 64 * 64;  // cache-line aligned copies
@@ -53,7 +58,7 @@ inline void checkpointer::check_staging() const {
   }
   const auto& entries = st_.entries();
   for (std::size_t i = 0; i < entries.size(); ++i) {
-    const std::size_t bytes = entries[i].kind == entry_kind::object ? 0 : entries[i].bytes;
+    const std::size_t bytes = detail::staged_bytes(entries[i]);
     if (i >= layout_.sizes.size() || bytes != layout_.sizes[i]) {
       throw error(errc::mismatch,
                   fmt::format("checkpoint entry '{}' is {} bytes, but the staging was laid out for {}: after "

@@ -12,21 +12,12 @@
 #include <string>
 #include <string_view>
 
-#include <fmt/format.h>
-
 #include <elastic/checkpoint/training_loop.hpp>
 
 namespace elastic::inline v1::checkpoint {
 
 inline void training_loop::attach_group() {
-  for (const auto& e : state_.entries()) {  // refused before any rank waits for the others
-    if (e.shard && !e.partition) {
-      throw error(errc::not_supported,
-                  fmt::format("training_loop: state entry '{}' is a fixed slice (add_shard), which cannot follow a "
-                              "group when its size changes: register it with add_partitioned",
-                              e.name));
-    }
-  }
+  refuse_fixed_slices(state_);  // before any rank waits for the others
   // Every rank must snapshot the same steps: a fixed interval in steps, nothing timed or adaptive.
   if (opts_.every_steps == 0 || opts_.every_seconds.count() > 0 || opts_.max_overhead > 0) {
     throw error(errc::invalid_argument,
@@ -46,9 +37,7 @@ inline void training_loop::follow_group() {
   generation_ = opts_.group->generation();
   const int rank = opts_.group->rank(), world = opts_.group->size();
   ckpt_.set_world(rank, world);
-  agreement_.reset();
-  agreement_.emplace(opts_.dir, rank, world, next_,
-                     2 * std::max<std::chrono::milliseconds>(*opts_.grace, opts_.commit_timeout) + std::chrono::minutes(1));
+  agreement_.emplace(opts_.dir, rank, world, next_, agreement_stale_after());
 }
 
 inline void training_loop::final_checkpoint(loop_reason why) {

@@ -49,18 +49,12 @@ struct shard_layout {
   std::int64_t step = -1;
 };
 
-/// The layout of `st`'s partitioned entries. A fixed slice (add_shard) cannot follow a group
-/// whose size changes: refused, naming it.
+/// The layout of `st`'s partitioned entries (a fixed slice is refused, naming it).
 inline shard_layout layout_of(const checkpoint::state& st, std::int64_t step) {
+  checkpoint::refuse_fixed_slices(st);
   shard_layout l;
   for (const auto& e : st.entries()) {
     if (!e.shard) continue;
-    if (!e.partition) {
-      throw error(errc::not_supported,
-                  fmt::format("elastic_group: state entry '{}' is a fixed slice (add_shard), which cannot follow the "
-                              "group when its size changes: register it with add_partitioned",
-                              e.name));
-    }
     if (l.rank >= 0 && (l.rank != e.part_rank || l.world != e.part_world)) {
       throw error(errc::invalid_argument,
                   fmt::format("elastic_group: partitioned entries hold slices of different worlds ('{}' is rank {} "
@@ -136,17 +130,16 @@ inline void write_entry(const checkpoint::entry& e, std::size_t at, const std::b
 template <class Comm, class Run>
 bool move_slices(Run& run, checkpoint::state& st, int rank, int world, int old_world, const std::vector<int>& holders,
                  std::size_t& bytes) {
-  // What this rank holds now, kept while the storage takes its new size.
-  std::vector<std::vector<std::byte>> mine;
-  for (const auto& e : st.entries()) {
-    auto& m = mine.emplace_back();
-    if (!e.partition) continue;
-    m.resize(e.bytes);
-    read_entry(e, 0, m.data(), e.bytes);
-  }
+  // What this rank sends (it holds one slice of the old world: its layout's), kept while the
+  // storage takes its new size. A rank that sends nothing keeps no copy.
+  const bool sends = std::find(holders.begin(), holders.end(), rank) != holders.end();
   const std::vector<checkpoint::entry>& entries = st.entries();
-  std::vector<std::int64_t> old_rank_of(entries.size(), -1);
-  for (std::size_t i = 0; i < entries.size(); ++i) old_rank_of[i] = entries[i].part_rank;
+  std::vector<std::vector<std::byte>> mine(entries.size());
+  for (std::size_t i = 0; sends && i < entries.size(); ++i) {
+    if (!entries[i].partition) continue;
+    mine[i].resize(entries[i].bytes);
+    read_entry(entries[i], 0, mine[i].data(), entries[i].bytes);
+  }
   st.repartition(rank, world);
   std::vector<std::int64_t> words;
   for (std::size_t i = 0; i < entries.size(); ++i) {
@@ -158,15 +151,17 @@ bool move_slices(Run& run, checkpoint::state& st, int rank, int world, int old_w
     for (int o = 0; o < old_world; ++o) {
       const auto s = old[static_cast<std::size_t>(o)];
       const int root = holders[static_cast<std::size_t>(o)];
-      words.assign(static_cast<std::size_t>((s.count * eb + 7) / 8), 0);
+      // Sized, not cleared: the broadcast overwrites it everywhere but at the root, which fills it.
+      words.resize(static_cast<std::size_t>((s.count * eb + 7) / 8));
       if (words.empty()) continue;
       if (rank == root) {
-        if (old_rank_of[i] != o || mine[i].size() != s.count * eb) {
+        if (mine[i].size() != s.count * eb) {
           throw error(errc::invalid_argument,
-                      fmt::format("elastic_group: entry '{}': this rank was to send slice {} of {}, but holds {} bytes "
-                                  "of slice {}",
-                                  e.name, o, old_world, mine[i].size(), old_rank_of[i]));
+                      fmt::format("elastic_group: entry '{}': this rank was to send slice {} of {} ({} bytes) but "
+                                  "holds {} bytes: is its partition function the same on every rank?",
+                                  e.name, o, old_world, s.count * eb, mine[i].size()));
         }
+        words.back() = 0;  // the padding after the last element
         std::memcpy(words.data(), mine[i].data(), mine[i].size());
       }
       if (!broadcast_words<Comm>(run, std::span<std::int64_t>(words), root)) return false;

@@ -1,8 +1,9 @@
 // How an elastic_group's ranks come to hold rank 0's state after a rebuild: a header (step,
 // layout fingerprint), the partitioned state's slices (detail/shard_resync.hpp), the packed host
 // state (detail/state_packing.hpp), then each replicated device buffer straight from rank 0's
-// device memory when the communicator takes device memory. Every collective goes through the group's `run`, so a peer dying midway fails the
-// resync like any collective, and the group rebuilds and resyncs again.
+// device memory when the communicator takes device memory. Every collective goes through the
+// group's `run`, so a peer dying midway fails the resync like any collective, and the group
+// rebuilds and resyncs again.
 #pragma once
 
 #include <cstddef>

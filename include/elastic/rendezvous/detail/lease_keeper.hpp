@@ -1,7 +1,8 @@
 // The heartbeat of a rendezvous participant: a background thread that renews the participant's
 // lease every heartbeat_interval (its alive key and join records live on it) and re-creates the
-// run's registration (<key_prefix>/runs/<run_id>, run_keys.hpp) under that lease. It notices when the store
-// says the lease has expired (the group then counts us dead) and reports it through lost().
+// run's registration (<key_prefix>/runs/<run_id>, run_keys.hpp) under that lease. It notices
+// when the store says the lease has expired (the group then counts us dead) and reports it
+// through lost().
 //
 // Contract: the owner declares the keeper after everything the keeper's store reference needs;
 // stop() (and the destructor) joins the thread, so no renewal runs after it returns.
@@ -63,8 +64,7 @@ class lease_keeper {
     if (l == 0) return;
     try {
       store_.keep_alive(l);
-      std::optional<std::string> actual;
-      store_.compare_set(run_key_, std::nullopt, "", l, &actual);
+      store_.compare_set(run_key_, std::nullopt, "", l);
     } catch (const error& e) {
       // Only the lease we renewed counts: join() may have replaced it meanwhile.
       if (e.code() == errc::not_found && lease_.load() == l) lost_ = true;
