@@ -19,11 +19,16 @@
 // when a slice died with its rank. The weights are the same bits as without it.
 //
 // Fault injection for the demo, by worker slot (ELASTIC_LOCAL_RANK, else the first rank it got),
-// only in a worker's first life (ELASTIC_RESTART_COUNT=0), so each fault happens once:
+// each once per slot and checkpoint directory (a file beside it, CKPT.injected-*, remembers it
+// across the slot's restarts):
 //   --kill-rank R --kill-at S    worker R SIGKILLs itself in the middle of step S's allreduce
+//   --kill-together R1,R2 --kill-together-at S
+//                                workers R1 and R2 both do, in step S (with --zero1 and 3
+//                                workers, a rank and the successor that holds its replica)
 //   --hang-rank R --hang-at S    worker R stops making progress in step S (the watchdog kills it)
 //
 // Without a --data file it trains on a synthetic stand-in (and says so).
+#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -62,6 +67,7 @@ struct options {
   std::uint64_t steps = 600, every = 25;
   long step_sleep_ms = 0;
   long kill_rank = -1, kill_at = -1, hang_rank = -1, hang_at = -1;
+  long together[2] = {-1, -1}, together_at = -1;
   bool zero1 = false;
 };
 
@@ -69,7 +75,7 @@ struct options {
   std::fprintf(stderr,
                "digits_train: %s\nusage: digits_train [--data digits.csv] [--ckpt DIR] [--steps N] [--every N]\n"
                "                    [--step-sleep-ms MS] [--kill-rank R --kill-at S] [--hang-rank R --hang-at S]\n"
-               "                    [--zero1 1]\n",
+               "                    [--kill-together R1,R2 --kill-together-at S] [--zero1 1]\n",
                why.c_str());
   std::exit(2);
 }
@@ -96,9 +102,23 @@ options parse(int argc, char** argv) {
     else if (a == "--hang-rank") o.hang_rank = static_cast<long>(n());
     else if (a == "--hang-at") o.hang_at = static_cast<long>(n());
     else if (a == "--zero1") o.zero1 = n() != 0;
+    else if (a == "--kill-together-at") o.together_at = static_cast<long>(n());
+    else if (a == "--kill-together") {
+      if (std::sscanf(v.c_str(), "%ld,%ld", &o.together[0], &o.together[1]) != 2) usage("--kill-together takes R1,R2");
+    }
     else usage("unknown option " + a);
   }
   return o;
+}
+
+/// Whether worker `slot` has yet to suffer fault `tag` in this checkpoint directory's run; marks
+/// it suffered (a file beside the directory outlives the worker's restarts).
+bool first_time(const options& o, const char* tag, long slot) {
+  const std::string mark = o.ckpt + ".injected-" + tag + "-" + std::to_string(slot);
+  const int fd = ::open(mark.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0600);
+  if (fd < 0) return false;
+  ::close(fd);
+  return true;
 }
 
 /// Images as 64 features in [0, 1] and labels 0..9.
@@ -258,7 +278,6 @@ int main(int argc, char** argv) {
     const dataset data = load(o.data);
     const std::size_t n_test = data.size() / 6, n_train = data.size() - n_test;  // the last sixth is held out
     const settings cfg = read_settings();
-    const bool first_life = cfg.restart_count == 0;
     std::unique_ptr<elastic::rendezvous::store> store;
     if (cfg.rdzv) {
       store = elastic::rendezvous::open_store(*cfg.rdzv);
@@ -341,14 +360,16 @@ int main(int argc, char** argv) {
         const std::uint32_t i = order[(first + static_cast<std::uint64_t>(j)) % n_train];
         loss += sample_gradient(p.data(), &data.x[i * in], data.y[i], grad.data());
       }
-      if (first_life && slot == o.hang_rank && static_cast<long>(s) == o.hang_at) {
+      if (slot == o.hang_rank && static_cast<long>(s) == o.hang_at && first_time(o, "hang", slot)) {
         std::printf("worker %ld hangs in step %llu (injected): the watchdog will kill it\n", slot,
                     static_cast<unsigned long long>(s));
         std::fflush(stdout);
         for (;;) std::this_thread::sleep_for(1s);
       }
       std::jthread killer;
-      if (first_life && slot == o.kill_rank && static_cast<long>(s) == o.kill_at) {
+      const bool together = (slot == o.together[0] || slot == o.together[1]) && static_cast<long>(s) == o.together_at;
+      if ((slot == o.kill_rank && static_cast<long>(s) == o.kill_at && first_time(o, "kill", slot)) ||
+          (together && first_time(o, "kill-together", slot))) {
         std::printf("worker %ld is SIGKILLed inside the allreduce of step %llu (injected)\n", slot,
                     static_cast<unsigned long long>(s));
         std::fflush(stdout);

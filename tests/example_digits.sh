@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The main job in small, as a test: elastic-run trains digits_train (synthetic digits, so no
-# network is needed) undisturbed, then with a worker SIGKILLed, a worker hung until the watchdog
+# network is needed) undisturbed, then with a worker SIGKILLed, two workers SIGKILLed together
+# (with --zero1: a rank and the successor holding its replica), a worker hung until the watchdog
 # kills it, and a SIGTERM to the launcher followed by a resume; the final weights must match.
 #   tests/example_digits.sh ELASTIC_RUN DIGITS_TRAIN [TRAINER ARGS...]   (e.g. --zero1 1)
 set -euo pipefail
@@ -10,7 +11,7 @@ shift 2
 work="$(mktemp -d)"
 # Only a pid we started: `kill 0` would kill our whole process group (ctest with it).
 trap 'if [ -n "${pid:-}" ]; then kill -KILL "$pid" 2>/dev/null || true; fi; rm -rf "$work"' EXIT
-launcher=("$run" --nproc-per-node 3 --min-ranks 2 --max-restarts 3 --step-timeout 2 --grace 10 --quiet
+launcher=("$run" --nproc-per-node 3 --min-ranks 2 --max-restarts 5 --step-timeout 2 --grace 10 --quiet
           --log-dir "$work/logs")
 trainer=("$train" --steps 300 --every 20 --step-sleep-ms 5 "$@")
 # The weights of the run that finished (logs are appended across runs, and the rank that was the
@@ -24,11 +25,12 @@ hit=hit-$$
 "${launcher[@]}" --run-id "$ref" -- "${trainer[@]}" --ckpt "$work/ref" 2>/dev/null
 
 "${launcher[@]}" --run-id "$hit" -- "${trainer[@]}" --ckpt "$work/hit" \
-  --kill-rank 2 --kill-at 60 --hang-rank 1 --hang-at 150 2>"$work/hit.err" &
+  --kill-rank 2 --kill-at 60 --kill-together 0,1 --kill-together-at 100 --hang-rank 1 --hang-at 150 \
+  2>"$work/hit.err" &
 pid=$!
 for _ in $(seq 1 600); do
-  # the hung worker killed and started again: both failures are behind us
-  grep -qs "worker 1 started: pid [0-9]*, restart 1" "$work/logs/$hit/rank-1.log" && break
+  # the hung worker killed and started again (its second restart): every failure is behind us
+  grep -qs "worker 1 started: pid [0-9]*, restart 2" "$work/logs/$hit/rank-1.log" && break
   kill -0 "$pid" 2>/dev/null || break
   sleep 0.1
 done
@@ -40,13 +42,18 @@ set -e
 cat "$work/hit.err" >&2
 [ "$code" -eq 75 ] || { echo "FAIL: elastic-run exited $code after SIGTERM, want 75" >&2; exit 1; }
 grep -q "watchdog kills   1" "$work/hit.err" || { echo "FAIL: the hang was not killed by the watchdog" >&2; exit 1; }
-grep -q "failures         2" "$work/hit.err" || { echo "FAIL: want 2 failures (a kill and a hang)" >&2; exit 1; }
+grep -q "failures         4" "$work/hit.err" ||
+  { echo "FAIL: want 4 failures (a kill, two together, a hang)" >&2; exit 1; }
 
 "${launcher[@]}" --run-id "$hit" -- "${trainer[@]}" --ckpt "$work/hit" 2>/dev/null
 if [[ " $* " == *" --zero1 1 "* ]]; then
-  # The momentum slices followed the group: moved from memory, or reloaded when one died.
-  grep -q '"event":"group_resharded".*"from":"disk"' "$work/logs/$hit/events.jsonl" ||
-    { echo "FAIL: no slice was reloaded from disk after a rank died" >&2; exit 1; }
+  # The momentum slices followed the group: a dead rank's from its successor's replica, and
+  # from the checkpoint when a rank and that successor died together.
+  events="$work/logs/$hit/events.jsonl"
+  grep -q '"event":"group_resharded".*"from":"memory","sources":"[^"]*replica@' "$events" ||
+    { echo "FAIL: no slice came back from a peer's replica after a rank died" >&2; exit 1; }
+  grep -q '"event":"group_resharded".*"from":"disk"' "$events" ||
+    { echo "FAIL: no slice was reloaded from disk after a rank and its successor died together" >&2; exit 1; }
 fi
 ref_crc="$(crc "$ref")"
 hit_crc="$(crc "$hit")"

@@ -13,9 +13,12 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -240,14 +243,15 @@ TEST_CASE("a participant of another run shares the store without disturbing the 
   for (std::size_t i : {0, 1}) check_finished(f, i, steps, want, "0");
 }
 
-TEST_CASE("partitioned moments: 4 ranks lose one and reload from disk, take it back from memory, and end bit-identical") {
+TEST_CASE("partitioned moments without replicas: 4 ranks lose one and reload from disk, take it back from memory, and "
+          "end bit-identical") {
   const std::uint64_t steps = 150;
   const auto common = with_shards(fast);
   const auto want = sharded_reference(common, steps);
   scratch s;
   fleet f(ELASTIC_GROUP_WORKER, s.url, "zero1", common, s.events);
   const std::vector<std::string> args{"--dir", s.ckpt, "--steps", std::to_string(steps), "--min", "2", "--max", "4",
-                                      "--step-sleep-ms", "10"};
+                                      "--step-sleep-ms", "10", "--replicas", "0"};
   for (int i = 0; i < 4; ++i) {
     auto a = args;
     if (i == 2) a.insert(a.end(), {"--kill-self-at", "25"});
@@ -272,6 +276,89 @@ TEST_CASE("partitioned moments: 4 ranks lose one and reload from disk, take it b
     return e.find("\"from\":\"memory\"") != std::string::npos && e.find("\"world_before\":3") != std::string::npos &&
            e.find("\"world_after\":4") != std::string::npos;
   }));
+}
+
+namespace {
+
+/// Whether one group_resharded event among `events` (the lines of an events file) holds every
+/// fragment of `has`.
+bool resharded(const std::string& events, std::initializer_list<std::string_view> has) {
+  std::istringstream in(events);
+  for (std::string e; std::getline(in, e);) {
+    if (e.find("\"event\":\"group_resharded\"") == std::string::npos) continue;
+    if (std::all_of(has.begin(), has.end(), [&](std::string_view h) { return e.find(h) != std::string::npos; })) {
+      return true;
+    }
+  }
+  return false;
+}
+
+/// 4 ranks with `replicas` successors holding each one's slices; `die` kill themselves
+/// together in step 25 (snapshots every 10 steps); the survivors finish, then as many ranks
+/// join again; every one ends with the weights and moments of an undisturbed run.
+void lose_ranks(const std::string& run, int replicas, std::vector<int> die, std::string& events) {
+  const std::uint64_t steps = 150;
+  const auto common = with_shards(fast);
+  const auto want = sharded_reference(common, steps);
+  scratch s;
+  fleet f(ELASTIC_GROUP_WORKER, s.url, run, common, s.events);
+  const std::vector<std::string> args{"--dir", s.ckpt, "--steps", std::to_string(steps), "--min", "2", "--max", "4",
+                                      "--step-sleep-ms", "10", "--replicas", std::to_string(replicas)};
+  for (int i = 0; i < 4; ++i) {
+    auto a = args;
+    if (std::find(die.begin(), die.end(), i) != die.end()) a.insert(a.end(), {"--kill-self-at", "25"});
+    f.start("w" + std::to_string(i), a);
+  }
+  std::vector<std::size_t> alive;
+  for (std::size_t i = 0; i < 4; ++i) {
+    if (std::find(die.begin(), die.end(), static_cast<int>(i)) == die.end()) alive.push_back(i);
+  }
+  REQUIRE(f.wait_until([&] { return std::all_of(die.begin(), die.end(), [&](int d) { return f[static_cast<std::size_t>(d)].status.has_value(); }); }, 60s));
+  for (int d : die) REQUIRE(WIFSIGNALED(*f[static_cast<std::size_t>(d)].status));
+  const std::string smaller = std::to_string(4 - die.size());
+  REQUIRE(f.wait_until(
+      [&] { return f.find(alive[0], "step=", [&](auto& l) { return field(l, "world") == smaller; }).has_value(); },
+      30s));
+  for (int d : die) alive.push_back(f.start("w" + std::to_string(d), args));
+  const bool ended = f.wait_until([&] { return f.all_ended(alive); }, 120s);
+  std::string all;
+  for (auto i : alive) all += f.transcript(i);
+  INFO(all);
+  REQUIRE(ended);
+  for (auto i : alive) check_sharded_finish(f, i, steps, want);
+  std::ifstream in(s.events);
+  events.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+}  // namespace
+
+TEST_CASE("partitioned moments with peer replicas: 4 ranks lose one, take its slice from its successor's memory (no "
+          "disk), grow back, and end bit-identical") {
+  std::string events;
+  lose_ranks("zero1-replica", 1, {2}, events);
+  INFO(events);
+  // Rank 2's slice at step 20 came from rank 3's replica; the others' from their own images.
+  CHECK(resharded(events, {"\"world_after\":3", "\"from\":\"memory\"", "\"step\":20", "replica@",
+                           "\"rolled_back\":true"}));
+  CHECK_FALSE(resharded(events, {"\"from\":\"disk\""}));
+  CHECK(resharded(events, {"\"world_before\":3", "\"world_after\":4", "\"from\":\"memory\""}));
+  CHECK(events.find("\"event\":\"replica_sent\"") != std::string::npos);
+}
+
+TEST_CASE("partitioned moments with one replica: a rank and its successor lost together reload from disk, and end "
+          "bit-identical") {
+  std::string events;
+  lose_ranks("zero1-buddy", 1, {1, 2}, events);
+  INFO(events);
+  CHECK(resharded(events, {"\"world_after\":2", "\"from\":\"disk\""}));
+}
+
+TEST_CASE("partitioned moments with two replicas: a rank and its successor lost together come back from memory") {
+  std::string events;
+  lose_ranks("zero1-two", 2, {1, 2}, events);
+  INFO(events);
+  CHECK(resharded(events, {"\"world_after\":2", "\"from\":\"memory\"", "replica@"}));
+  CHECK_FALSE(resharded(events, {"\"from\":\"disk\""}));
 }
 
 TEST_CASE("partitioned moments: a notice stops 4 ranks at one agreed step with every part saved, and 3 resume it") {

@@ -32,6 +32,8 @@ ONE_CONCEPT = {
     "comm/nccl.hpp": "the NCCL communicator: init, collectives, abort, revoke, shrink, grow; runtime probing "
                      "and version gates are comm/detail/nccl_runtime.hpp, handle creation "
                      "comm/detail/nccl_handle.hpp, the CUDA RAII internal/cuda.hpp",
+    "comm/elastic_group.hpp": "the group's round lifecycle: a failure or a change, the rebuild, the resync; "
+                              "admission, state resync, shard moves and peer replicas are in comm/detail/",
 }
 LAYERS = {"": 0, "internal": 0, "timer": 1, "checkpoint": 2, "rendezvous": 3, "comm": 4, "*": 5}
 ABI = "v1"

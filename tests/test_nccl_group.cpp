@@ -306,23 +306,25 @@ TEST_CASE("a killed rank restarted under its id is grown back in: 3 ranks become
   }
 }
 
-TEST_CASE("partitioned device moments: 4 ranks lose one and reload from disk, take it back from memory, and end "
-          "bit-identical",
-          "[nccl]") {
-  require_gpu();
+namespace {
+
+/// 4 ranks with device moments partitioned across them and `replicas` successors holding each
+/// rank's slices; rank 2 dies in step 15, comes back, and every rank ends bit-identical.
+/// Returns the group_resharded events.
+std::vector<std::string> lose_a_device_slice(const std::string& run, int replicas) {
   const std::uint64_t steps = 120;
   const std::vector<std::string> shard{"--shard", "2"};
   const std::string ref = reference_final(steps, shard);
   scratch s;
-  fleet f(worker(), s.url, "zero1", fast, s.events);
+  fleet f(worker(), s.url, run, fast, s.events);
   auto args = std::vector<std::string>{"--dir", s.ckpt, "--steps", std::to_string(steps), "--min", "2", "--max", "4",
-                                       "--step-sleep-ms", "10"};
+                                       "--step-sleep-ms", "10", "--replicas", std::to_string(replicas)};
   args.insert(args.end(), shard.begin(), shard.end());
-  start_four(f, "zero1", topology::hosts, args, 2, {"--kill-self-at", "15"});
+  start_four(f, run, topology::hosts, args, 2, {"--kill-self-at", "15"});
   REQUIRE(f.wait_until([&] { return f.all_ended({2}); }, 60s));
   REQUIRE(f.wait_until([&] { return f.find(0, "step=", [](auto& l) { return field(l, "world") == "3"; }).has_value(); },
                        60s));
-  const auto back = start_slot(f, "zero1", topology::hosts, 2, args);
+  const auto back = start_slot(f, run, topology::hosts, 2, args);
   const bool ended = f.wait_until([&] { return f.all_ended({0, 1, 3, back}); }, 150s);
   INFO(transcripts(f));
   REQUIRE(ended);
@@ -332,12 +334,34 @@ TEST_CASE("partitioned device moments: 4 ranks lose one and reload from disk, ta
     REQUIRE(fin);
     CHECK(field(*fin, "moments") == field(ref, "moments"));
   }
-  const auto moves = elastic::test::events_named(s.events, "group_resharded");
-  CHECK(std::any_of(moves.begin(), moves.end(),
-                    [](const std::string& e) { return e.find("\"from\":\"disk\"") != std::string::npos; }));
-  CHECK(std::any_of(moves.begin(), moves.end(), [](const std::string& e) {
-    return e.find("\"from\":\"memory\"") != std::string::npos && e.find("\"world_after\":4") != std::string::npos;
-  }));
+  return elastic::test::events_named(s.events, "group_resharded");
+}
+
+bool any_event(const std::vector<std::string>& events, std::initializer_list<std::string_view> has) {
+  return std::any_of(events.begin(), events.end(), [&](const std::string& e) {
+    return std::all_of(has.begin(), has.end(), [&](std::string_view h) { return e.find(h) != std::string::npos; });
+  });
+}
+
+}  // namespace
+
+TEST_CASE("partitioned device moments without replicas: 4 ranks lose one and reload from disk, take it back from "
+          "memory, and end bit-identical",
+          "[nccl]") {
+  require_gpu();
+  const auto moves = lose_a_device_slice("zero1", 0);
+  CHECK(any_event(moves, {"\"from\":\"disk\""}));
+  CHECK(any_event(moves, {"\"from\":\"memory\"", "\"world_after\":4"}));
+}
+
+TEST_CASE("partitioned device moments with peer replicas: 4 ranks lose one, take its slice from its successor's "
+          "memory, grow back, and end bit-identical",
+          "[nccl]") {
+  require_gpu();
+  const auto moves = lose_a_device_slice("zero1-replica", 1);
+  CHECK(any_event(moves, {"\"from\":\"memory\"", "\"world_after\":3", "replica@", "\"rolled_back\":true"}));
+  CHECK_FALSE(any_event(moves, {"\"from\":\"disk\""}));
+  CHECK(any_event(moves, {"\"from\":\"memory\"", "\"world_after\":4"}));
 }
 
 TEST_CASE("when one rank's shrink fails, every rank falls back to a fresh init and finishes", "[nccl]") {

@@ -32,6 +32,7 @@ struct job_options {
   ms step_sleep{0}, step_timeout{0};
   long kill_self_at = -1;  // SIGKILL ourselves mid-allreduce of this step
   long stop_self_at = -1;  // SIGSTOP ourselves before the allreduce of this step (a hang)
+  int replicas = 1;        // group_options::replicas: successors holding our slices in memory
 };
 
 /// Parses argv over `o` (the worker's defaults); an option it does not know goes to `extra`
@@ -66,6 +67,7 @@ inline job_options parse_job_options(int argc, char** argv, const char* program,
     else if (a == "--step-sleep-ms") o.step_sleep = ms(n);
     else if (a == "--step-timeout-ms") o.step_timeout = ms(n);
     else if (a == "--kill-self-at") o.kill_self_at = static_cast<long>(n);
+    else if (a == "--replicas") o.replicas = static_cast<int>(n);
     else if (a == "--stop-self-at") o.stop_self_at = static_cast<long>(n);
     else if (!extra || !extra(a, n)) usage("unknown option " + a);
   }
@@ -140,6 +142,7 @@ inline comm::group_options group_options_of(const job_options& o) {
   go.rendezvous.heartbeat_timeout = o.hb_timeout;
   go.rendezvous.participant_id = o.id;
   go.poll_interval = o.poll;
+  go.replicas = o.replicas;
   return go;
 }
 

@@ -25,6 +25,7 @@
 #include <deque>
 #include <exception>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <new>
@@ -39,6 +40,7 @@
 #include <elastic/checkpoint/detail/host_memory.hpp>
 #include <elastic/checkpoint/detail/library_error.hpp>
 #include <elastic/checkpoint/format.hpp>
+#include <elastic/checkpoint/staged_snapshot.hpp>
 #include <elastic/checkpoint/state.hpp>
 #include <elastic/checkpoint/storage.hpp>
 #include <elastic/internal/clock.hpp>
@@ -254,6 +256,15 @@ class checkpointer {
   /// stay, and snapshots of the resized state throw errc::mismatch until a set_world() succeeds.
   void set_world(int rank, int world);
 
+  /// Calls `f` on the copier thread each time a snapshot's staging copy is complete, before its
+  /// write starts; `f` must not keep the spans. An exception from it becomes an event
+  /// (checkpoint_copy_hook_failed); the snapshot is written all the same. Set it before the
+  /// first snapshot.
+  void on_copied(std::function<void(const staged_snapshot&)> f) {
+    std::lock_guard lk(mu_);
+    on_copied_ = std::move(f);
+  }
+
   [[nodiscard]] checkpointer_stats stats() const {
     std::lock_guard lk(mu_);
     return stats_;
@@ -399,6 +410,7 @@ class checkpointer {
   std::uint64_t committed_max_ = 0;            // the newest step this checkpointer committed
   std::uint64_t settled_sequence_ = 0;         // the newest snapshot that has ended, and
   std::exception_ptr newest_failure_;          // its error if it failed
+  std::function<void(const staged_snapshot&)> on_copied_;  // set before the first snapshot
   std::jthread copier_, persister_;  // last: they stop before the members they use go away
 };
 

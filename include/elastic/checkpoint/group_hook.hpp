@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 
+#include <elastic/checkpoint/staged_snapshot.hpp>
 #include <elastic/checkpoint/state.hpp>
 #include <elastic/error.hpp>
 
@@ -55,6 +56,10 @@ class group_hook {
   [[nodiscard]] virtual std::uint64_t generation() const noexcept { return 0; }
   /// What the loop lends the group (it calls this once, at its start).
   virtual void attach(loop_link /*link*/) {}
+  /// A snapshot's staging copy is complete (the checkpointer's copier thread calls this, before
+  /// the write): a group with peer replicas keeps a copy of it and sends the slices on. It must
+  /// not keep the spans, and should return quickly (a memcpy, not a network transfer).
+  virtual void snapshot_copied(const staged_snapshot& /*s*/) {}
 
   /// Before every step, `step` being the loop's next step index. When the group changed (a
   /// collective failed, a member departed, a newcomer waits) the group forms its next round,

@@ -57,8 +57,10 @@
 #include <elastic/checkpoint/state.hpp>
 #include <elastic/comm/communicator.hpp>
 #include <elastic/comm/detail/admission.hpp>
+#include <elastic/comm/detail/peer_replicas.hpp>
 #include <elastic/comm/detail/state_resync.hpp>
 #include <elastic/comm/group_options.hpp>
+#include <elastic/comm/host_address.hpp>
 #include <elastic/comm/rebuild.hpp>
 #include <elastic/internal/clock.hpp>
 #include <elastic/internal/periodic_thread.hpp>
@@ -110,6 +112,15 @@ class elastic_group final : public group_hook {
   [[nodiscard]] int size() const noexcept override { return rdzv_.current().world_size; }
   [[nodiscard]] std::uint64_t generation() const noexcept override { return rebuilds_ + (joined_ ? 1 : 0); }
   void attach(checkpoint::loop_link link) override { link_ = std::move(link); }
+  void snapshot_copied(const checkpoint::staged_snapshot& s) override {
+    if (replicas_) replicas_->keep(s);
+  }
+  /// What the peer replicas did on this rank (nothing before the first resync of partitioned
+  /// state, or with group_options::replicas 0).
+  [[nodiscard]] std::optional<detail::replica_stats> replica_stats() const {
+    if (!replicas_) return std::nullopt;
+    return replicas_->stats();
+  }
   [[nodiscard]] std::int64_t round() const noexcept { return rdzv_.current().round; }
   [[nodiscard]] const rendezvous::round_info& current() const noexcept { return rdzv_.current(); }
   /// True from a failed collective until the group is rebuilt.
@@ -191,6 +202,10 @@ class elastic_group final : public group_hook {
         bootstrap_(std::move(bootstrap)),
         rdzv_(store, with_events(opts_.rendezvous, events_)) {
     if (!rebuild_) throw error(errc::invalid_argument, "elastic_group: no communicator factory given");
+    if (opts_.replicas < 0 || opts_.replicas > 64) {
+      throw error(errc::invalid_argument,
+                  fmt::format("elastic_group: replicas {} must be 0 (none) to 64", opts_.replicas));
+    }
     if (opts_.poll_interval.count() <= 0) {
       throw error(errc::invalid_argument,
                   fmt::format("elastic_group: poll_interval {} ms must be positive", opts_.poll_interval.count()));
@@ -366,11 +381,24 @@ class elastic_group final : public group_hook {
   std::optional<std::uint64_t> resync(std::uint64_t step, checkpoint::state& st) {
     auto runner = [this](std::string_view what, auto&& f) { return run(what, f); };
     if (st.has_shards() && link_.settle) link_.settle();  // no snapshot copy reads a slice we move
+    // Replicas are kept for a loop's partitioned state: it takes the snapshots they copy.
+    if (st.has_shards() && link_.settle && opts_.replicas > 0 && !replicas_) {
+      replicas_ = std::make_unique<detail::peer_replicas>(
+          st, rdzv_.options().run_id, opts_.replica_host.empty() ? default_host_address() : opts_.replica_host,
+          opts_.replicas, events_);
+    }
     const auto agreed = size() <= 1 && !st.has_shards()
                             ? std::optional<detail::resynced>(detail::resynced{step})
-                            : detail::resync_state<Comm>(runner, rank(), size(), step, st, shards_valid_, link_.restore);
+                            : detail::resync_state<Comm>(runner, rank(), size(), step, st, shards_valid_,
+                                                         !resynced_ && step > 0, link_.restore, replicas_.get());
     if (!agreed) return std::nullopt;
+    resynced_ = true;
     last_.resynced_ns = internal::monotonic_ns();
+    if (replicas_) {
+      // What came after the step the group goes on from is another history.
+      replicas_->drop_after(static_cast<std::int64_t>(agreed->step));
+      replicas_->follow(rank(), size(), agreed->shards.peers);
+    }
     detail::report_resync(events_, round(), size(), *agreed, last_, st.has_shards());
     return agreed->step;
   }
@@ -443,6 +471,10 @@ class elastic_group final : public group_hook {
   recovery_timings last_;
   checkpoint::loop_link link_;      // the loop's checkpoints, for slices lost with their rank
   bool shards_valid_ = true;        // false once a move of this rank's slices failed half way
+  bool resynced_ = false;           // before the first resync the state is what the loop restored
+  // Peer-memory replicas of the partitioned state (made at the first resync that has some);
+  // the checkpointer's copier thread hands it snapshots (keep), after it exists.
+  std::unique_ptr<detail::peer_replicas> replicas_;
   std::jthread reaper_;  // destroys a retired communicator
   internal::periodic_thread watcher_;  // last: it stops before the members it uses go away
 };

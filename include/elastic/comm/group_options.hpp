@@ -20,6 +20,13 @@ struct group_options {
   /// Each collective runs in a timer scope of this length (0: twice the communicator's timeout
   /// plus a second when it has one, else none): a process stuck past it is killed.
   std::chrono::milliseconds collective_deadline{0};
+  /// Partitioned state (state::add_partitioned) under a training_loop: at every snapshot each
+  /// rank's slices are also sent, in the background, to this many ring successors, which keep
+  /// them in host memory; a slice lost with its rank then comes back from a successor's memory,
+  /// not from disk, unless the rank and all of them were lost together. 0: no replicas.
+  int replicas = 1;
+  /// Where this rank's replica listener listens (empty: default_host_address(), as Gloo does).
+  std::string replica_host{};
   std::optional<event_log> events{};  ///< nothing: event_log::from_env()
 };
 

@@ -146,6 +146,8 @@ inline void checkpointer::fill(slot& s, std::unique_lock<std::mutex>& lk, std::c
     r.where = e.where;
     r.bytes = e.bytes;
     r.shard = e.shard;
+    r.part_rank = e.part_rank;
+    r.part_world = e.part_world;
     if (e.kind == entry_kind::object) {
       auto& bytes = s.objects.emplace_back();
       e.save(bytes);
@@ -205,6 +207,17 @@ inline void checkpointer::copy_loop() {
       lk.lock();
       fail_locked(*s, failure);
       continue;
+    }
+    // The staging is the snapshot's now, and stays so until it is written: a copy of it may be
+    // taken (peer replicas) before the write starts.
+    if (on_copied_) {
+      try {
+        on_copied_(staged_snapshot{s->step, s->staged});
+      } catch (const std::exception& e) {
+        events_.emit("checkpoint_copy_hook_failed", {{"step", s->step}, {"reason", e.what()}});
+      } catch (...) {
+        events_.emit("checkpoint_copy_hook_failed", {{"step", s->step}, {"reason", "unknown error"}});
+      }
     }
     lk.lock();
     s->phase = slot_phase::persisting;

@@ -31,6 +31,7 @@ inline void training_loop::attach_group() {
                              return m ? std::optional<std::uint64_t>(m->step) : std::nullopt;
                            },
                        .settle = [this] { ckpt_.wait_copied(); }});
+  ckpt_.on_copied([g = opts_.group](const staged_snapshot& s) { g->snapshot_copied(s); });
 }
 
 inline void training_loop::follow_group() {

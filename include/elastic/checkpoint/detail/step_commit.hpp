@@ -24,6 +24,7 @@
 #include <elastic/checkpoint/detail/retention.hpp>
 #include <elastic/checkpoint/detail/step_files.hpp>
 #include <elastic/checkpoint/format.hpp>
+#include <elastic/checkpoint/staged_snapshot.hpp>
 #include <elastic/checkpoint/state.hpp>
 #include <elastic/internal/crc32c.hpp>
 #include <elastic/internal/file.hpp>
@@ -34,12 +35,6 @@
 namespace elastic::inline v1::checkpoint {
 
 namespace fs = std::filesystem;
-
-/// One entry's bytes as captured by a snapshot, ready to be written.
-struct staged_entry {
-  const entry* source = nullptr;
-  std::span<const std::byte> bytes;
-};
 
 namespace storage {
 

@@ -1,19 +1,29 @@
-// How an elastic group's partitioned state (state::add_partitioned) follows a rebuild: every
-// rank says whose slices it holds (rank r of a world of w) and at which step; when the ranks that
-// hold the agreed step's slices of one world cover the whole buffer, each of those slices is
-// broadcast from its holder and every rank keeps what falls in its new slice (from memory, no
-// disk); otherwise a slice was lost with its rank, and every rank loads the newest committed
-// checkpoint as its new rank (restore_fn), so that all of them go on from that step together.
+// How an elastic group's partitioned state (state::add_partitioned) follows a rebuild. Every
+// rank says whose slices it holds live (rank r of a world of w, at which step), which snapshot
+// images it holds in memory (detail/peer_replicas.hpp: its own, and replicas of its
+// predecessors' slices) and where its replica listener is. Then, in this order:
+// 1. the live slices of one world at the agreed step cover the whole buffer: each is broadcast
+//    from its holder and every rank keeps what falls in its new slice (nothing goes back);
+// 2. a slice was lost with its rank, but the newest step S whose slices are all held in memory
+//    (a rank's own image, or a successor's replica) and of which some rank has its own whole
+//    image: that rank (the root) takes its replicated state back to S from its image, the
+//    slices are broadcast from the images, and every rank goes on from S;
+// 3. nothing in memory covers the buffer: every rank loads the newest committed checkpoint as its
+//    new rank (restore_fn), so that all of them go on from that step together.
 //
 // The slices travel as host words through broadcasts (any communicator has them; a device
 // slice is copied to the host first): the whole buffer is sent once, from the ranks that hold
-// it. A collective that fails on the way makes this rank's slices unknown (they may be half
-// moved): the next attempt after the rebuild finds them so, and reloads from the checkpoint.
+// it. A collective that fails on the way makes this rank's live slices unknown (they may be half
+// moved): the next attempt after the rebuild finds them so; its images are untouched.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <memory>
+#include <set>
+#include <string>
 #include <optional>
 #include <span>
 #include <utility>
@@ -24,6 +34,7 @@
 #include <elastic/checkpoint/group_hook.hpp>
 #include <elastic/checkpoint/state.hpp>
 #include <elastic/comm/communicator.hpp>
+#include <elastic/comm/detail/peer_replicas.hpp>
 #include <elastic/error.hpp>
 #include <elastic/internal/cuda.hpp>
 
@@ -42,15 +53,16 @@ bool broadcast_words(Run& run, std::span<std::int64_t> words, int root = 0) {
   });
 }
 
-/// Whose slices a rank holds, and as of which step (-1: none it can vouch for).
+/// Whose slices a rank holds live, and as of which step (-1: none it can vouch for).
 struct shard_layout {
   std::int64_t rank = -1;
   std::int64_t world = 0;
   std::int64_t step = -1;
+  bool restored = false;  ///< read from a checkpoint by its loop, not trained on in this group yet
 };
 
 /// The layout of `st`'s partitioned entries (a fixed slice is refused, naming it).
-inline shard_layout layout_of(const checkpoint::state& st, std::int64_t step) {
+inline shard_layout layout_of(const checkpoint::state& st, std::int64_t step, bool restored) {
   checkpoint::refuse_fixed_slices(st);
   shard_layout l;
   for (const auto& e : st.entries()) {
@@ -65,41 +77,140 @@ inline shard_layout layout_of(const checkpoint::state& st, std::int64_t step) {
     l.world = e.part_world;
   }
   l.step = step;
+  l.restored = restored;
   return l;
 }
 
-/// Every rank's layout, in rank order: each rank broadcasts its own three words (the others'
-/// are overwritten by the broadcast).
+/// What one rank says of its slices before they move.
+struct shard_holdings {
+  shard_layout live;
+  std::vector<image_key> images;  // snapshot images in its memory
+  peer_address address;           // its replica listener (port 0: none)
+};
+
+/// A rank's holdings as words: live rank, world, step, restored; port; image count; host
+/// length; four words per image; the host name's bytes.
+inline std::vector<std::int64_t> encode(const shard_holdings& h) {
+  std::vector<std::int64_t> w{h.live.rank, h.live.world, h.live.step, h.live.restored ? 1 : 0, h.address.port,
+                              static_cast<std::int64_t>(h.images.size()),
+                              static_cast<std::int64_t>(h.address.host.size())};
+  for (const auto& i : h.images) w.insert(w.end(), {i.rank, i.world, i.step, i.full ? 1 : 0});
+  const std::size_t at = w.size();
+  w.resize(at + (h.address.host.size() + 7) / 8);
+  if (!h.address.host.empty()) std::memcpy(w.data() + at, h.address.host.data(), h.address.host.size());
+  return w;
+}
+
+inline shard_holdings decode(std::span<const std::int64_t> w) {
+  const auto bad = [] {
+    return error(errc::corrupt, "elastic_group: a peer sent a malformed account of its slices (another version?)");
+  };
+  constexpr std::size_t head = 7;
+  if (w.size() < head || w[5] < 0 || w[5] > 1024 || w[6] < 0 || w[6] > 1024 || w[4] < 0 || w[4] > 65535) throw bad();
+  const auto n = static_cast<std::size_t>(w[5]), host = static_cast<std::size_t>(w[6]);
+  if (w.size() != head + 4 * n + (host + 7) / 8) throw bad();
+  shard_holdings h;
+  h.live = {w[0], w[1], w[2], w[3] != 0};
+  h.address.port = static_cast<std::uint16_t>(w[4]);
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto* p = w.data() + head + 4 * i;
+    h.images.push_back({p[0], p[1], p[2], p[3] != 0});
+  }
+  h.address.host.resize(host);
+  if (host) std::memcpy(h.address.host.data(), w.data() + head + 4 * n, host);
+  return h;
+}
+
+/// Every rank's holdings, in rank order: each rank broadcasts the length of its account, then it.
 template <class Comm, class Run>
-std::optional<std::vector<shard_layout>> exchange_layouts(Run& run, int world, const shard_layout& mine) {
-  std::vector<shard_layout> all(static_cast<std::size_t>(world));
+std::optional<std::vector<shard_holdings>> exchange_holdings(Run& run, int rank, int world, const shard_holdings& mine) {
+  std::vector<shard_holdings> all(static_cast<std::size_t>(world));
+  const std::vector<std::int64_t> own = encode(mine);
   for (int r = 0; r < world; ++r) {
-    std::int64_t w[3] = {mine.rank, mine.world, mine.step};
+    std::int64_t n = static_cast<std::int64_t>(own.size());
+    if (!broadcast_words<Comm>(run, std::span<std::int64_t>(&n, 1), r)) return std::nullopt;
+    if (n < 7 || n > 8192) throw error(errc::corrupt, "elastic_group: a peer's account of its slices has a bad length");
+    std::vector<std::int64_t> w = r == rank ? own : std::vector<std::int64_t>(static_cast<std::size_t>(n));
     if (!broadcast_words<Comm>(run, std::span<std::int64_t>(w), r)) return std::nullopt;
-    all[static_cast<std::size_t>(r)] = {w[0], w[1], w[2]};
+    all[static_cast<std::size_t>(r)] = r == rank ? mine : decode(w);
   }
   return all;
 }
 
-/// The old world whose slices at `step` are all held, and the rank that sends each (the lowest
-/// that holds it); nothing when no world is complete. Worlds are tried in the order their
-/// holders appear, rank 0's first.
-inline std::optional<std::pair<int, std::vector<int>>> choose_holders(const std::vector<shard_layout>& all,
-                                                                       std::int64_t step) {
+/// Where an old slice comes from, on the rank that sends it: its live state (trained in the
+/// group, or read from the checkpoint by a newcomer's loop: `restored`), or a memory image.
+enum class slice_source : std::uint8_t { live, restored, own, replica };
+
+inline const char* to_string(slice_source s) noexcept {
+  switch (s) {
+    case slice_source::live: return "live";
+    case slice_source::restored: return "disk";
+    case slice_source::own: return "own";
+    case slice_source::replica: return "replica";
+  }
+  return "?";
+}
+
+/// How the slices will move: those of world `world` at `step`, old slice o sent by rank
+/// `holders[o]` from `sources[o]`; `root` the rank whose own image gives the replicated state
+/// (-1: the live state, rank 0's).
+struct shard_plan {
+  int world = 0;
+  std::int64_t step = -1;
+  std::vector<int> holders;
+  std::vector<slice_source> sources;
+  int root = -1;
+};
+
+/// Case 1: the old world whose live slices at `step` are all held, the lowest rank holding each
+/// sending it; worlds are tried in the order their holders appear, rank 0's first.
+inline std::optional<shard_plan> plan_live(const std::vector<shard_holdings>& all, std::int64_t step) {
   std::vector<std::int64_t> tried;
-  for (const auto& l : all) {
+  for (const auto& a : all) {
+    const auto& l = a.live;
     if (l.step != step || l.world < 1 || std::find(tried.begin(), tried.end(), l.world) != tried.end()) continue;
     tried.push_back(l.world);
     std::vector<int> holders(static_cast<std::size_t>(l.world), -1);
     for (std::size_t n = 0; n < all.size(); ++n) {
-      const auto& h = all[n];
+      const auto& h = all[n].live;
       if (h.step != step || h.world != l.world || h.rank < 0 || h.rank >= h.world) continue;
       auto& slot = holders[static_cast<std::size_t>(h.rank)];
       if (slot < 0) slot = static_cast<int>(n);
     }
     if (std::find(holders.begin(), holders.end(), -1) == holders.end()) {
-      return std::pair{static_cast<int>(l.world), std::move(holders)};
+      std::vector<slice_source> sources;
+      for (const int n : holders) {
+        sources.push_back(all[static_cast<std::size_t>(n)].live.restored ? slice_source::restored : slice_source::live);
+      }
+      return shard_plan{static_cast<int>(l.world), step, std::move(holders), std::move(sources), -1};
     }
+  }
+  return std::nullopt;
+}
+
+/// Case 2: the newest snapshot step whose slices are all in memory (own images first, the
+/// lowest rank holding each) and of which a rank holds its own whole image (the lowest is the root).
+inline std::optional<shard_plan> plan_memory(const std::vector<shard_holdings>& all) {
+  std::set<std::pair<std::int64_t, std::int64_t>, std::greater<>> candidates;  // (step, world), newest first
+  for (const auto& a : all)
+    for (const auto& i : a.images)
+      if (i.world >= 1 && i.world <= (1 << 20) && i.step >= 0) candidates.insert({i.step, i.world});
+  for (const auto& [step, world] : candidates) {
+    shard_plan p{static_cast<int>(world), step, std::vector<int>(static_cast<std::size_t>(world), -1),
+                 std::vector<slice_source>(static_cast<std::size_t>(world), slice_source::replica), -1};
+    for (const bool full : {true, false}) {
+      for (std::size_t n = 0; n < all.size(); ++n) {
+        for (const auto& i : all[n].images) {
+          if (i.step != step || i.world != world || i.full != full || i.rank < 0 || i.rank >= world) continue;
+          if (full && p.root < 0) p.root = static_cast<int>(n);
+          auto& slot = p.holders[static_cast<std::size_t>(i.rank)];
+          if (slot >= 0) continue;
+          slot = static_cast<int>(n);
+          p.sources[static_cast<std::size_t>(i.rank)] = full ? slice_source::own : slice_source::replica;
+        }
+      }
+    }
+    if (p.root >= 0 && std::find(p.holders.begin(), p.holders.end(), -1) == p.holders.end()) return p;
   }
   return std::nullopt;
 }
@@ -124,22 +235,53 @@ inline void write_entry(const checkpoint::entry& e, std::size_t at, const std::b
   }
 }
 
-/// Gives every partitioned entry of `st` rank `rank` of `world`'s slice, filled from the slices
-/// of world `old_world` that `holders` send. Adds the bytes moved to `bytes`; false when a
-/// collective failed (the slices are then half moved).
+/// The image this rank holds for old slice `o` of plan `p` (own or replica), pinned.
+inline std::shared_ptr<const memory_image> image_for(const std::vector<std::shared_ptr<const memory_image>>& images,
+                                                     const shard_plan& p, int o) {
+  const image_key want{o, p.world, p.step, p.sources[static_cast<std::size_t>(o)] == slice_source::own};
+  for (const auto& i : images)
+    if (i->key == want) return i;
+  throw error(errc::invalid_argument,
+              fmt::format("elastic_group: this rank was to send slice {} of {} at step {} from its memory, but holds "
+                          "no such image",
+                          o, p.world, p.step));
+}
+
+/// Gives every partitioned entry of `st` rank `rank` of `world`'s slice, filled from the old
+/// slices plan `p` names, each broadcast by its holder from its live state or an image
+/// (`images`: this rank's, pinned; `parts`: the partitioned entries' indices, what a replica
+/// image holds). Adds the bytes moved to `bytes`; false when a collective failed (the live
+/// slices are then half moved).
 template <class Comm, class Run>
-bool move_slices(Run& run, checkpoint::state& st, int rank, int world, int old_world, const std::vector<int>& holders,
+bool move_slices(Run& run, checkpoint::state& st, int rank, int world, const shard_plan& p,
+                 const std::vector<std::shared_ptr<const memory_image>>& images, const std::vector<std::size_t>& parts,
                  std::size_t& bytes) {
-  // What this rank sends (it holds one slice of the old world: its layout's), kept while the
-  // storage takes its new size. A rank that sends nothing keeps no copy.
-  const bool sends = std::find(holders.begin(), holders.end(), rank) != holders.end();
+  // What this rank sends from its live state (its layout's slice), kept while the storage takes
+  // its new size; what it sends from images stays in them.
   const std::vector<checkpoint::entry>& entries = st.entries();
-  std::vector<std::vector<std::byte>> mine(entries.size());
-  for (std::size_t i = 0; sends && i < entries.size(); ++i) {
-    if (!entries[i].partition) continue;
-    mine[i].resize(entries[i].bytes);
-    read_entry(entries[i], 0, mine[i].data(), entries[i].bytes);
+  std::vector<std::vector<std::byte>> live(entries.size());
+  std::vector<std::shared_ptr<const memory_image>> from(static_cast<std::size_t>(p.world));
+  for (int o = 0; o < p.world; ++o) {
+    if (p.holders[static_cast<std::size_t>(o)] != rank) continue;
+    const auto src = p.sources[static_cast<std::size_t>(o)];
+    if (src == slice_source::own || src == slice_source::replica) {
+      from[static_cast<std::size_t>(o)] = image_for(images, p, o);
+      continue;
+    }
+    for (std::size_t i = 0; i < entries.size(); ++i) {
+      if (!entries[i].partition) continue;
+      live[i].resize(entries[i].bytes);
+      read_entry(entries[i], 0, live[i].data(), entries[i].bytes);
+    }
   }
+  // The bytes of old slice o of entry i, on the rank that sends it.
+  const auto sent = [&](int o, std::size_t i) -> std::span<const std::byte> {
+    const auto& img = from[static_cast<std::size_t>(o)];
+    if (!img) return live[i];
+    if (img->key.full) return img->bytes(i);
+    const auto j = std::find(parts.begin(), parts.end(), i) - parts.begin();
+    return img->bytes(static_cast<std::size_t>(j));
+  };
   st.repartition(rank, world);
   std::vector<std::int64_t> words;
   for (std::size_t i = 0; i < entries.size(); ++i) {
@@ -147,22 +289,23 @@ bool move_slices(Run& run, checkpoint::state& st, int rank, int world, int old_w
     if (!e.partition) continue;
     const std::uint64_t eb = e.element_bytes, global = e.shard->global_count;
     const std::uint64_t lo = e.shard->offset, hi = lo + e.bytes / eb;
-    const auto old = checkpoint::partition_slices(e.partition, e.name, global, old_world);
-    for (int o = 0; o < old_world; ++o) {
+    const auto old = checkpoint::partition_slices(e.partition, e.name, global, p.world);
+    for (int o = 0; o < p.world; ++o) {
       const auto s = old[static_cast<std::size_t>(o)];
-      const int root = holders[static_cast<std::size_t>(o)];
+      const int root = p.holders[static_cast<std::size_t>(o)];
       // Sized, not cleared: the broadcast overwrites it everywhere but at the root, which fills it.
       words.resize(static_cast<std::size_t>((s.count * eb + 7) / 8));
       if (words.empty()) continue;
       if (rank == root) {
-        if (mine[i].size() != s.count * eb) {
+        const auto mine = sent(o, i);
+        if (mine.size() != s.count * eb) {
           throw error(errc::invalid_argument,
                       fmt::format("elastic_group: entry '{}': this rank was to send slice {} of {} ({} bytes) but "
                                   "holds {} bytes: is its partition function the same on every rank?",
-                                  e.name, o, old_world, s.count * eb, mine[i].size()));
+                                  e.name, o, p.world, s.count * eb, mine.size()));
         }
         words.back() = 0;  // the padding after the last element
-        std::memcpy(words.data(), mine[i].data(), mine[i].size());
+        std::memcpy(words.data(), mine.data(), mine.size());
       }
       if (!broadcast_words<Comm>(run, std::span<std::int64_t>(words), root)) return false;
       bytes += static_cast<std::size_t>(s.count * eb);
@@ -176,28 +319,82 @@ bool move_slices(Run& run, checkpoint::state& st, int rank, int world, int old_w
   return true;
 }
 
+/// Takes the replicated entries (all but the partitioned ones) back to own image `img`.
+inline void restore_replicated(checkpoint::state& st, const memory_image& img) {
+  const auto& entries = st.entries();
+  if (img.sizes.size() != entries.size()) {
+    throw error(errc::mismatch, "elastic_group: a snapshot image in memory has other entries than the state");
+  }
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    const auto& e = entries[i];
+    if (e.partition) continue;
+    const auto b = img.bytes(i);
+    if (e.kind == checkpoint::entry_kind::object) {
+      e.load(b);
+    } else if (b.size() != e.bytes) {
+      throw error(errc::mismatch, fmt::format("elastic_group: entry '{}' is {} bytes, its image in memory {}",
+                                              e.name, e.bytes, b.size()));
+    } else {
+      write_entry(e, 0, b.data(), b.size());
+    }
+  }
+}
+
 /// What a shard resync agreed on.
 struct sharded {
   std::int64_t step = 0;     ///< the step every rank's slices (and, from disk, all state) are at
-  bool from_disk = false;    ///< a slice was lost: the state was reloaded from this checkpoint step
+  bool reloaded = false;     ///< nothing in memory held a lost slice: every rank reloaded all of its state from disk
+  bool from_disk = false;    ///< reloaded, or a slice came from a newcomer that read it from the checkpoint
+  int root = -1;             ///< from memory images: the rank whose image gave the replicated state at `step`
   std::size_t bytes = 0;     ///< bytes moved between ranks
   int world_before = 0;      ///< the world whose slices were moved (0: none, from disk)
+  std::string sources;       ///< where each old slice came from: "live@0,replica@2,..." (empty: disk)
+  std::vector<peer_address> peers;  ///< every rank's replica listener, by new rank
 };
 
-/// Makes every rank hold its slice of the partitioned state at `step` (rank 0's), from memory,
-/// or all of the state at the newest committed step from disk. This rank's slices are as of
-/// `own_step` when `valid` (not after a move that failed half way). Nothing when a collective
-/// failed.
+/// Makes every rank hold its slice of the partitioned state: at `step` (rank 0's) from the live
+/// slices, at an older snapshot step from memory images when a slice was lost, or all of the
+/// state at the newest committed step from disk. This rank's live slices are as of `own_step`
+/// when `valid` (not after a move that failed half way). `replicas` may be null (none kept).
+/// Nothing when a collective failed.
 template <class Comm, class Run>
 std::optional<sharded> resync_shards(Run& run, int rank, int world, std::int64_t own_step, std::int64_t step,
-                                     bool valid, checkpoint::state& st, const checkpoint::restore_fn& restore) {
-  const shard_layout mine = layout_of(st, valid ? own_step : -1);
-  const auto all = exchange_layouts<Comm>(run, world, mine);
+                                     bool valid, bool restored, checkpoint::state& st,
+                                     const checkpoint::restore_fn& restore, const peer_replicas* replicas) {
+  shard_holdings mine{layout_of(st, valid ? own_step : -1, restored), {}, {}};
+  std::vector<std::shared_ptr<const memory_image>> images;
+  if (replicas) {
+    images = replicas->images();  // pinned until the move is done
+    for (const auto& i : images) mine.images.push_back(i->key);
+    mine.address = replicas->address();
+  }
+  const auto all = exchange_holdings<Comm>(run, rank, world, mine);
   if (!all) return std::nullopt;
   sharded out{step};
-  if (const auto chosen = choose_holders(*all, step)) {
-    out.world_before = chosen->first;
-    if (!move_slices<Comm>(run, st, rank, world, chosen->first, chosen->second, out.bytes)) return std::nullopt;
+  for (const auto& a : *all) out.peers.push_back(a.address);
+  auto plan = plan_live(*all, step);
+  if (!plan) plan = plan_memory(*all);
+  if (plan) {
+    out.step = plan->step;
+    out.world_before = plan->world;
+    out.root = plan->root;
+    for (int o = 0; o < plan->world; ++o) {
+      out.from_disk = out.from_disk || plan->sources[static_cast<std::size_t>(o)] == slice_source::restored;
+      out.sources += fmt::format("{}{}@{}", o ? "," : "", to_string(plan->sources[static_cast<std::size_t>(o)]),
+                                 plan->holders[static_cast<std::size_t>(o)]);
+    }
+    if (plan->root == rank) {
+      for (const auto& i : images) {
+        if (i->key.full && i->key.world == plan->world && i->key.step == plan->step) {
+          restore_replicated(st, *i);
+          break;
+        }
+      }
+    }
+    static const std::vector<std::size_t> none;
+    if (!move_slices<Comm>(run, st, rank, world, *plan, images, replicas ? replicas->partitioned() : none, out.bytes)) {
+      return std::nullopt;
+    }
     return out;
   }
   // A slice is lost: everyone goes back to the newest committed step rank 0 can read.
@@ -215,13 +412,14 @@ std::optional<sharded> resync_shards(Run& run, int rank, int world, std::int64_t
   if (!broadcast_words<Comm>(run, std::span<std::int64_t>(&chosen_step, 1), 0)) return std::nullopt;
   if (chosen_step < 0) {
     throw error(errc::not_found,
-                fmt::format("elastic_group: a slice of the partitioned state at step {} was lost with its rank and no "
-                            "committed checkpoint holds the state: the run cannot go on; restart it",
+                fmt::format("elastic_group: a slice of the partitioned state at step {} was lost with its rank (and "
+                            "the ranks holding its replicas), and no committed checkpoint holds the state: the run "
+                            "cannot go on; restart it",
                             step));
   }
   if (rank != 0) (void)restore(static_cast<std::uint64_t>(chosen_step), rank);
   out.step = chosen_step;
-  out.from_disk = true;
+  out.reloaded = out.from_disk = true;
   return out;
 }
 

@@ -32,17 +32,19 @@ struct resynced {
   sharded shards{};         ///< how the partitioned state came (when there is some)
 };
 
-/// A device buffer from rank 0, bit for bit, moved as 64- or 32-bit words.
+/// A device buffer from rank `root`, bit for bit, moved as 64- or 32-bit words.
 template <class Comm, class Run>
-bool broadcast_device(Run& run, const checkpoint::entry& e) {
+bool broadcast_device(Run& run, const checkpoint::entry& e, int root) {
   const auto addr = reinterpret_cast<std::uintptr_t>(e.data);
   if (e.bytes % 8 == 0 && addr % 8 == 0) {
-    return run("broadcast",
-               [&](Comm& c) { c.broadcast(std::span<std::int64_t>(static_cast<std::int64_t*>(e.data), e.bytes / 8), 0); });
+    return run("broadcast", [&](Comm& c) {
+      c.broadcast(std::span<std::int64_t>(static_cast<std::int64_t*>(e.data), e.bytes / 8), root);
+    });
   }
   if (e.bytes % 4 == 0 && addr % 4 == 0) {
-    return run("broadcast",
-               [&](Comm& c) { c.broadcast(std::span<std::int32_t>(static_cast<std::int32_t*>(e.data), e.bytes / 4), 0); });
+    return run("broadcast", [&](Comm& c) {
+      c.broadcast(std::span<std::int32_t>(static_cast<std::int32_t*>(e.data), e.bytes / 4), root);
+    });
   }
   throw error(errc::invalid_argument,
               fmt::format("elastic_group: device state entry '{}' is {} bytes at {:#x}; a group moves device "
@@ -51,13 +53,17 @@ bool broadcast_device(Run& run, const checkpoint::entry& e) {
 }
 
 /// Every rank ends with rank 0's step and `st`: its replicated state from rank 0, its slice of
-/// the partitioned state from the ranks that hold it (or, when one was lost, all of its state
-/// from the newest committed checkpoint through `restore`). `shards_valid`: whether this rank's
-/// slices are whole (kept here: false once a move failed half way). Nothing when a collective
-/// failed on the way. Throws errc::mismatch when this rank registered other state than rank 0.
+/// the partitioned state from the ranks that hold it. When a slice was lost with its rank: the
+/// state at the newest snapshot step held in memory (`replicas`' images: the replicated state
+/// from the rank whose own image it is), or else all of it from the newest committed checkpoint
+/// through `restore`. `shards_valid`: whether this rank's slices are whole (kept here: false once
+/// a move failed half way); `restored`: whether they are what the loop read from a checkpoint
+/// (a newcomer's first resync), for the event. Nothing when a collective failed on the way. Throws errc::mismatch
+/// when this rank registered other state than rank 0.
 template <class Comm, class Run>
 std::optional<resynced> resync_state(Run& run, int rank, int world, std::uint64_t step, checkpoint::state& st,
-                                     bool& shards_valid, const checkpoint::restore_fn& restore) {
+                                     bool& shards_valid, bool restored, const checkpoint::restore_fn& restore,
+                                     const peer_replicas* replicas = nullptr) {
   std::int64_t head[2] = {static_cast<std::int64_t>(step), static_cast<std::int64_t>(fingerprint(st))};
   if (!broadcast_words<Comm>(run, std::span<std::int64_t>(head))) return std::nullopt;
   if (static_cast<std::uint64_t>(head[1]) != fingerprint(st)) {
@@ -68,28 +74,28 @@ std::optional<resynced> resync_state(Run& run, int rank, int world, std::uint64_
   }
   resynced out{static_cast<std::uint64_t>(head[0])};
   if (st.has_shards()) {
-    const auto sh = resync_shards<Comm>(run, rank, world, static_cast<std::int64_t>(step), head[0], shards_valid, st,
-                                        restore);
+    const auto sh = resync_shards<Comm>(run, rank, world, static_cast<std::int64_t>(step), head[0], shards_valid,
+                                        restored, st, restore, replicas);
     shards_valid = sh.has_value();
     if (!sh) return std::nullopt;
     out.shards = *sh;
-    if (sh->from_disk) {  // every rank loaded all of its state from that step
-      out.step = static_cast<std::uint64_t>(sh->step);
-      return out;
-    }
+    out.step = static_cast<std::uint64_t>(sh->step);
+    if (sh->reloaded) return out;  // every rank loaded all of its state from that step
   }
+  // The replicated state: rank 0's live state, or the state the root took back from its image.
+  const int root = out.shards.root >= 0 ? out.shards.root : 0;
   std::vector<std::byte> payload;
-  if (rank == 0) pack(st, payload, device_communicator<Comm>);
+  if (rank == root) pack(st, payload, device_communicator<Comm>);
   std::int64_t size = static_cast<std::int64_t>((payload.size() + 7) / 8);
-  if (!broadcast_words<Comm>(run, std::span<std::int64_t>(&size, 1))) return std::nullopt;
+  if (!broadcast_words<Comm>(run, std::span<std::int64_t>(&size, 1), root)) return std::nullopt;
   std::vector<std::int64_t> words(static_cast<std::size_t>(size));
-  if (rank == 0 && !payload.empty()) std::memcpy(words.data(), payload.data(), payload.size());
-  if (!broadcast_words<Comm>(run, std::span<std::int64_t>(words))) return std::nullopt;
-  if (rank != 0) unpack(st, std::as_bytes(std::span<const std::int64_t>(words)), device_communicator<Comm>);
+  if (rank == root && !payload.empty()) std::memcpy(words.data(), payload.data(), payload.size());
+  if (!broadcast_words<Comm>(run, std::span<std::int64_t>(words), root)) return std::nullopt;
+  if (rank != root) unpack(st, std::as_bytes(std::span<const std::int64_t>(words)), device_communicator<Comm>);
   if constexpr (device_communicator<Comm>) {
     for (const auto& e : st.entries()) {
       if (e.kind != checkpoint::entry_kind::buffer || e.where != checkpoint::location::device || e.shard) continue;
-      if (!broadcast_device<Comm>(run, e)) return std::nullopt;
+      if (!broadcast_device<Comm>(run, e, root)) return std::nullopt;
     }
   }
   out.bytes = words.size() * 8;
@@ -112,6 +118,8 @@ inline void report_resync(const event_log& events, std::int64_t round, int world
                                   {"world_after", world},
                                   {"bytes", r.shards.bytes},
                                   {"from", r.shards.from_disk ? "disk" : "memory"},
+                                  {"sources", r.shards.reloaded ? std::string("disk") : r.shards.sources},
+                                  {"rolled_back", r.shards.root >= 0 || r.shards.reloaded},
                                   {"ms", (t.resynced_ns - t.connected_ns) / 1e6}});
 }
 

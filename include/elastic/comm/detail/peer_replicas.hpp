@@ -1,0 +1,422 @@
+// Peer-memory replicas of an elastic group's partitioned state (group_options::replicas).
+//
+// Each time a snapshot's staging copy is complete (checkpointer::on_copied, on the copier
+// thread), the rank keeps a copy of its whole staged state in host memory (its "own image":
+// replicated entries and its slices), and a sender thread sends its slices of the partitioned
+// entries to its `copies` ring successors (rank+1, rank+2, ... of its world) over plain TCP,
+// where a listener thread keeps them as "replica images". None of this runs on the training
+// thread. The newest two snapshot steps are kept of each kind, so that a rank lost while its
+// newest replica was still on the wire leaves the step before it whole in memory.
+//
+// After a rebuild the ranks say which images they hold (detail/shard_resync.hpp): when a slice
+// was lost with its rank, the newest step whose slices are all held (own or replica images)
+// and of which some rank holds its own whole image is the step every rank goes back to.
+//
+// The wire (host byte order: the ranks of one run are one architecture), one connection per
+// replica: magic "ELRP", version, run id, source rank, world, step, each entry's size, the
+// bytes, their CRC-32C; the receiver answers one byte (0 kept, 1 refused). A receiver checks
+// all of it against its own state (the run id, the entries, the sizes the partition gives)
+// before it allocates anything, so a stray or hostile connection is refused, and a replica that
+// arrives torn is never kept.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <elastic/checkpoint/detail/host_memory.hpp>
+#include <elastic/comm/detail/memory_image.hpp>
+#include <elastic/checkpoint/partition.hpp>
+#include <elastic/checkpoint/staged_snapshot.hpp>
+#include <elastic/checkpoint/state.hpp>
+#include <elastic/error.hpp>
+#include <elastic/events.hpp>
+#include <elastic/internal/crc32c.hpp>
+#include <elastic/internal/tcp.hpp>
+
+namespace elastic::inline v1::comm::detail {
+
+class peer_replicas {
+ public:
+  /// Listens on `host` for the replicas of the run `run_id`; `copies` successors receive this
+  /// rank's slices. `st` is the group's state: its partitioned entries fix what a replica holds.
+  peer_replicas(const checkpoint::state& st, std::string run_id, const std::string& host, int copies,
+                event_log events)
+      : run_id_(std::move(run_id)), copies_(copies), events_(std::move(events)), pinned_(st.has_device_entries()) {
+    if (copies < 1) throw error(errc::invalid_argument, fmt::format("peer replicas: {} copies", copies));
+    if (run_id_.size() > 4096) throw error(errc::invalid_argument, "peer replicas: run id over 4096 characters");
+    for (std::size_t i = 0; i < st.entries().size(); ++i) {
+      const auto& e = st.entries()[i];
+      if (!e.partition) continue;
+      parts_.push_back({e.name, e.shard->global_count, e.element_bytes, e.partition});
+      part_index_.push_back(i);
+    }
+    auto [fd, port] = internal::tcp::listen_on(host);
+    listener_fd_ = std::move(fd);
+    self_ = {host, port};
+    listener_ = std::jthread([this](std::stop_token stop) { listen_loop(stop); });
+    sender_ = std::jthread([this](std::stop_token stop) { send_loop(stop); });
+  }
+
+  peer_replicas(const peer_replicas&) = delete;
+  peer_replicas& operator=(const peer_replicas&) = delete;
+  ~peer_replicas() {
+    listener_.request_stop();
+    sender_.request_stop();
+    cv_.notify_all();
+  }
+
+  [[nodiscard]] const peer_address& address() const noexcept { return self_; }
+  [[nodiscard]] int copies() const noexcept { return copies_; }
+  [[nodiscard]] replica_stats stats() const {
+    std::lock_guard lk(mu_);
+    return stats_;
+  }
+
+  /// Keeps a copy of a staged snapshot as this rank's own image (the copier thread calls it).
+  void keep(const checkpoint::staged_snapshot& s) {
+    image_key key{-1, 0, static_cast<std::int64_t>(s.step), true};
+    for (const auto& st : s.entries) {
+      if (st.source->shard) {  // records carry no callbacks: a slice in a group is partitioned
+        key.rank = st.source->part_rank;
+        key.world = st.source->part_world;
+        break;
+      }
+    }
+    if (key.rank < 0) return;  // no partitioned entry: nothing of ours is lost with us
+    auto img = std::make_shared<memory_image>();
+    img->key = key;
+    std::size_t total = 0;
+    bool objects = false;
+    for (const auto& st : s.entries) {
+      img->offsets.push_back(total);
+      const bool object = st.source->kind == checkpoint::entry_kind::object;
+      img->sizes.push_back(object ? 0 : st.bytes.size());
+      if (!object) total += (st.bytes.size() + 63) / 64 * 64;
+      objects = objects || object;
+    }
+    {
+      // The oldest own image makes room (its memory reused when nobody holds it): two are kept.
+      std::lock_guard lk(mu_);
+      if (own_.size() >= 2) {
+        auto oldest = std::move(own_.front());
+        own_.erase(own_.begin());
+        if (oldest.use_count() == 1 && oldest->memory.size() == total) img->memory = std::move(oldest->memory);
+      }
+    }
+    if (img->memory.size() != total) img->memory = checkpoint::detail::host_memory(total, pinned_);
+    if (objects) img->objects.resize(s.entries.size());
+    for (std::size_t i = 0; i < s.entries.size(); ++i) {
+      const auto& st = s.entries[i];
+      if (st.source->kind == checkpoint::entry_kind::object) {
+        img->objects[i].assign(st.bytes.begin(), st.bytes.end());
+      } else if (!st.bytes.empty()) {
+        std::memcpy(img->memory.data() + img->offsets[i], st.bytes.data(), st.bytes.size());
+      }
+    }
+    {
+      std::lock_guard lk(mu_);
+      std::erase_if(own_, [&](const auto& o) { return o->key == key; });
+      own_.push_back(std::move(img));
+      ++stats_.kept;
+    }
+    cv_.notify_all();
+  }
+
+  /// After a resync: this rank is `rank` of `world`, its peers listen at `peers` (by rank). The
+  /// newest own image, when it is of this rank and world, goes to the successors (a newcomer
+  /// among them lacks it).
+  void follow(int rank, int world, std::vector<peer_address> peers) {
+    {
+      std::lock_guard lk(mu_);
+      rank_ = rank;
+      world_ = world;
+      peers_ = std::move(peers);
+      ++generation_;
+    }
+    cv_.notify_all();
+  }
+
+  /// Forgets every image newer than `step` (the group went back to it: what came after is
+  /// another history).
+  void drop_after(std::int64_t step) {
+    std::lock_guard lk(mu_);
+    std::erase_if(own_, [&](const auto& o) { return o->key.step > step; });
+    std::erase_if(held_, [&](const auto& o) { return o->key.step > step; });
+  }
+
+  /// Every image held now (own and replicas), pinned by the caller for as long as it keeps them.
+  [[nodiscard]] std::vector<std::shared_ptr<const memory_image>> images() const {
+    std::lock_guard lk(mu_);
+    std::vector<std::shared_ptr<const memory_image>> all(own_.begin(), own_.end());
+    all.insert(all.end(), held_.begin(), held_.end());
+    return all;
+  }
+
+  /// The partitioned entries' indices among the state's entries, in order: a replica holds
+  /// these, its entry j being the state's entry partitioned()[j].
+  [[nodiscard]] const std::vector<std::size_t>& partitioned() const noexcept { return part_index_; }
+
+ private:
+  static constexpr std::uint32_t magic = 0x50524c45;  // "ELRP"
+  static constexpr std::uint32_t version = 1;
+
+  struct part_shape {
+    std::string name;
+    std::uint64_t global = 0;
+    std::size_t element_bytes = 1;
+    checkpoint::partition_fn partition;
+  };
+
+  /// Bytes of rank `rank` of `world`'s slice of each partitioned entry; nothing when the
+  /// partition refuses that world.
+  std::optional<std::vector<std::uint64_t>> slice_sizes(std::int64_t rank, std::int64_t world) const {
+    std::vector<std::uint64_t> out;
+    try {
+      for (const auto& p : parts_) {
+        const auto all = checkpoint::partition_slices(p.partition, p.name, p.global, static_cast<int>(world));
+        out.push_back(all[static_cast<std::size_t>(rank)].count * p.element_bytes);
+      }
+    } catch (const std::exception&) {
+      return std::nullopt;
+    }
+    return out;
+  }
+
+  // ---- the sender ----
+
+  void send_loop(std::stop_token stop) {
+    std::uint64_t done_generation = 0;
+    image_key done{};
+    for (;;) {
+      std::shared_ptr<const memory_image> img;
+      std::vector<std::pair<int, peer_address>> to;
+      std::uint64_t gen = 0;
+      {
+        std::unique_lock lk(mu_);
+        cv_.wait(lk, stop, [&] {
+          if (own_.empty() || world_ <= 1) return false;
+          const auto& newest = own_.back();
+          if (newest->key.rank != rank_ || newest->key.world != world_) return false;
+          return newest->key != done || generation_ != done_generation;
+        });
+        if (stop.stop_requested()) return;
+        img = own_.back();
+        gen = generation_;
+        const int n = std::min(copies_, world_ - 1);
+        for (int j = 1; j <= n; ++j) {
+          const int r = (rank_ + j) % world_;
+          if (static_cast<std::size_t>(r) < peers_.size()) to.emplace_back(r, peers_[static_cast<std::size_t>(r)]);
+        }
+      }
+      for (const auto& [r, addr] : to) {
+        if (stop.stop_requested()) return;
+        send_one(*img, r, addr);
+      }
+      done = img->key;
+      done_generation = gen;
+    }
+  }
+
+  void send_one(const memory_image& img, int to, const peer_address& addr) {
+    const auto t0 = internal::tcp::clock::now();
+    std::uint64_t bytes = 0;
+    std::vector<std::span<const std::byte>> slices;
+    for (const std::size_t i : part_index_) {  // the own image holds every entry; these are the slices
+      if (i >= img.sizes.size()) return;       // an image of a state laid out otherwise: not ours to send
+      slices.push_back(img.bytes(i));
+      bytes += img.sizes[i];
+    }
+    try {
+      std::vector<std::byte> head;
+      put(head, magic);
+      put(head, version);
+      put(head, static_cast<std::uint32_t>(run_id_.size()));
+      head.insert(head.end(), reinterpret_cast<const std::byte*>(run_id_.data()),
+                  reinterpret_cast<const std::byte*>(run_id_.data()) + run_id_.size());
+      put(head, img.key.rank);
+      put(head, img.key.world);
+      put(head, img.key.step);
+      put(head, static_cast<std::uint32_t>(slices.size()));
+      for (const auto& s : slices) put(head, static_cast<std::uint64_t>(s.size()));
+      const auto deadline = t0 + transfer_time(bytes);
+      const std::string what = fmt::format("replica of step {} to rank {} at {}:{}", img.key.step, to, addr.host, addr.port);
+      auto fd = internal::tcp::connect_to(addr.host, addr.port, std::min(deadline, t0 + std::chrono::seconds(10)));
+      internal::tcp::send_all(fd.get(), head.data(), head.size(), deadline, what);
+      std::uint32_t crc = 0;
+      for (const auto& s : slices) {
+        internal::tcp::send_all(fd.get(), s.data(), s.size(), deadline, what);
+        crc = internal::crc32c(s.data(), s.size(), crc);
+      }
+      internal::tcp::send_all(fd.get(), &crc, sizeof crc, deadline, what);
+      std::uint8_t answer = 1;
+      internal::tcp::recv_all(fd.get(), &answer, 1, deadline, what);
+      if (answer != 0) throw error(errc::mismatch, what + ": refused by the receiver (see its replica_refused event)");
+      const double ms = std::chrono::duration<double, std::milli>(internal::tcp::clock::now() - t0).count();
+      {
+        std::lock_guard lk(mu_);
+        ++stats_.sent;
+        stats_.bytes_sent += bytes;
+        stats_.last_sent_step = img.key.step;
+      }
+      events_.emit("replica_sent", {{"step", img.key.step}, {"rank", img.key.rank}, {"to", to}, {"bytes", bytes}, {"ms", ms}});
+    } catch (const std::exception& e) {
+      {
+        std::lock_guard lk(mu_);
+        ++stats_.send_failures;
+      }
+      events_.emit("replica_send_failed", {{"step", img.key.step}, {"to", to}, {"reason", e.what()}});
+    }
+  }
+
+  /// A bound on a transfer: 10 s, plus a second per 50 MB (a slow link, not a dead peer).
+  static std::chrono::milliseconds transfer_time(std::uint64_t bytes) {
+    return std::chrono::seconds(10) + std::chrono::milliseconds(bytes / 50'000);
+  }
+
+  template <class T>
+  static void put(std::vector<std::byte>& out, T v) {
+    const auto* p = reinterpret_cast<const std::byte*>(&v);
+    out.insert(out.end(), p, p + sizeof v);
+  }
+
+  // ---- the listener ----
+
+  void listen_loop(std::stop_token stop) {
+    while (!stop.stop_requested()) {
+      auto fd = internal::tcp::accept_for(listener_fd_.get(), std::chrono::milliseconds(100));
+      if (!fd) continue;
+      receive_one(fd.get());
+    }
+  }
+
+  void refuse(int fd, const std::string& why, std::int64_t from) {
+    {
+      std::lock_guard lk(mu_);
+      ++stats_.refused;
+    }
+    events_.emit("replica_refused", {{"from", from}, {"reason", why}});
+    const std::uint8_t no = 1;
+    try {
+      internal::tcp::send_all(fd, &no, 1, internal::tcp::clock::now() + std::chrono::seconds(1), "replica answer");
+    } catch (const std::exception&) {
+    }
+  }
+
+  template <class T>
+  static T get(int fd, internal::tcp::clock::time_point deadline) {
+    T v{};
+    internal::tcp::recv_all(fd, &v, sizeof v, deadline, "replica header");
+    return v;
+  }
+
+  void receive_one(int fd) {
+    std::int64_t from = -1;
+    try {
+      auto deadline = internal::tcp::clock::now() + std::chrono::seconds(10);
+      if (get<std::uint32_t>(fd, deadline) != magic) return refuse(fd, "not a replica (bad magic)", from);
+      if (const auto v = get<std::uint32_t>(fd, deadline); v != version) {
+        return refuse(fd, fmt::format("replica format version {}, this build reads {}", v, version), from);
+      }
+      const auto id_len = get<std::uint32_t>(fd, deadline);
+      if (id_len != run_id_.size()) return refuse(fd, "another run (run id length differs)", from);
+      std::string id(id_len, '\0');
+      internal::tcp::recv_all(fd, id.data(), id.size(), deadline, "replica header");
+      if (id != run_id_) return refuse(fd, "another run ('" + internal_printable(id) + "')", from);
+      image_key key;
+      key.rank = from = get<std::int64_t>(fd, deadline);
+      key.world = get<std::int64_t>(fd, deadline);
+      key.step = get<std::int64_t>(fd, deadline);
+      if (key.world < 1 || key.world > (1 << 20) || key.rank < 0 || key.rank >= key.world || key.step < 0) {
+        return refuse(fd, fmt::format("impossible rank {} of {} at step {}", key.rank, key.world, key.step), from);
+      }
+      const auto n = get<std::uint32_t>(fd, deadline);
+      if (n != parts_.size()) {
+        return refuse(fd, fmt::format("{} partitioned entries sent, this state has {}", n, parts_.size()), from);
+      }
+      const auto expected = slice_sizes(key.rank, key.world);
+      if (!expected) return refuse(fd, fmt::format("the partition refuses a world of {}", key.world), from);
+      auto img = std::make_shared<memory_image>();
+      img->key = key;
+      std::size_t total = 0;
+      for (std::uint32_t i = 0; i < n; ++i) {
+        const auto size = get<std::uint64_t>(fd, deadline);
+        if (size != (*expected)[i]) {
+          return refuse(fd, fmt::format("entry '{}': {} bytes sent, rank {} of {} holds {}", parts_[i].name, size,
+                                        key.rank, key.world, (*expected)[i]),
+                        from);
+        }
+        img->offsets.push_back(total);
+        img->sizes.push_back(static_cast<std::size_t>(size));
+        total += static_cast<std::size_t>((size + 63) / 64 * 64);
+      }
+      img->memory = checkpoint::detail::host_memory(total, pinned_);
+      deadline = internal::tcp::clock::now() + transfer_time(total);
+      std::uint32_t crc = 0;
+      for (std::uint32_t i = 0; i < n; ++i) {
+        std::byte* p = img->memory.data() + img->offsets[i];
+        internal::tcp::recv_all(fd, p, img->sizes[i], deadline, "replica data");
+        crc = internal::crc32c(p, img->sizes[i], crc);
+      }
+      if (get<std::uint32_t>(fd, deadline) != crc) return refuse(fd, "the data arrived damaged (CRC-32C)", from);
+      hold(std::move(img));
+      const std::uint8_t yes = 0;
+      internal::tcp::send_all(fd, &yes, 1, deadline, "replica answer");
+    } catch (const std::exception& e) {
+      // A sender that died or stalled mid-way: whatever arrived is dropped, never kept.
+      events_.emit("replica_receive_failed", {{"from", from}, {"reason", e.what()}});
+    }
+  }
+
+  static std::string internal_printable(const std::string& s) {
+    std::string out;
+    for (char c : s.substr(0, 64)) out += (c >= 0x20 && c < 0x7f) ? c : '?';
+    return out;
+  }
+
+  /// Keeps a replica: of each rank's, the images of the newest two steps held.
+  void hold(std::shared_ptr<memory_image> img) {
+    std::lock_guard lk(mu_);
+    std::erase_if(held_, [&](const auto& o) { return o->key == img->key; });
+    held_.push_back(std::move(img));
+    std::set<std::int64_t> steps;
+    for (const auto& h : held_) steps.insert(h->key.step);
+    while (steps.size() > 2) steps.erase(steps.begin());
+    std::erase_if(held_, [&](const auto& o) { return !steps.contains(o->key.step); });
+    ++stats_.received;
+  }
+
+  std::string run_id_;
+  int copies_ = 1;
+  event_log events_;
+  bool pinned_ = false;
+  std::vector<part_shape> parts_;
+  std::vector<std::size_t> part_index_;  // each partitioned entry's index in the state
+  internal::unique_fd listener_fd_;
+  peer_address self_;
+  mutable std::mutex mu_;
+  std::condition_variable_any cv_;
+  std::vector<std::shared_ptr<memory_image>> own_;   // oldest first
+  std::vector<std::shared_ptr<memory_image>> held_;  // replicas kept for predecessors
+  int rank_ = 0, world_ = 1;
+  std::vector<peer_address> peers_;
+  std::uint64_t generation_ = 0;
+  replica_stats stats_;
+  std::jthread listener_, sender_;  // last: they stop before the members they use go away
+};
+
+}  // namespace elastic::inline v1::comm::detail
