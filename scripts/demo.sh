@@ -3,6 +3,7 @@
 # this machine (CPU, Gloo over loopback), and the run is disturbed on purpose:
 #   - worker 2 is SIGKILLed inside an allreduce: the 3 survivors rebuild their group and go on;
 #     elastic-run restarts worker 2, which restores the checkpoint and rejoins;
+#   - workers 2 and 3 are SIGKILLed together: the 2 survivors go on, both come back;
 #   - worker 1 hangs in a step: the watchdog elastic-run hosts kills it after the step timeout;
 #     the others go on, it is restarted and rejoins;
 #   - the launcher gets SIGTERM (a preemption notice): every worker stops, rank 0 writes a final
@@ -12,9 +13,10 @@
 # The final weights are compared with an undisturbed run's: they must be identical, bit for bit.
 #   scripts/demo.sh [--zero1]
 # --zero1: the momentum is sharded across the workers ZeRO-1 style (state::add_partitioned): each
-# worker holds its slice only, every worker writes its part of each checkpoint, and after a death
-# the group moves the slices to the new ranks (from memory, or from the newest checkpoint when a
-# slice died with its worker). The weights are the same bits either way.
+# worker holds its slice only, every worker writes its part of each checkpoint and sends its
+# slices to its successor's memory, and after a death the group moves the slices to the new ranks
+# from memory (a dead worker's from its successor's replica), or from the newest checkpoint when a
+# worker and its successor died together. The weights are the same bits either way.
 set -euo pipefail
 zero1=()
 case "${1:-}" in
@@ -41,7 +43,7 @@ fi
 work="$build/demo-run"
 rm -rf "$work"
 mkdir -p "$work"
-launcher=("$build/tools/elastic-run" --nproc-per-node 4 --min-ranks 2 --max-restarts 3 --step-timeout 3 --grace 15
+launcher=("$build/tools/elastic-run" --nproc-per-node 4 --min-ranks 2 --max-restarts 5 --step-timeout 3 --grace 15
           --log-dir "$work/logs")
 trainer=("$build/examples/digits_train" ${data:+--data "$data"} --steps 600 --every 25 --step-sleep-ms 15 "${zero1[@]}")
 
@@ -55,11 +57,13 @@ echo "=== 1/3: an undisturbed run, for reference ==="
 reference="$(final_crc reference)"
 
 echo
-echo "=== 2/3: the same job, disturbed: worker 2 killed at step 150, worker 1 hung at step 300,"
-echo "         then a preemption notice (SIGTERM to elastic-run) after step 400 ==="
+echo "=== 2/3: the same job, disturbed: worker 2 killed at step 150, workers 2 and 3 killed together"
+echo "         at step 220, worker 1 hung at step 300, then a preemption notice (SIGTERM to"
+echo "         elastic-run) after step 400 ==="
 console="$work/disturbed.console"
 "${launcher[@]}" --run-id disturbed -- "${trainer[@]}" --ckpt "$work/ckpt" \
-  --kill-rank 2 --kill-at 150 --hang-rank 1 --hang-at 300 > >(tee "$console") 2>&1 &
+  --kill-rank 2 --kill-at 150 --kill-together 2,3 --kill-together-at 220 --hang-rank 1 --hang-at 300 \
+  > >(tee "$console") 2>&1 &
 pid=$!
 for _ in $(seq 1 1200); do
   grep -q "step  400/" "$console" 2>/dev/null && break
@@ -74,6 +78,12 @@ code=$?
 set -e
 echo ">>> demo: elastic-run exited $code (75: preempted, state saved, retry me)"
 [ "$code" -eq 75 ] || { echo "demo: expected exit 75 after the preemption notice" >&2; exit 1; }
+
+if [ ${#zero1[@]} -gt 0 ]; then
+  echo ">>> demo: where the momentum slices came from after each rebuild (group_resharded):"
+  grep -ho '"round":[0-9]*,"step":[0-9]*,"world_before":[0-9]*,"world_after":[0-9]*,"bytes":[0-9]*,"from":"[a-z]*","sources":"[^"]*"' \
+    "$work/logs/disturbed/events.jsonl" | sort -u | sort -t: -k2,2n | sed 's/^/    /'
+fi
 
 echo
 echo "=== 3/3: the orchestrator retries the same command: it resumes from the checkpoint ==="
