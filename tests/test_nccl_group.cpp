@@ -309,9 +309,9 @@ TEST_CASE("a killed rank restarted under its id is grown back in: 3 ranks become
 namespace {
 
 /// 4 ranks with device moments partitioned across them and `replicas` successors holding each
-/// rank's slices; rank 2 dies in step 15, comes back, and every rank ends bit-identical.
-/// Returns the group_resharded events.
-std::vector<std::string> lose_a_device_slice(const std::string& run, int replicas) {
+/// rank's slices; the ranks `die` die together in step 15 and come back, and every rank ends
+/// bit-identical. Returns the group_resharded events.
+std::vector<std::string> lose_device_slices(const std::string& run, int replicas, const std::vector<int>& die) {
   const std::uint64_t steps = 120;
   const std::vector<std::string> shard{"--shard", "2"};
   const std::string ref = reference_final(steps, shard);
@@ -320,15 +320,23 @@ std::vector<std::string> lose_a_device_slice(const std::string& run, int replica
   auto args = std::vector<std::string>{"--dir", s.ckpt, "--steps", std::to_string(steps), "--min", "2", "--max", "4",
                                        "--step-sleep-ms", "10", "--replicas", std::to_string(replicas)};
   args.insert(args.end(), shard.begin(), shard.end());
-  start_four(f, run, topology::hosts, args, 2, {"--kill-self-at", "15"});
-  REQUIRE(f.wait_until([&] { return f.all_ended({2}); }, 60s));
-  REQUIRE(f.wait_until([&] { return f.find(0, "step=", [](auto& l) { return field(l, "world") == "3"; }).has_value(); },
-                       60s));
-  const auto back = start_slot(f, run, topology::hosts, 2, args);
-  const bool ended = f.wait_until([&] { return f.all_ended({0, 1, 3, back}); }, 150s);
+  std::vector<std::size_t> dead, alive;
+  for (int i = 0; i < 4; ++i) {
+    const bool dies = std::find(die.begin(), die.end(), i) != die.end();
+    auto a = args;
+    if (dies) a.insert(a.end(), {"--kill-self-at", "15"});
+    (dies ? dead : alive).push_back(start_slot(f, run, topology::hosts, i, a));
+  }
+  REQUIRE(f.wait_until([&] { return f.all_ended(dead); }, 60s));
+  const std::string smaller = std::to_string(4 - die.size());
+  REQUIRE(f.wait_until(
+      [&] { return f.find(alive[0], "step=", [&](auto& l) { return field(l, "world") == smaller; }).has_value(); },
+      60s));
+  for (const int d : die) alive.push_back(start_slot(f, run, topology::hosts, d, args));
+  const bool ended = f.wait_until([&] { return f.all_ended(alive); }, 150s);
   INFO(transcripts(f));
   REQUIRE(ended);
-  for (std::size_t i : {std::size_t{0}, std::size_t{1}, std::size_t{3}, back}) {
+  for (std::size_t i : alive) {
     check_finished(f, i, steps, field(ref, "crc"), "4");
     const auto fin = f.find(i, "final ");
     REQUIRE(fin);
@@ -349,7 +357,7 @@ TEST_CASE("partitioned device moments without replicas: 4 ranks lose one and rel
           "memory, and end bit-identical",
           "[nccl]") {
   require_gpu();
-  const auto moves = lose_a_device_slice("zero1", 0);
+  const auto moves = lose_device_slices("zero1", 0, {2});
   CHECK(any_event(moves, {"\"from\":\"disk\""}));
   CHECK(any_event(moves, {"\"from\":\"memory\"", "\"world_after\":4"}));
 }
@@ -358,10 +366,18 @@ TEST_CASE("partitioned device moments with peer replicas: 4 ranks lose one, take
           "memory, grow back, and end bit-identical",
           "[nccl]") {
   require_gpu();
-  const auto moves = lose_a_device_slice("zero1-replica", 1);
+  const auto moves = lose_device_slices("zero1-replica", 1, {2});
   CHECK(any_event(moves, {"\"from\":\"memory\"", "\"world_after\":3", "replica@", "\"rolled_back\":true"}));
   CHECK_FALSE(any_event(moves, {"\"from\":\"disk\""}));
   CHECK(any_event(moves, {"\"from\":\"memory\"", "\"world_after\":4"}));
+}
+
+TEST_CASE("partitioned device moments with one replica: a rank and its successor lost together reload from disk, "
+          "and end bit-identical",
+          "[nccl]") {
+  require_gpu();
+  const auto moves = lose_device_slices("zero1-buddy", 1, {1, 2});
+  CHECK(any_event(moves, {"\"from\":\"disk\"", "\"world_after\":2"}));
 }
 
 TEST_CASE("when one rank's shrink fails, every rank falls back to a fresh init and finishes", "[nccl]") {

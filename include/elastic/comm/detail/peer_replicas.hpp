@@ -46,6 +46,7 @@
 #include <elastic/error.hpp>
 #include <elastic/events.hpp>
 #include <elastic/internal/crc32c.hpp>
+#include <elastic/internal/cuda.hpp>
 #include <elastic/internal/tcp.hpp>
 
 namespace elastic::inline v1::comm::detail {
@@ -65,6 +66,9 @@ class peer_replicas {
       parts_.push_back({e.name, e.shard->global_count, e.element_bytes, e.partition});
       part_index_.push_back(i);
     }
+    // Pinned images are allocated and freed on the threads below: they make the state's device
+    // their own, or their first CUDA call would open a context on GPU 0.
+    if (pinned_) device_ = internal::cuda::current_device();
     auto [fd, port] = internal::tcp::listen_on(host);
     listener_fd_ = std::move(fd);
     self_ = {host, port};
@@ -200,6 +204,7 @@ class peer_replicas {
   // ---- the sender ----
 
   void send_loop(std::stop_token stop) {
+    if (pinned_) internal::cuda::adopt_device(device_);  // it may free the last reference to an image
     std::uint64_t done_generation = 0;
     image_key done{};
     for (;;) {
@@ -297,6 +302,7 @@ class peer_replicas {
   // ---- the listener ----
 
   void listen_loop(std::stop_token stop) {
+    if (pinned_) internal::cuda::adopt_device(device_);
     while (!stop.stop_requested()) {
       auto fd = internal::tcp::accept_for(listener_fd_.get(), std::chrono::milliseconds(100));
       if (!fd) continue;
@@ -403,7 +409,8 @@ class peer_replicas {
   std::string run_id_;
   int copies_ = 1;
   event_log events_;
-  bool pinned_ = false;
+  bool pinned_ = false;  // the state has device entries: images are pinned, on device_
+  int device_ = 0;
   std::vector<part_shape> parts_;
   std::vector<std::size_t> part_index_;  // each partitioned entry's index in the state
   internal::unique_fd listener_fd_;
