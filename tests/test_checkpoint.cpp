@@ -483,6 +483,46 @@ TEST_CASE("set_world abandons a step still waiting for a rank of the old world, 
   CHECK(counter == 6);
 }
 
+TEST_CASE("rank 0 never commits a step from a part an earlier world left for it") {
+  elastic::test::temp_dir tmp;
+  const auto dir = tmp.file("ckpt"), events = tmp.file("events.jsonl");
+  std::vector<float> w0(1000, 1.0f), w1(1000, 1.0f);
+  ck::state s0, s1;
+  s0.add("w", w0);
+  s1.add("w", w1);
+  auto o0 = opts(dir, events, 0, 2), o1 = opts(dir, events, 1, 2);
+  o0.commit_timeout = std::chrono::milliseconds(400);
+  ck::checkpointer c0(s0, o0), c1(s1, o1);
+  // Round 1's rank 1 wrote its part of step 5; that world then died before rank 0 committed.
+  c1.set_world(1, 2, 1);
+  c1.snapshot(5);
+  c1.before_update();
+  c1.wait_durable();
+  // Round 2, the same size, went back to step 4 and reaches step 5 again: its rank 0 must not
+  // take round 1's part for its own.
+  c0.set_world(0, 2, 2);
+  c1.set_world(1, 2, 2);
+  w0[0] = w1[0] = 2.0f;
+  c0.snapshot(5);
+  c0.before_update();
+  CHECK_THROWS_AS(c0.wait_durable(), elastic::error);
+  CHECK(ck::storage::list_steps(dir).empty());
+  const auto failed = elastic::test::events_named(events, "checkpoint_failed");
+  REQUIRE(failed.size() == 1);
+  CHECK(contains(failed[0], "an earlier world's: world size 2, epoch 1"));
+  // Once round 2's rank 1 writes its part, the step commits, with round 2's bytes.
+  c0.snapshot(5);
+  c0.before_update();
+  c1.snapshot(5);
+  c1.before_update();
+  c1.wait_durable();
+  CHECK_NOTHROW(c0.wait_durable());
+  REQUIRE(steps_once(dir, {5}) == std::vector<std::uint64_t>{5});
+  w0[0] = 0;
+  ck::storage::load_step(dir, 5, s0, 0);
+  CHECK(w0[0] == 2.0f);
+}
+
 TEST_CASE("set_world after a repartition lays the staging out again, and the new world's step loads into any world") {
   elastic::test::temp_dir tmp;
   const auto dir = tmp.file("ckpt"), events = tmp.file("events.jsonl");

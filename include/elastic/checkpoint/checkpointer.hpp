@@ -254,7 +254,12 @@ class checkpointer {
   /// does not fit staging_budget) with nothing changed. When the new staging cannot be
   /// allocated (the old one is freed first), the old layout is allocated again, rank and world
   /// stay, and snapshots of the resized state throw errc::mismatch until a set_world() succeeds.
-  void set_world(int rank, int world);
+  ///
+  /// `epoch` names this incarnation of the world (an elastic group's round, the same on every
+  /// rank): parts carry it, and rank 0 commits a step only from parts of its own epoch, so a
+  /// part an earlier world left for a step written again (after the group went back to an older
+  /// step) is never taken for the new one. 0: no epoch (only the world size is checked).
+  void set_world(int rank, int world, std::uint64_t epoch = 0);
 
   /// Calls `f` on the copier thread each time a snapshot's staging copy is complete, before its
   /// write starts; `f` must not keep the spans. An exception from it becomes an event
@@ -403,6 +408,7 @@ class checkpointer {
   bool changing_world_ = false;       // set_world: no slot is handed out
   std::atomic<bool> abandon_{false};  // set_world: rank 0 stops waiting for the old world's parts
   std::uint64_t sequence_ = 0;
+  std::uint64_t epoch_ = 0;  // set_world's, for the parts and commits (changed with every slot free)
   slot* fence_slot_ = nullptr;
   checkpointer_stats stats_;
   internal::private_dir dir_;          // every write goes through it (no planted link is followed)

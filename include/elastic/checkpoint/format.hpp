@@ -94,6 +94,9 @@ struct rank_manifest {
   std::string run_id;
   std::uint64_t data_bytes = 0;
   std::uint64_t chunk_bytes = default_chunk_bytes;
+  /// Which incarnation of the world wrote it (an elastic group's round; 0: none said): a step
+  /// is committed only from parts of one incarnation, never from one an earlier world left.
+  std::uint64_t epoch = 0;
   std::vector<entry_record> entries;
 
   [[nodiscard]] const entry_record* find(std::string_view name) const noexcept {
@@ -147,6 +150,7 @@ inline std::string encode(const rank_manifest& m) {
   doc["data_file"] = rank_data_name(m.rank);
   doc["data_bytes"] = m.data_bytes;
   doc["chunk_bytes"] = m.chunk_bytes;
+  if (m.epoch != 0) doc["epoch"] = m.epoch;
   json entries = json::array();
   for (const auto& e : m.entries) {
     json j;
@@ -202,6 +206,7 @@ inline rank_manifest decode_rank(std::string_view text, const std::string& what)
     m.data_bytes = doc.at("data_bytes").as_uint64();
     m.chunk_bytes = doc.at("chunk_bytes").as_uint64();
     if (m.chunk_bytes == 0) throw error(errc::corrupt, what + " has a chunk size of 0");
+    if (const auto* e = doc.find("epoch")) m.epoch = e->as_uint64();
     for (const auto& j : doc.at("entries").elements()) {
       entry_record e;
       e.name = j.at("name").as_string();

@@ -54,6 +54,9 @@ class group_hook {
   [[nodiscard]] virtual int size() const noexcept { return 1; }
   /// Changes whenever the group was rebuilt: checkpoint steps begun before belong to another world.
   [[nodiscard]] virtual std::uint64_t generation() const noexcept { return 0; }
+  /// The same on every rank of the current round, another after each rebuild (the checkpoint
+  /// parts of a round carry it: checkpointer::set_world). 0: none.
+  [[nodiscard]] virtual std::uint64_t epoch() const noexcept { return 0; }
   /// What the loop lends the group (it calls this once, at its start).
   virtual void attach(loop_link /*link*/) {}
   /// A snapshot's staging copy is complete (the checkpointer's copier thread calls this, before

@@ -111,6 +111,9 @@ class elastic_group final : public group_hook {
   [[nodiscard]] int rank() const noexcept override { return rdzv_.current().rank; }
   [[nodiscard]] int size() const noexcept override { return rdzv_.current().world_size; }
   [[nodiscard]] std::uint64_t generation() const noexcept override { return rebuilds_ + (joined_ ? 1 : 0); }
+  [[nodiscard]] std::uint64_t epoch() const noexcept override {
+    return joined_ ? static_cast<std::uint64_t>(rdzv_.current().round) : 0;
+  }
   void attach(checkpoint::loop_link link) override { link_ = std::move(link); }
   void snapshot_copied(const checkpoint::staged_snapshot& s) override {
     if (replicas_) replicas_->keep(s);

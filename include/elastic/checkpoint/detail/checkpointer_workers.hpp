@@ -68,7 +68,7 @@ inline void checkpointer::check_staging() const {
   }
 }
 
-inline void checkpointer::set_world(int rank, int world) {
+inline void checkpointer::set_world(int rank, int world, std::uint64_t epoch) {
   if (world < 1 || rank < 0 || rank >= world) {
     throw error(errc::invalid_argument,
                 fmt::format("checkpointer::set_world: rank {} of world size {} is impossible", rank, world));
@@ -112,6 +112,7 @@ inline void checkpointer::set_world(int rank, int world) {
       layout_ = std::move(next);
       opts_.rank = rank;
       opts_.world_size = world;
+      epoch_ = epoch;
     }
     abandon_.store(false, std::memory_order_release);
     changing_world_ = false;
@@ -239,7 +240,7 @@ inline void checkpointer::persist_loop() {
     bool abandoned = false;
     try {
       bytes = storage::write_rank_part(dir_, s->step, opts_.rank, opts_.world_size, opts_.run_id, s->staged,
-                                       opts_.chunk_bytes);
+                                       opts_.chunk_bytes, epoch_);
       if (opts_.rank == 0) {
         format::step_manifest m;
         m.step = s->step;
@@ -247,7 +248,7 @@ inline void checkpointer::persist_loop() {
         m.run_id = opts_.run_id;
         m.time = now_rfc3339();
         m.metadata = s->metadata;
-        abandoned = !storage::commit_step(dir_, m, opts_.commit_timeout, events_, &abandon_);
+        abandoned = !storage::commit_step(dir_, m, opts_.commit_timeout, events_, &abandon_, epoch_);
       }
     } catch (...) {
       failure = detail::as_library_error(std::current_exception(), fmt::format("checkpoint step {}", s->step));

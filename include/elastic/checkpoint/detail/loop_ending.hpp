@@ -37,7 +37,7 @@ inline void training_loop::attach_group() {
 inline void training_loop::follow_group() {
   generation_ = opts_.group->generation();
   const int rank = opts_.group->rank(), world = opts_.group->size();
-  ckpt_.set_world(rank, world);
+  ckpt_.set_world(rank, world, opts_.group->epoch());
   agreement_.emplace(opts_.dir, rank, world, next_, agreement_stale_after());
 }
 

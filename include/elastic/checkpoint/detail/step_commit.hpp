@@ -42,7 +42,7 @@ namespace storage {
 /// returns. Returns the number of bytes of the data file.
 inline std::uint64_t write_rank_part(const internal::private_dir& root, std::uint64_t step, int rank,
                                      int world_size, const std::string& run_id, std::span<const staged_entry> entries,
-                                     std::uint64_t chunk_bytes = default_chunk_bytes) {
+                                     std::uint64_t chunk_bytes = default_chunk_bytes, std::uint64_t epoch = 0) {
   const auto pending = root.subdir(format::pending_dir_name(step));
 
   format::rank_manifest m;
@@ -51,6 +51,7 @@ inline std::uint64_t write_rank_part(const internal::private_dir& root, std::uin
   m.world_size = world_size;
   m.run_id = run_id;
   m.chunk_bytes = chunk_bytes;
+  m.epoch = epoch;
   const std::string data_name = format::rank_data_name(rank);
   const fs::path data_path = pending / data_name;
   {
@@ -90,35 +91,43 @@ inline std::uint64_t write_rank_part(const internal::private_dir& root, std::uin
 /// step manifest and makes the step visible, and returns true. Waits at most `timeout` for the
 /// other ranks, and not at all once `abandon` is raised (the group changed: a rank of the old
 /// world may be gone): a part still missing then ends the wait at once and it returns false,
-/// the step uncommitted and its pending directory left for retention to sweep.
+/// the step uncommitted and its pending directory left for retention to sweep. A part of
+/// another world size or `epoch` (nonzero) is one an earlier world left for this step (a group
+/// that went back to an older step writes it again): it is waited on as if missing.
 inline bool commit_step(const internal::private_dir& root, const format::step_manifest& manifest,
                         std::chrono::milliseconds timeout, const event_log& events = {},
-                        const std::atomic<bool>* abandon = nullptr) {
+                        const std::atomic<bool>* abandon = nullptr, std::uint64_t epoch = 0) {
   const std::string pending_name = format::pending_dir_name(manifest.step);
   const auto pending = root.subdir(pending_name);
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   auto pause = std::chrono::milliseconds(1);
   for (int r = 0; r < manifest.world_size; ++r) {
     const std::string part = format::rank_manifest_name(r);
+    std::string stale;  // what the part in the way is, when it is an earlier world's
     for (;;) {
       struct stat st {};
-      if (::fstatat(pending.fd(), part.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) break;
-      if (errno != ENOENT) throw os_error("cannot look for " + (pending / part).string());
+      if (::fstatat(pending.fd(), part.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
+        const auto m = read_rank_manifest_at(pending.fd(), pending.path(), r);  // verified: a torn part must not commit
+        if (m.step != manifest.step || m.run_id != manifest.run_id) {
+          throw error(errc::mismatch, fmt::format("checkpoint step {}: rank {}'s part is of step {}, run '{}'; "
+                                                  "expected step {}, run '{}'",
+                                                  manifest.step, r, m.step, m.run_id, manifest.step, manifest.run_id));
+        }
+        if (m.world_size == manifest.world_size && (epoch == 0 || m.epoch == epoch)) break;
+        stale = fmt::format(" (the part there is an earlier world's: world size {}, epoch {}; this one is {}, "
+                            "epoch {})",
+                            m.world_size, m.epoch, manifest.world_size, epoch);
+      } else if (errno != ENOENT) {
+        throw os_error("cannot look for " + (pending / part).string());
+      }
       if (abandon && abandon->load(std::memory_order_acquire)) return false;
       if (std::chrono::steady_clock::now() >= deadline) {
-        throw error(errc::timeout, fmt::format("checkpoint step {}: rank {} did not write its part within {} ms; "
+        throw error(errc::timeout, fmt::format("checkpoint step {}: rank {} did not write its part within {} ms{}; "
                                                "the step stays uncommitted and the previous one is kept",
-                                               manifest.step, r, timeout.count()));
+                                               manifest.step, r, timeout.count(), stale));
       }
       std::this_thread::sleep_for(pause);
       pause = std::min(pause * 2, std::chrono::milliseconds(50));
-    }
-    const auto m = read_rank_manifest_at(pending.fd(), pending.path(), r);  // verified: a torn part must not commit
-    if (m.step != manifest.step || m.world_size != manifest.world_size || m.run_id != manifest.run_id) {
-      throw error(errc::mismatch, fmt::format("checkpoint step {}: rank {}'s part is of step {}, world size {}, run "
-                                              "'{}'; expected step {}, world size {}, run '{}'",
-                                              manifest.step, r, m.step, m.world_size, m.run_id, manifest.step,
-                                              manifest.world_size, manifest.run_id));
     }
   }
   pending.write_atomic(std::string(format::step_manifest_name), format::encode(manifest));
