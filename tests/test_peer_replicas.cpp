@@ -219,3 +219,16 @@ TEST_CASE("peer replicas refuse nonsense options with a clear error") {
   CHECK_THROWS_AS(detail::peer_replicas(s0.st, "run", "127.0.0.1", 0, {}), elastic::error);
   CHECK_THROWS_AS(detail::peer_replicas(s0.st, "run", "no.such.host.invalid", 1, {}), elastic::error);
 }
+
+TEST_CASE("stopping does not wait for a peer that stalls in the middle of a replica") {
+  trainer_state s1(1, 2);
+  auto b = std::make_unique<detail::peer_replicas>(s1.st, "run", "127.0.0.1", 1, elastic::event_log{});
+  const auto deadline = elastic::internal::tcp::clock::now() + 5s;
+  auto fd = elastic::internal::tcp::connect_to(b->address().host, b->address().port, deadline);
+  const std::uint32_t magic = 0x50524c45;
+  elastic::internal::tcp::send_all(fd.get(), &magic, sizeof magic, deadline, "test");  // and then nothing
+  std::this_thread::sleep_for(200ms);  // the listener is inside the connection now
+  const auto t0 = std::chrono::steady_clock::now();
+  b.reset();
+  CHECK(std::chrono::steady_clock::now() - t0 < 8s);  // a hang check: not the listener's 10 s deadline
+}

@@ -20,6 +20,8 @@
 // arrives torn is never kept.
 #pragma once
 
+#include <sys/socket.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -78,10 +80,15 @@ class peer_replicas {
 
   peer_replicas(const peer_replicas&) = delete;
   peer_replicas& operator=(const peer_replicas&) = delete;
+  /// Stops both threads; a transfer in flight is cut off (its connection shut down), not
+  /// waited for.
   ~peer_replicas() {
     listener_.request_stop();
     sender_.request_stop();
     cv_.notify_all();
+    std::lock_guard lk(active_mu_);
+    for (const int fd : active_)
+      if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
   }
 
   [[nodiscard]] const peer_address& address() const noexcept { return self_; }
@@ -261,6 +268,7 @@ class peer_replicas {
       const auto deadline = t0 + transfer_time(bytes);
       const std::string what = fmt::format("replica of step {} to rank {} at {}:{}", img.key.step, to, addr.host, addr.port);
       auto fd = internal::tcp::connect_to(addr.host, addr.port, std::min(deadline, t0 + std::chrono::seconds(10)));
+      const active_connection on(*this, 1, fd.get());
       internal::tcp::send_all(fd.get(), head.data(), head.size(), deadline, what);
       std::uint32_t crc = 0;
       for (const auto& s : slices) {
@@ -306,9 +314,30 @@ class peer_replicas {
     while (!stop.stop_requested()) {
       auto fd = internal::tcp::accept_for(listener_fd_.get(), std::chrono::milliseconds(100));
       if (!fd) continue;
+      const active_connection on(*this, 0, fd.get());
       receive_one(fd.get());
     }
   }
+
+  /// The connection a thread (0: listener, 1: sender) is on, for the destructor to cut off.
+  class active_connection {
+   public:
+    active_connection(peer_replicas& r, int which, int fd) : r_(r), which_(which) {
+      std::lock_guard lk(r_.active_mu_);
+      r_.active_[which_] = fd;
+      if (r_.listener_.get_stop_token().stop_requested()) ::shutdown(fd, SHUT_RDWR);  // stopping already
+    }
+    active_connection(const active_connection&) = delete;
+    active_connection& operator=(const active_connection&) = delete;
+    ~active_connection() {
+      std::lock_guard lk(r_.active_mu_);
+      r_.active_[which_] = -1;
+    }
+
+   private:
+    peer_replicas& r_;
+    int which_;
+  };
 
   void refuse(int fd, const std::string& why, std::int64_t from) {
     {
@@ -423,6 +452,8 @@ class peer_replicas {
   std::vector<peer_address> peers_;
   std::uint64_t generation_ = 0;
   replica_stats stats_;
+  std::mutex active_mu_;     // guards active_: a descriptor is shut down only while it is open
+  int active_[2] = {-1, -1};  // the listener's and the sender's connection now
   std::jthread listener_, sender_;  // last: they stop before the members they use go away
 };
 
