@@ -83,8 +83,8 @@ struct frame {
     for (char c : s) b.push_back(static_cast<std::byte>(c));
     return *this;
   }
-  frame& head(const std::string& run, std::int64_t rank, std::int64_t world, std::int64_t step) {
-    put(std::uint32_t{0x50524c45}).put(std::uint32_t{1}).text(run);
+  frame& head(const std::string& run, std::uint64_t token, std::int64_t rank, std::int64_t world, std::int64_t step) {
+    put(std::uint32_t{0x50524c45}).put(std::uint32_t{1}).text(run).put(token);
     return put(rank).put(world).put(step);
   }
 };
@@ -109,8 +109,9 @@ int send_raw(const detail::peer_address& to, const frame& f) {
 TEST_CASE("a kept snapshot reaches the successor whole, and the newest two steps are kept on each side") {
   trainer_state s0(0, 2), s1(1, 2);
   detail::peer_replicas a(s0.st, "run", "127.0.0.1", 1, {}), b(s1.st, "run", "127.0.0.1", 1, {});
-  a.follow(0, 2, {a.address(), b.address()});
-  b.follow(1, 2, {a.address(), b.address()});
+  // One group: both take rank 0's token, as a resync has them do.
+  a.follow(0, 2, {a.address(), b.address()}, a.token());
+  b.follow(1, 2, {a.address(), b.address()}, a.token());
   const staged snap(s0.st);
   a.keep(snap.at(10));
   REQUIRE(eventually([&] { return b.stats().received == 1; }));
@@ -155,9 +156,10 @@ TEST_CASE("a listener refuses another run, a stray client, impossible sizes and 
   const std::uint64_t slice0 = 500 * sizeof(float);  // rank 0 of 2's slice of the moments
   std::vector<std::byte> data(slice0, std::byte{0x5a});
   const std::uint32_t crc = elastic::internal::crc32c(data.data(), data.size());
-  auto whole = [&](const std::string& run, std::uint64_t claimed, std::uint32_t sum) {
+  const std::uint64_t token = b.token();
+  auto whole = [&](const std::string& run, std::uint64_t claimed, std::uint32_t sum, std::uint64_t tok) {
     frame f;
-    f.head(run, 0, 2, 10).put(std::uint32_t{1}).put(claimed);
+    f.head(run, tok, 0, 2, 10).put(std::uint32_t{1}).put(claimed);
     f.b.insert(f.b.end(), data.begin(), data.end());
     return f.put(sum);
   };
@@ -168,7 +170,8 @@ TEST_CASE("a listener refuses another run, a stray client, impossible sizes and 
     CHECK(eventually([&] { return b.stats().refused == 1; }));
     CHECK(b.images().empty());
   };
-  SECTION("another run") { refused(whole("theirs", slice0, crc)); }
+  SECTION("another run") { refused(whole("theirs", slice0, crc, token)); }
+  SECTION("another group of this run id (another job on the host)") { refused(whole("ours", slice0, crc, token + 1)); }
   SECTION("a stray client (no magic)") {
     frame f;
     f.b.assign(64, std::byte{'G'});
@@ -176,23 +179,23 @@ TEST_CASE("a listener refuses another run, a stray client, impossible sizes and 
   }
   SECTION("a size the partition does not give that rank (refused before anything is allocated)") {
     frame f;
-    f.head("ours", 0, 2, 10).put(std::uint32_t{1}).put(std::uint64_t{1} << 40);
+    f.head("ours", token, 0, 2, 10).put(std::uint32_t{1}).put(std::uint64_t{1} << 40);
     refused(f);
   }
   SECTION("an impossible rank") {
     frame f;
-    f.head("ours", 5, 2, 10).put(std::uint32_t{1}).put(slice0);
+    f.head("ours", token, 5, 2, 10).put(std::uint32_t{1}).put(slice0);
     refused(f);
   }
-  SECTION("data damaged on the way") { refused(whole("ours", slice0, crc ^ 1u)); }
+  SECTION("data damaged on the way") { refused(whole("ours", slice0, crc ^ 1u, token)); }
   SECTION("a sender that dies half way") {
-    auto f = whole("ours", slice0, crc);
+    auto f = whole("ours", slice0, crc, token);
     f.b.resize(f.b.size() / 2);
     CHECK(send_raw(b.address(), f) == -1);
     CHECK(b.images().empty());
   }
   // Whatever came before, the listener still takes a good replica.
-  CHECK(send_raw(b.address(), whole("ours", slice0, crc)) == 0);
+  CHECK(send_raw(b.address(), whole("ours", slice0, crc, token)) == 0);
   const auto kept = find(b, {0, 2, 10, false});
   REQUIRE(kept);
   CHECK(std::memcmp(kept->bytes(0).data(), data.data(), data.size()) == 0);
@@ -206,7 +209,7 @@ TEST_CASE("a successor that is gone costs a failed send, not the training") {
     auto [fd, port] = elastic::internal::tcp::listen_on("127.0.0.1");
     gone = {"127.0.0.1", port};
   }  // closed: connections to it are refused
-  a.follow(0, 2, {a.address(), gone});
+  a.follow(0, 2, {a.address(), gone}, a.token());
   const staged snap(s0.st);
   a.keep(snap.at(10));  // returns at once: the send is the sender thread's
   REQUIRE(eventually([&] { return a.stats().send_failures == 1; }));

@@ -13,11 +13,13 @@
 // and of which some rank holds its own whole image is the step every rank goes back to.
 //
 // The wire (host byte order: the ranks of one run are one architecture), one connection per
-// replica: magic "ELRP", version, run id, source rank, world, step, each entry's size, the
-// bytes, their CRC-32C; the receiver answers one byte (0 kept, 1 refused). A receiver checks
-// all of it against its own state (the run id, the entries, the sizes the partition gives)
-// before it allocates anything, so a stray or hostile connection is refused, and a replica that
-// arrives torn is never kept.
+// replica: magic "ELRP", version, run id, group token, source rank, world, step, each entry's
+// size, the bytes, their CRC-32C; the receiver answers one byte (0 kept, 1 refused). A receiver
+// checks all of it against its own state (the run id and its group's token, the entries, the
+// sizes the partition gives) before it allocates anything, so a stray or hostile connection, or
+// another job that reuses the run id on the host, is refused, and a replica that arrives torn
+// is never kept. The token is random, made by each rank, and every rank takes rank 0's at each
+// resync: the same for the whole life of a group, another for any other group.
 #pragma once
 
 #include <sys/socket.h>
@@ -32,6 +34,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <set>
 #include <string>
 #include <thread>
@@ -59,7 +62,11 @@ class peer_replicas {
   /// rank's slices. `st` is the group's state: its partitioned entries fix what a replica holds.
   peer_replicas(const checkpoint::state& st, std::string run_id, const std::string& host, int copies,
                 event_log events)
-      : run_id_(std::move(run_id)), copies_(copies), events_(std::move(events)), pinned_(st.has_device_entries()) {
+      : run_id_(std::move(run_id)),
+        copies_(copies),
+        events_(std::move(events)),
+        pinned_(st.has_device_entries()),
+        token_(random_token()) {
     if (copies < 1) throw error(errc::invalid_argument, fmt::format("peer replicas: {} copies", copies));
     if (run_id_.size() > 4096) throw error(errc::invalid_argument, "peer replicas: run id over 4096 characters");
     for (std::size_t i = 0; i < st.entries().size(); ++i) {
@@ -92,6 +99,11 @@ class peer_replicas {
   }
 
   [[nodiscard]] const peer_address& address() const noexcept { return self_; }
+  /// This rank's group token (its own until a resync gives it rank 0's).
+  [[nodiscard]] std::uint64_t token() const {
+    std::lock_guard lk(mu_);
+    return token_;
+  }
   [[nodiscard]] int copies() const noexcept { return copies_; }
   [[nodiscard]] replica_stats stats() const {
     std::lock_guard lk(mu_);
@@ -151,9 +163,10 @@ class peer_replicas {
   /// After a resync: this rank is `rank` of `world`, its peers listen at `peers` (by rank). The
   /// newest own image, when it is of this rank and world, goes to the successors (a newcomer
   /// among them lacks it).
-  void follow(int rank, int world, std::vector<peer_address> peers) {
+  void follow(int rank, int world, std::vector<peer_address> peers, std::uint64_t token) {
     {
       std::lock_guard lk(mu_);
+      if (token != 0) token_ = token;
       rank_ = rank;
       world_ = world;
       peers_ = std::move(peers);
@@ -217,7 +230,7 @@ class peer_replicas {
     for (;;) {
       std::shared_ptr<const memory_image> img;
       std::vector<std::pair<int, peer_address>> to;
-      std::uint64_t gen = 0;
+      std::uint64_t gen = 0, token = 0;
       {
         std::unique_lock lk(mu_);
         cv_.wait(lk, stop, [&] {
@@ -229,6 +242,7 @@ class peer_replicas {
         if (stop.stop_requested()) return;
         img = own_.back();
         gen = generation_;
+        token = token_;
         const int n = std::min(copies_, world_ - 1);
         for (int j = 1; j <= n; ++j) {
           const int r = (rank_ + j) % world_;
@@ -237,14 +251,14 @@ class peer_replicas {
       }
       for (const auto& [r, addr] : to) {
         if (stop.stop_requested()) return;
-        send_one(*img, r, addr);
+        send_one(*img, r, addr, token);
       }
       done = img->key;
       done_generation = gen;
     }
   }
 
-  void send_one(const memory_image& img, int to, const peer_address& addr) {
+  void send_one(const memory_image& img, int to, const peer_address& addr, std::uint64_t token) {
     const auto t0 = internal::tcp::clock::now();
     std::uint64_t bytes = 0;
     std::vector<std::span<const std::byte>> slices;
@@ -260,6 +274,7 @@ class peer_replicas {
       put(head, static_cast<std::uint32_t>(run_id_.size()));
       head.insert(head.end(), reinterpret_cast<const std::byte*>(run_id_.data()),
                   reinterpret_cast<const std::byte*>(run_id_.data()) + run_id_.size());
+      put(head, token);
       put(head, img.key.rank);
       put(head, img.key.world);
       put(head, img.key.step);
@@ -372,6 +387,9 @@ class peer_replicas {
       std::string id(id_len, '\0');
       internal::tcp::recv_all(fd, id.data(), id.size(), deadline, "replica header");
       if (id != run_id_) return refuse(fd, "another run ('" + internal_printable(id) + "')", from);
+      if (get<std::uint64_t>(fd, deadline) != token()) {
+        return refuse(fd, "another group of this run id (its token differs: another job on this host?)", from);
+      }
       image_key key;
       key.rank = from = get<std::int64_t>(fd, deadline);
       key.world = get<std::int64_t>(fd, deadline);
@@ -435,11 +453,20 @@ class peer_replicas {
     ++stats_.received;
   }
 
+  /// A random nonzero token.
+  static std::uint64_t random_token() {
+    std::random_device rd;
+    std::uint64_t t = 0;
+    while (t == 0) t = (static_cast<std::uint64_t>(rd()) << 32) ^ rd();
+    return t;
+  }
+
   std::string run_id_;
   int copies_ = 1;
   event_log events_;
   bool pinned_ = false;  // the state has device entries: images are pinned, on device_
   int device_ = 0;
+  std::uint64_t token_ = 0;  // guarded by mu_ after construction
   std::vector<part_shape> parts_;
   std::vector<std::size_t> part_index_;  // each partitioned entry's index in the state
   internal::unique_fd listener_fd_;

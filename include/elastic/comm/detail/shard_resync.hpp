@@ -86,14 +86,15 @@ struct shard_holdings {
   shard_layout live;
   std::vector<image_key> images;  // snapshot images in its memory
   peer_address address;           // its replica listener (port 0: none)
+  std::uint64_t token = 0;        // its group's replica token (peer_replicas::token)
 };
 
 /// A rank's holdings as words: live rank, world, step, restored; port; image count; host
-/// length; four words per image; the host name's bytes.
+/// length; token; four words per image; the host name's bytes.
 inline std::vector<std::int64_t> encode(const shard_holdings& h) {
   std::vector<std::int64_t> w{h.live.rank, h.live.world, h.live.step, h.live.restored ? 1 : 0, h.address.port,
                               static_cast<std::int64_t>(h.images.size()),
-                              static_cast<std::int64_t>(h.address.host.size())};
+                              static_cast<std::int64_t>(h.address.host.size()), static_cast<std::int64_t>(h.token)};
   for (const auto& i : h.images) w.insert(w.end(), {i.rank, i.world, i.step, i.full ? 1 : 0});
   const std::size_t at = w.size();
   w.resize(at + (h.address.host.size() + 7) / 8);
@@ -105,13 +106,14 @@ inline shard_holdings decode(std::span<const std::int64_t> w) {
   const auto bad = [] {
     return error(errc::corrupt, "elastic_group: a peer sent a malformed account of its slices (another version?)");
   };
-  constexpr std::size_t head = 7;
+  constexpr std::size_t head = 8;
   if (w.size() < head || w[5] < 0 || w[5] > 1024 || w[6] < 0 || w[6] > 1024 || w[4] < 0 || w[4] > 65535) throw bad();
   const auto n = static_cast<std::size_t>(w[5]), host = static_cast<std::size_t>(w[6]);
   if (w.size() != head + 4 * n + (host + 7) / 8) throw bad();
   shard_holdings h;
   h.live = {w[0], w[1], w[2], w[3] != 0};
   h.address.port = static_cast<std::uint16_t>(w[4]);
+  h.token = static_cast<std::uint64_t>(w[7]);
   for (std::size_t i = 0; i < n; ++i) {
     const auto* p = w.data() + head + 4 * i;
     h.images.push_back({p[0], p[1], p[2], p[3] != 0});
@@ -129,7 +131,7 @@ std::optional<std::vector<shard_holdings>> exchange_holdings(Run& run, int rank,
   for (int r = 0; r < world; ++r) {
     std::int64_t n = static_cast<std::int64_t>(own.size());
     if (!broadcast_words<Comm>(run, std::span<std::int64_t>(&n, 1), r)) return std::nullopt;
-    if (n < 7 || n > 8192) throw error(errc::corrupt, "elastic_group: a peer's account of its slices has a bad length");
+    if (n < 8 || n > 8192) throw error(errc::corrupt, "elastic_group: a peer's account of its slices has a bad length");
     std::vector<std::int64_t> w = r == rank ? own : std::vector<std::int64_t>(static_cast<std::size_t>(n));
     if (!broadcast_words<Comm>(run, std::span<std::int64_t>(w), r)) return std::nullopt;
     all[static_cast<std::size_t>(r)] = r == rank ? mine : decode(w);
@@ -350,6 +352,7 @@ struct sharded {
   int world_before = 0;      ///< the world whose slices were moved (0: none, from disk)
   std::string sources;       ///< where each old slice came from: "live@0,replica@2,..." (empty: disk)
   std::vector<peer_address> peers;  ///< every rank's replica listener, by new rank
+  std::uint64_t token = 0;          ///< rank 0's replica token, which every rank takes
 };
 
 /// Makes every rank hold its slice of the partitioned state: at `step` (rank 0's) from the live
@@ -367,11 +370,13 @@ std::optional<sharded> resync_shards(Run& run, int rank, int world, std::int64_t
     images = replicas->images();  // pinned until the move is done
     for (const auto& i : images) mine.images.push_back(i->key);
     mine.address = replicas->address();
+    mine.token = replicas->token();
   }
   const auto all = exchange_holdings<Comm>(run, rank, world, mine);
   if (!all) return std::nullopt;
   sharded out{step};
   for (const auto& a : *all) out.peers.push_back(a.address);
+  out.token = (*all)[0].token;
   auto plan = plan_live(*all, step);
   if (!plan) plan = plan_memory(*all);
   if (plan) {
