@@ -308,6 +308,19 @@ TEST_CASE("a killed rank restarted under its id is grown back in: 3 ranks become
 
 namespace {
 
+/// The run's membership story (rendezvous and group events, the newest 60), for a failure's report.
+std::string membership_events(const std::string& path) {
+  std::vector<std::string> lines;
+  for (const char* name : {"rendezvous_round_closed", "rendezvous_departure", "group_rebuilt", "group_formed",
+                           "group_connect_failed", "group_failure", "group_resharded"}) {
+    for (auto& e : elastic::test::events_named(path, name)) lines.push_back(std::move(e));
+  }
+  std::sort(lines.begin(), lines.end());  // by their timestamps, which lead each line
+  std::string out;
+  for (std::size_t i = lines.size() > 60 ? lines.size() - 60 : 0; i < lines.size(); ++i) out += lines[i] + "\n";
+  return out;
+}
+
 /// 4 ranks with device moments partitioned across them and `replicas` successors holding each
 /// rank's slices; the ranks `die` die together in step 15 and come back, and every rank ends
 /// bit-identical. Returns the group_resharded events.
@@ -335,6 +348,7 @@ std::vector<std::string> lose_device_slices(const std::string& run, int replicas
   for (const int d : die) alive.push_back(start_slot(f, run, topology::hosts, d, args));
   const bool ended = f.wait_until([&] { return f.all_ended(alive); }, 150s);
   INFO(transcripts(f));
+  INFO(membership_events(s.events));
   REQUIRE(ended);
   for (std::size_t i : alive) {
     check_finished(f, i, steps, field(ref, "crc"), "4");

@@ -94,6 +94,7 @@ class peer_replicas {
     sender_.request_stop();
     cv_.notify_all();
     std::lock_guard lk(active_mu_);
+    stopping_ = true;
     for (const int fd : active_)
       if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
   }
@@ -340,7 +341,7 @@ class peer_replicas {
     active_connection(peer_replicas& r, int which, int fd) : r_(r), which_(which) {
       std::lock_guard lk(r_.active_mu_);
       r_.active_[which_] = fd;
-      if (r_.listener_.get_stop_token().stop_requested()) ::shutdown(fd, SHUT_RDWR);  // stopping already
+      if (r_.stopping_) ::shutdown(fd, SHUT_RDWR);  // the destructor has been through already
     }
     active_connection(const active_connection&) = delete;
     active_connection& operator=(const active_connection&) = delete;
@@ -481,6 +482,7 @@ class peer_replicas {
   replica_stats stats_;
   std::mutex active_mu_;     // guards active_: a descriptor is shut down only while it is open
   int active_[2] = {-1, -1};  // the listener's and the sender's connection now
+  bool stopping_ = false;     // guarded by active_mu_: the destructor has cut the connections off
   std::jthread listener_, sender_;  // last: they stop before the members they use go away
 };
 
