@@ -270,6 +270,20 @@ TEST_CASE("a late joiner waits and is admitted in the next round (scale-up)") {
   }
 }
 
+TEST_CASE("a participant that leaves done is a departure on purpose; one that leaves otherwise, a death") {
+  scratch_store t;
+  std::optional<rdzv::rendezvous> a, b, c;
+  a.emplace(t.s, options("job", 3, 3, "a"));
+  b.emplace(t.s, options("job", 3, 3, "b"));
+  c.emplace(t.s, options("job", 3, 3, "c"));
+  REQUIRE(on_threads(3, [&](int i) { (i == 0 ? a : i == 1 ? b : c)->join(); }).empty());
+  b->leave(true);  // finished: it owes the others no collective
+  c->leave();      // gone without a word: as if it had died
+  const auto ch = a->poll();
+  CHECK(ch.departed == std::vector<std::string>{"b", "c"});
+  CHECK(ch.left == std::vector<std::string>{"b"});
+}
+
 TEST_CASE("a participant that leaves is a departure at the others' next poll, with an event") {
   elastic::test::temp_dir dir;
   const auto events = elastic::event_log::to_file(dir.file("events.jsonl"));

@@ -38,6 +38,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -93,12 +94,14 @@ class elastic_group final : public group_hook {
   elastic_group& operator=(const elastic_group&) = delete;
 
   /// Stops watching, closes the communicator and leaves the rendezvous (the others see the
-  /// departure at their next poll).
+  /// departure at their next poll). A group destroyed healthy and not by an exception leaves
+  /// as done: the others do not cut short the collective they may still be completing with it.
   ~elastic_group() override {
+    const bool done = !failed_.load(std::memory_order_acquire) && std::uncaught_exceptions() == 0;
     watcher_.stop();
     comm_.reset();
     if (reaper_.joinable()) reaper_.join();
-    rdzv_.leave();
+    rdzv_.leave(done);
   }
 
   /// Joins the first round and connects its communicator. safe_point() does it when needed.
@@ -441,7 +444,10 @@ class elastic_group final : public group_hook {
       change_pending_.store(true, std::memory_order_release);
       // Anything but a newcomer means a collective may now wait for a peer that will never come:
       // stop it now rather than at its timeout (within a host NCCL reports no error for it).
-      if (keeps_ && (!ch.departed.empty() || ch.round_advanced || ch.self_lost)) revoke_current();
+      // A member that left on purpose is done: it finished its collectives before it left, and
+      // a slower rank may still be completing the last of them (revoking would fail it).
+      const bool lost = ch.departed.size() > ch.left.size();
+      if (keeps_ && (lost || ch.round_advanced || ch.self_lost)) revoke_current();
     } catch (const error& e) {
       if (!store_down) {
         store_down = true;

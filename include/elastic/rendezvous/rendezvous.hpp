@@ -23,6 +23,9 @@
 //   P/alive/<id>              "<incarnation>", leased: the heartbeat. It vanishes at most
 //                             heartbeat_timeout after the participant's last keep_alive.
 //   P/waiting/<id>            "<incarnation>", leased: a late joiner waiting for the next round.
+//   P/left/<id>               "<incarnation>": the participant left on purpose (leave(): it is done,
+//                             not dead). Not leased; it names one incarnation, so a restart under
+//                             the same id is not taken for it.
 //
 // An incarnation is random per lease, so a participant restarted under the same id is a new
 // member, and its predecessor counts as departed even if the id came back before anyone looked.
@@ -100,6 +103,7 @@ struct round_info {
 /// What happened to the group since the round this participant is in.
 struct membership_change {
   std::vector<std::string> departed;  ///< members whose heartbeat stopped (or who left)
+  std::vector<std::string> left;      ///< those of `departed` that left on purpose (leave()): done, not dead
   std::vector<std::string> joining;   ///< late joiners waiting for the next round
   bool round_advanced = false;        ///< another member already started the next round
   bool self_lost = false;             ///< our own heartbeat lapsed: the group counts us dead
@@ -206,8 +210,10 @@ class rendezvous {
       auto it = alive.find(m.id);
       if (it != alive.end() && it->second == m.incarnation) continue;
       ch.departed.push_back(m.id);
+      const bool on_purpose = it == alive.end() && store_.get(prefix_ + "/left/" + m.id) == m.incarnation;
+      if (on_purpose) ch.left.push_back(m.id);
       if (reported_.insert(m.id).second) {
-        events_.emit("rendezvous_departure", {{"participant", m.id}, {"round", current_.round}});
+        events_.emit("rendezvous_departure", {{"participant", m.id}, {"round", current_.round}, {"left", on_purpose}});
       }
     }
     for (auto& [k, v] : store_.list(prefix_ + "/waiting/")) {
@@ -226,8 +232,16 @@ class rendezvous {
     return join(make_bootstrap);
   }
 
-  /// Leaves the group now: stops the heartbeat and revokes the lease (its keys vanish).
-  void leave() noexcept {
+  /// Leaves the group now: stops the heartbeat and revokes the lease (its keys vanish). With
+  /// `done` it first says so (P/left/<id>): the others see a departure on purpose
+  /// (membership_change::left), one that owes them no collective; without, a death.
+  void leave(bool done = false) noexcept {
+    if (done && current_.round > 0) {
+      try {
+        store_.set(prefix_ + "/left/" + opts_.participant_id, incarnation_);
+      } catch (...) {  // a store that is gone: the departure is seen all the same, as a death
+      }
+    }
     if (const lease_id l = keeper_.stop(); l != 0) {
       try {
         store_.revoke(l);
