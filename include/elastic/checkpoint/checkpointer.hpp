@@ -209,13 +209,14 @@ class checkpointer {
     if (!s->has_device_copies || s->device_fenced) fence_slot_ = nullptr;
   }
 
-  /// Waits until no snapshot's staging copy still reads the state (its writes may go on): an
-  /// elastic group calls it before it moves or resizes slices of the state (repartition).
+  /// Waits until no snapshot's staging copy still reads the state (its writes may go on) and no
+  /// on_copied hook still runs: an elastic group calls it before it moves or resizes slices of
+  /// the state (repartition), and looks at the images the hook kept.
   void wait_copied() {
     std::unique_lock lk(mu_);
     cv_.wait(lk, [&] {
       return std::none_of(slots_.begin(), slots_.end(), [](const auto& s) {
-        return s->phase == slot_phase::filling || s->phase == slot_phase::copying;
+        return s->phase == slot_phase::filling || s->phase == slot_phase::copying || s->hooked;
       });
     });
   }
@@ -261,8 +262,9 @@ class checkpointer {
   /// step) is never taken for the new one. 0: no epoch (only the world size is checked).
   void set_world(int rank, int world, std::uint64_t epoch = 0);
 
-  /// Calls `f` on the copier thread each time a snapshot's staging copy is complete, before its
-  /// write starts; `f` must not keep the spans. An exception from it becomes an event
+  /// Calls `f` on the copier thread each time a snapshot's staging copy is complete, while the
+  /// write goes on (before_update() does not wait for it; the slot is not reused until it
+  /// returns); `f` must not keep the spans. An exception from it becomes an event
   /// (checkpoint_copy_hook_failed); the snapshot is written all the same. Set it before the
   /// first snapshot.
   void on_copied(std::function<void(const staged_snapshot&)> f) {
@@ -276,7 +278,8 @@ class checkpointer {
   }
 
  private:
-  enum class slot_phase { free, filling, copying, persisting };
+  // released: written (or failed) while the copy hook still reads the staging; free once it is done.
+  enum class slot_phase { free, filling, copying, persisting, released };
 
   struct slot {
     detail::host_memory memory;
@@ -300,6 +303,7 @@ class checkpointer {
     bool has_host_copies = false;
     bool has_device_copies = false;
     bool device_fenced = false;
+    bool hooked = false;  // on_copied runs on the copier thread, reading the staging
     internal::cuda::event ready, copied;
   };
 
@@ -384,6 +388,11 @@ class checkpointer {
   }
 
   void release_locked(slot& s) {
+    if (s.hooked) {  // the copy hook still reads the staging: it frees the slot when done
+      s.phase = slot_phase::released;
+      cv_.notify_all();
+      return;
+    }
     s.phase = slot_phase::free;
     s.copy_started = false;
     s.persist_started = false;

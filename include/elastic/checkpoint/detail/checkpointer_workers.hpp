@@ -209,19 +209,24 @@ inline void checkpointer::copy_loop() {
       fail_locked(*s, failure);
       continue;
     }
-    // The staging is the snapshot's now, and stays so until it is written: a copy of it may be
-    // taken (peer replicas) before the write starts.
-    if (on_copied_) {
-      try {
-        on_copied_(staged_snapshot{s->step, s->staged});
-      } catch (const std::exception& e) {
-        events_.emit("checkpoint_copy_hook_failed", {{"step", s->step}, {"reason", e.what()}});
-      } catch (...) {
-        events_.emit("checkpoint_copy_hook_failed", {{"step", s->step}, {"reason", "unknown error"}});
-      }
+    lk.lock();
+    s->phase = slot_phase::persisting;  // before_update() may go on: the state is copied
+    s->hooked = static_cast<bool>(on_copied_);
+    cv_.notify_all();
+    if (!s->hooked) continue;
+    // The staging holds the snapshot until the slot is free again, which waits for the hook: a
+    // copy of it may be taken (peer replicas) while it is written, off the training thread.
+    lk.unlock();
+    try {
+      on_copied_(staged_snapshot{s->step, s->staged});
+    } catch (const std::exception& e) {
+      events_.emit("checkpoint_copy_hook_failed", {{"step", s->step}, {"reason", e.what()}});
+    } catch (...) {
+      events_.emit("checkpoint_copy_hook_failed", {{"step", s->step}, {"reason", "unknown error"}});
     }
     lk.lock();
-    s->phase = slot_phase::persisting;
+    s->hooked = false;
+    if (s->phase == slot_phase::released) release_locked(*s);
     cv_.notify_all();
   }
 }

@@ -285,7 +285,16 @@ bool move_slices(Run& run, checkpoint::state& st, int rank, int world, const sha
     return img->bytes(static_cast<std::size_t>(j));
   };
   st.repartition(rank, world);
-  std::vector<std::int64_t> words;
+  // One buffer for every slice, never zero-filled: the broadcast overwrites it everywhere but at
+  // the root, which fills it (a 1 GiB slice would otherwise be written twice more).
+  std::size_t most = 0;
+  for (const auto& e : entries) {
+    if (!e.partition) continue;
+    for (const auto& s : checkpoint::partition_slices(e.partition, e.name, e.shard->global_count, p.world)) {
+      most = std::max(most, static_cast<std::size_t>((s.count * e.element_bytes + 7) / 8));
+    }
+  }
+  const auto buffer = std::make_unique_for_overwrite<std::int64_t[]>(most);
   for (std::size_t i = 0; i < entries.size(); ++i) {
     const auto& e = entries[i];
     if (!e.partition) continue;
@@ -295,8 +304,7 @@ bool move_slices(Run& run, checkpoint::state& st, int rank, int world, const sha
     for (int o = 0; o < p.world; ++o) {
       const auto s = old[static_cast<std::size_t>(o)];
       const int root = p.holders[static_cast<std::size_t>(o)];
-      // Sized, not cleared: the broadcast overwrites it everywhere but at the root, which fills it.
-      words.resize(static_cast<std::size_t>((s.count * eb + 7) / 8));
+      const std::span<std::int64_t> words(buffer.get(), static_cast<std::size_t>((s.count * eb + 7) / 8));
       if (words.empty()) continue;
       if (rank == root) {
         const auto mine = sent(o, i);
@@ -309,7 +317,7 @@ bool move_slices(Run& run, checkpoint::state& st, int rank, int world, const sha
         words.back() = 0;  // the padding after the last element
         std::memcpy(words.data(), mine.data(), mine.size());
       }
-      if (!broadcast_words<Comm>(run, std::span<std::int64_t>(words), root)) return false;
+      if (!broadcast_words<Comm>(run, words, root)) return false;
       bytes += static_cast<std::size_t>(s.count * eb);
       const std::uint64_t a = std::max(lo, s.offset), b = std::min(hi, s.offset + s.count);
       if (a >= b) continue;
