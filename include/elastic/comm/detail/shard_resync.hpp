@@ -276,13 +276,19 @@ bool move_slices(Run& run, checkpoint::state& st, int rank, int world, const sha
       read_entry(entries[i], 0, live[i].data(), entries[i].bytes);
     }
   }
-  // The bytes of old slice o of entry i, on the rank that sends it.
-  const auto sent = [&](int o, std::size_t i) -> std::span<const std::byte> {
+  // The bytes of old slice o of entry i, on the rank that sends it (`expected` of them).
+  const auto sent = [&](int o, std::size_t i, std::uint64_t expected) -> std::span<const std::byte> {
     const auto& img = from[static_cast<std::size_t>(o)];
-    if (!img) return live[i];
-    if (img->key.full) return img->bytes(i);
-    const auto j = std::find(parts.begin(), parts.end(), i) - parts.begin();
-    return img->bytes(static_cast<std::size_t>(j));
+    std::span<const std::byte> b = live[i];
+    if (img && img->key.full) b = img->bytes(i);
+    if (img && !img->key.full) b = img->bytes(static_cast<std::size_t>(std::find(parts.begin(), parts.end(), i) - parts.begin()));
+    if (b.size() != expected) {
+      throw error(errc::invalid_argument,
+                  fmt::format("elastic_group: entry '{}': this rank was to send slice {} of {} ({} bytes) but holds "
+                              "{} bytes: is its partition function the same on every rank?",
+                              entries[i].name, o, p.world, expected, b.size()));
+    }
+    return b;
   };
   st.repartition(rank, world);
   // One buffer for every slice, never zero-filled: the broadcast overwrites it everywhere but at
@@ -301,25 +307,33 @@ bool move_slices(Run& run, checkpoint::state& st, int rank, int world, const sha
     const std::uint64_t eb = e.element_bytes, global = e.shard->global_count;
     const std::uint64_t lo = e.shard->offset, hi = lo + e.bytes / eb;
     const auto old = checkpoint::partition_slices(e.partition, e.name, global, p.world);
+    const auto now = checkpoint::partition_slices(e.partition, e.name, global, world);
     for (int o = 0; o < p.world; ++o) {
       const auto s = old[static_cast<std::size_t>(o)];
       const int root = p.holders[static_cast<std::size_t>(o)];
+      const std::uint64_t a = std::max(lo, s.offset), b = std::min(hi, s.offset + s.count);
+      // A slice only its holder needs (its own, kept by a survivor that stays) is not sent.
+      const bool wanted = std::any_of(now.begin(), now.end(), [&](const checkpoint::slice& n) {
+        const auto r = static_cast<int>(&n - now.data());
+        return r != root && n.count > 0 && s.count > 0 && n.offset < s.offset + s.count && s.offset < n.offset + n.count;
+      });
+      if (!wanted) {
+        if (rank == root && a < b) {
+          const auto mine = sent(o, i, s.count * eb);
+          write_entry(e, static_cast<std::size_t>((a - lo) * eb), mine.data() + (a - s.offset) * eb,
+                      static_cast<std::size_t>((b - a) * eb));
+        }
+        continue;
+      }
       const std::span<std::int64_t> words(buffer.get(), static_cast<std::size_t>((s.count * eb + 7) / 8));
       if (words.empty()) continue;
       if (rank == root) {
-        const auto mine = sent(o, i);
-        if (mine.size() != s.count * eb) {
-          throw error(errc::invalid_argument,
-                      fmt::format("elastic_group: entry '{}': this rank was to send slice {} of {} ({} bytes) but "
-                                  "holds {} bytes: is its partition function the same on every rank?",
-                                  e.name, o, p.world, s.count * eb, mine.size()));
-        }
+        const auto mine = sent(o, i, s.count * eb);
         words.back() = 0;  // the padding after the last element
         std::memcpy(words.data(), mine.data(), mine.size());
       }
       if (!broadcast_words<Comm>(run, words, root)) return false;
       bytes += static_cast<std::size_t>(s.count * eb);
-      const std::uint64_t a = std::max(lo, s.offset), b = std::min(hi, s.offset + s.count);
       if (a >= b) continue;
       write_entry(e, static_cast<std::size_t>((a - lo) * eb),
                   reinterpret_cast<const std::byte*>(words.data()) + (a - s.offset) * eb,
