@@ -12,20 +12,12 @@
 // was lost with its rank, the newest step whose slices are all held (own or replica images)
 // and of which some rank holds its own whole image is the step every rank goes back to.
 //
-// The wire (host byte order: the ranks of one run are one architecture), one connection per
-// replica: magic "ELRP", version, run id, group token, source rank, world, step, each entry's
-// size, the bytes, their CRC-32C; the receiver answers one byte (0 kept, 1 refused). A receiver
-// checks all of it against its own state (the run id and its group's token, the entries, the
-// sizes the partition gives) before it allocates anything, so a stray or hostile connection, or
-// another job that reuses the run id on the host, is refused, and a replica that arrives torn
-// is never kept. The token is random, made by each rank, and every rank takes rank 0's at each
-// resync: the same for the whole life of a group, another for any other group.
+// The wire and what a receiver checks: detail/replica_wire.hpp.
 #pragma once
 
 #include <sys/socket.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -34,7 +26,6 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <random>
 #include <set>
 #include <string>
 #include <thread>
@@ -45,6 +36,7 @@
 
 #include <elastic/checkpoint/detail/host_memory.hpp>
 #include <elastic/comm/detail/memory_image.hpp>
+#include <elastic/comm/detail/replica_wire.hpp>
 #include <elastic/checkpoint/partition.hpp>
 #include <elastic/checkpoint/staged_snapshot.hpp>
 #include <elastic/checkpoint/state.hpp>
@@ -66,7 +58,7 @@ class peer_replicas {
         copies_(copies),
         events_(std::move(events)),
         pinned_(st.has_device_entries()),
-        token_(random_token()) {
+        token_(wire::random_token()) {
     if (copies < 1) throw error(errc::invalid_argument, fmt::format("peer replicas: {} copies", copies));
     if (run_id_.size() > 4096) throw error(errc::invalid_argument, "peer replicas: run id over 4096 characters");
     for (std::size_t i = 0; i < st.entries().size(); ++i) {
@@ -197,8 +189,6 @@ class peer_replicas {
   [[nodiscard]] const std::vector<std::size_t>& partitioned() const noexcept { return part_index_; }
 
  private:
-  static constexpr std::uint32_t magic = 0x50524c45;  // "ELRP"
-  static constexpr std::uint32_t version = 1;
 
   struct part_shape {
     std::string name;
@@ -270,18 +260,18 @@ class peer_replicas {
     }
     try {
       std::vector<std::byte> head;
-      put(head, magic);
-      put(head, version);
-      put(head, static_cast<std::uint32_t>(run_id_.size()));
+      wire::put(head, wire::magic);
+      wire::put(head, wire::version);
+      wire::put(head, static_cast<std::uint32_t>(run_id_.size()));
       head.insert(head.end(), reinterpret_cast<const std::byte*>(run_id_.data()),
                   reinterpret_cast<const std::byte*>(run_id_.data()) + run_id_.size());
-      put(head, token);
-      put(head, img.key.rank);
-      put(head, img.key.world);
-      put(head, img.key.step);
-      put(head, static_cast<std::uint32_t>(slices.size()));
-      for (const auto& s : slices) put(head, static_cast<std::uint64_t>(s.size()));
-      const auto deadline = t0 + transfer_time(bytes);
+      wire::put(head, token);
+      wire::put(head, img.key.rank);
+      wire::put(head, img.key.world);
+      wire::put(head, img.key.step);
+      wire::put(head, static_cast<std::uint32_t>(slices.size()));
+      for (const auto& s : slices) wire::put(head, static_cast<std::uint64_t>(s.size()));
+      const auto deadline = t0 + wire::transfer_time(bytes);
       const std::string what = fmt::format("replica of step {} to rank {} at {}:{}", img.key.step, to, addr.host, addr.port);
       auto fd = internal::tcp::connect_to(addr.host, addr.port, std::min(deadline, t0 + std::chrono::seconds(10)));
       const active_connection on(*this, 1, fd.get());
@@ -310,17 +300,6 @@ class peer_replicas {
       }
       events_.emit("replica_send_failed", {{"step", img.key.step}, {"to", to}, {"reason", e.what()}});
     }
-  }
-
-  /// A bound on a transfer: 10 s, plus a second per 50 MB (a slow link, not a dead peer).
-  static std::chrono::milliseconds transfer_time(std::uint64_t bytes) {
-    return std::chrono::seconds(10) + std::chrono::milliseconds(bytes / 50'000);
-  }
-
-  template <class T>
-  static void put(std::vector<std::byte>& out, T v) {
-    const auto* p = reinterpret_cast<const std::byte*>(&v);
-    out.insert(out.end(), p, p + sizeof v);
   }
 
   // ---- the listener ----
@@ -368,37 +347,30 @@ class peer_replicas {
     }
   }
 
-  template <class T>
-  static T get(int fd, internal::tcp::clock::time_point deadline) {
-    T v{};
-    internal::tcp::recv_all(fd, &v, sizeof v, deadline, "replica header");
-    return v;
-  }
-
   void receive_one(int fd) {
     std::int64_t from = -1;
     try {
       auto deadline = internal::tcp::clock::now() + std::chrono::seconds(10);
-      if (get<std::uint32_t>(fd, deadline) != magic) return refuse(fd, "not a replica (bad magic)", from);
-      if (const auto v = get<std::uint32_t>(fd, deadline); v != version) {
-        return refuse(fd, fmt::format("replica format version {}, this build reads {}", v, version), from);
+      if (wire::get<std::uint32_t>(fd, deadline) != wire::magic) return refuse(fd, "not a replica (bad magic)", from);
+      if (const auto v = wire::get<std::uint32_t>(fd, deadline); v != wire::version) {
+        return refuse(fd, fmt::format("replica format version {}, this build reads {}", v, wire::version), from);
       }
-      const auto id_len = get<std::uint32_t>(fd, deadline);
+      const auto id_len = wire::get<std::uint32_t>(fd, deadline);
       if (id_len != run_id_.size()) return refuse(fd, "another run (run id length differs)", from);
       std::string id(id_len, '\0');
       internal::tcp::recv_all(fd, id.data(), id.size(), deadline, "replica header");
-      if (id != run_id_) return refuse(fd, "another run ('" + internal_printable(id) + "')", from);
-      if (get<std::uint64_t>(fd, deadline) != token()) {
+      if (id != run_id_) return refuse(fd, "another run ('" + wire::printable(id) + "')", from);
+      if (wire::get<std::uint64_t>(fd, deadline) != token()) {
         return refuse(fd, "another group of this run id (its token differs: another job on this host?)", from);
       }
       image_key key;
-      key.rank = from = get<std::int64_t>(fd, deadline);
-      key.world = get<std::int64_t>(fd, deadline);
-      key.step = get<std::int64_t>(fd, deadline);
+      key.rank = from = wire::get<std::int64_t>(fd, deadline);
+      key.world = wire::get<std::int64_t>(fd, deadline);
+      key.step = wire::get<std::int64_t>(fd, deadline);
       if (key.world < 1 || key.world > (1 << 20) || key.rank < 0 || key.rank >= key.world || key.step < 0) {
         return refuse(fd, fmt::format("impossible rank {} of {} at step {}", key.rank, key.world, key.step), from);
       }
-      const auto n = get<std::uint32_t>(fd, deadline);
+      const auto n = wire::get<std::uint32_t>(fd, deadline);
       if (n != parts_.size()) {
         return refuse(fd, fmt::format("{} partitioned entries sent, this state has {}", n, parts_.size()), from);
       }
@@ -408,7 +380,7 @@ class peer_replicas {
       img->key = key;
       std::size_t total = 0;
       for (std::uint32_t i = 0; i < n; ++i) {
-        const auto size = get<std::uint64_t>(fd, deadline);
+        const auto size = wire::get<std::uint64_t>(fd, deadline);
         if (size != (*expected)[i]) {
           return refuse(fd, fmt::format("entry '{}': {} bytes sent, rank {} of {} holds {}", parts_[i].name, size,
                                         key.rank, key.world, (*expected)[i]),
@@ -419,14 +391,14 @@ class peer_replicas {
         total += static_cast<std::size_t>((size + 63) / 64 * 64);
       }
       img->memory = checkpoint::detail::host_memory(total, pinned_);
-      deadline = internal::tcp::clock::now() + transfer_time(total);
+      deadline = internal::tcp::clock::now() + wire::transfer_time(total);
       std::uint32_t crc = 0;
       for (std::uint32_t i = 0; i < n; ++i) {
         std::byte* p = img->memory.data() + img->offsets[i];
         internal::tcp::recv_all(fd, p, img->sizes[i], deadline, "replica data");
         crc = internal::crc32c(p, img->sizes[i], crc);
       }
-      if (get<std::uint32_t>(fd, deadline) != crc) return refuse(fd, "the data arrived damaged (CRC-32C)", from);
+      if (wire::get<std::uint32_t>(fd, deadline) != crc) return refuse(fd, "the data arrived damaged (CRC-32C)", from);
       hold(std::move(img));
       const std::uint8_t yes = 0;
       internal::tcp::send_all(fd, &yes, 1, deadline, "replica answer");
@@ -436,11 +408,6 @@ class peer_replicas {
     }
   }
 
-  static std::string internal_printable(const std::string& s) {
-    std::string out;
-    for (char c : s.substr(0, 64)) out += (c >= 0x20 && c < 0x7f) ? c : '?';
-    return out;
-  }
 
   /// Keeps a replica: of each rank's, the images of the newest two steps held.
   void hold(std::shared_ptr<memory_image> img) {
@@ -452,14 +419,6 @@ class peer_replicas {
     while (steps.size() > 2) steps.erase(steps.begin());
     std::erase_if(held_, [&](const auto& o) { return !steps.contains(o->key.step); });
     ++stats_.received;
-  }
-
-  /// A random nonzero token.
-  static std::uint64_t random_token() {
-    std::random_device rd;
-    std::uint64_t t = 0;
-    while (t == 0) t = (static_cast<std::uint64_t>(rd()) << 32) ^ rd();
-    return t;
   }
 
   std::string run_id_;
