@@ -317,7 +317,8 @@ template <class Comm, class Run>
 std::optional<sharded> resync_shards(Run& run, int rank, int world, std::int64_t own_step, std::int64_t step,
                                      bool valid, bool restored, checkpoint::state& st,
                                      const checkpoint::restore_fn& restore, const peer_replicas* replicas) {
-  shard_holdings mine{layout_of(st, valid ? own_step : -1, restored), {}, {}};
+  shard_holdings mine;
+  mine.live = layout_of(st, valid ? own_step : -1, restored);
   std::vector<std::shared_ptr<const memory_image>> images;
   if (replicas) {
     images = replicas->images();  // pinned until the move is done
@@ -327,7 +328,8 @@ std::optional<sharded> resync_shards(Run& run, int rank, int world, std::int64_t
   }
   const auto all = exchange_holdings<Comm>(run, rank, world, mine);
   if (!all) return std::nullopt;
-  sharded out{step};
+  sharded out;
+  out.step = step;
   for (const auto& a : *all) out.peers.push_back(a.address);
   out.token = (*all)[0].token;
   auto plan = plan_live(*all, step);

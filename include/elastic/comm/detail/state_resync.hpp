@@ -72,7 +72,8 @@ std::optional<resynced> resync_state(Run& run, int rank, int world, std::uint64_
                             "partitioning differ): every rank of a group must register the same state",
                             rank));
   }
-  resynced out{static_cast<std::uint64_t>(head[0])};
+  resynced out;
+  out.step = static_cast<std::uint64_t>(head[0]);
   if (st.has_shards()) {
     const auto sh = resync_shards<Comm>(run, rank, world, static_cast<std::int64_t>(step), head[0], shards_valid,
                                         restored, st, restore, replicas);
