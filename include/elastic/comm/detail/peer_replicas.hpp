@@ -43,6 +43,7 @@
 #include <elastic/error.hpp>
 #include <elastic/events.hpp>
 #include <elastic/internal/crc32c.hpp>
+#include <elastic/internal/names.hpp>
 #include <elastic/internal/cuda.hpp>
 #include <elastic/internal/tcp.hpp>
 
@@ -359,7 +360,7 @@ class peer_replicas {
       if (id_len != run_id_.size()) return refuse(fd, "another run (run id length differs)", from);
       std::string id(id_len, '\0');
       internal::tcp::recv_all(fd, id.data(), id.size(), deadline, "replica header");
-      if (id != run_id_) return refuse(fd, "another run ('" + wire::printable(id) + "')", from);
+      if (id != run_id_) return refuse(fd, "another run ('" + internal::printable(std::string_view(id).substr(0, 64)) + "')", from);
       if (wire::get<std::uint64_t>(fd, deadline) != token()) {
         return refuse(fd, "another group of this run id (its token differs: another job on this host?)", from);
       }

@@ -49,11 +49,4 @@ inline std::uint64_t random_token() {
   return t;
 }
 
-/// At most 64 characters of `s`, the unprintable ones as '?', for a message.
-inline std::string printable(const std::string& s) {
-  std::string out;
-  for (char c : s.substr(0, 64)) out += (c >= 0x20 && c < 0x7f) ? c : '?';
-  return out;
-}
-
 }  // namespace elastic::inline v1::comm::detail::wire

@@ -224,12 +224,13 @@ bool move_slices(Run& run, checkpoint::state& st, int rank, int world, const sha
   st.repartition(rank, world);
   // One buffer for every slice, never zero-filled: the broadcast overwrites it everywhere but at
   // the root, which fills it (a 1 GiB slice would otherwise be written twice more).
+  std::vector<std::vector<checkpoint::slice>> olds(entries.size());  // each entry's old slices
   std::size_t most = 0;
-  for (const auto& e : entries) {
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    const auto& e = entries[i];
     if (!e.partition) continue;
-    for (const auto& s : checkpoint::partition_slices(e.partition, e.name, e.shard->global_count, p.world)) {
-      most = std::max(most, static_cast<std::size_t>((s.count * e.element_bytes + 7) / 8));
-    }
+    olds[i] = checkpoint::partition_slices(e.partition, e.name, e.shard->global_count, p.world);
+    for (const auto& s : olds[i]) most = std::max(most, static_cast<std::size_t>((s.count * e.element_bytes + 7) / 8));
   }
   const auto buffer = std::make_unique_for_overwrite<std::int64_t[]>(most);
   for (std::size_t i = 0; i < entries.size(); ++i) {
@@ -237,7 +238,7 @@ bool move_slices(Run& run, checkpoint::state& st, int rank, int world, const sha
     if (!e.partition) continue;
     const std::uint64_t eb = e.element_bytes, global = e.shard->global_count;
     const std::uint64_t lo = e.shard->offset, hi = lo + e.bytes / eb;
-    const auto old = checkpoint::partition_slices(e.partition, e.name, global, p.world);
+    const auto& old = olds[i];
     const auto now = checkpoint::partition_slices(e.partition, e.name, global, world);
     for (int o = 0; o < p.world; ++o) {
       const auto s = old[static_cast<std::size_t>(o)];
