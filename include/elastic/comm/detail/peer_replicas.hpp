@@ -6,13 +6,8 @@
 // entries to its `copies` ring successors (rank+1, rank+2, ... of its world) over plain TCP,
 // where a listener thread keeps them as "replica images". None of this runs on the training
 // thread. The newest two snapshot steps are kept of each kind, so that a rank lost while its
-// newest replica was still on the wire leaves the step before it whole in memory.
-//
-// After a rebuild the ranks say which images they hold (detail/shard_resync.hpp): when a slice
-// was lost with its rank, the newest step whose slices are all held (own or replica images)
-// and of which some rank holds its own whole image is the step every rank goes back to.
-//
-// The wire and what a receiver checks: detail/replica_wire.hpp.
+// newest replica was still on the wire leaves the step before it whole in memory. How a rebuild
+// uses them: detail/shard_resync.hpp; the wire and its checks: detail/replica_wire.hpp.
 #pragma once
 
 #include <sys/socket.h>
@@ -391,7 +386,8 @@ class peer_replicas {
         img->sizes.push_back(static_cast<std::size_t>(size));
         total += static_cast<std::size_t>((size + 63) / 64 * 64);
       }
-      img->memory = checkpoint::detail::host_memory(total, pinned_);
+      if (std::lock_guard lk(mu_); spare_.size() == total) img->memory = std::move(spare_);  // a held one's
+      if (img->memory.size() != total) img->memory = checkpoint::detail::host_memory(total, pinned_);
       deadline = internal::tcp::clock::now() + wire::transfer_time(total);
       std::uint32_t crc = 0;
       for (std::uint32_t i = 0; i < n; ++i) {
@@ -418,7 +414,11 @@ class peer_replicas {
     std::set<std::int64_t> steps;
     for (const auto& h : held_) steps.insert(h->key.step);
     while (steps.size() > 2) steps.erase(steps.begin());
-    std::erase_if(held_, [&](const auto& o) { return !steps.contains(o->key.step); });
+    std::erase_if(held_, [&](auto& o) {
+      if (steps.contains(o->key.step)) return false;
+      if (o.use_count() == 1) spare_ = std::move(o->memory);  // the next replica's, not a fresh mapping
+      return true;
+    });
     ++stats_.received;
   }
 
@@ -436,6 +436,7 @@ class peer_replicas {
   std::condition_variable_any cv_;
   std::vector<std::shared_ptr<memory_image>> own_;   // oldest first
   std::vector<std::shared_ptr<memory_image>> held_;  // replicas kept for predecessors
+  checkpoint::detail::host_memory spare_;             // an evicted replica's memory, for the next one
   int rank_ = 0, world_ = 1;
   std::vector<peer_address> peers_;
   std::uint64_t generation_ = 0;
