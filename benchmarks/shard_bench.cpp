@@ -311,9 +311,9 @@ void BM_recover_slice(benchmark::State& state, std::size_t mib) {
       }
       if (r == 1) end1 = clock_type::now();
     });
-    // The lost slice's own share, on the newcomer: from the return of slice 0's broadcast (the
-    // one before it) to its slice written: the root's copy into the send buffer, the transfer
-    // and the newcomer's copy into its slice.
+    // The lost slice's own share, on the newcomer: from the return of the collective before it
+    // (the last of the holdings' exchange; slice 0 stays with its holder, which takes it back
+    // from its own image after the broadcasts) to its slice received, straight into its memory.
     const auto& b = run1.returned;
     slice_memory.push_back(std::chrono::duration<double>(end1 - b[b.size() - 2]).count());
     check("memory");

@@ -12,8 +12,8 @@
 //    new rank (restore_fn), so that all of them go on from that step together.
 //
 // The slices travel as host words through broadcasts (any communicator has them; a device
-// slice is copied to the host first): the whole buffer is sent once, from the ranks that hold
-// it. A collective that fails on the way makes this rank's live slices unknown (they may be half
+// slice is copied to the host first): each old slice another rank needs is sent once, from the
+// rank that holds it, in place where the communicator allows (move_slices). A collective that fails on the way makes this rank's live slices unknown (they may be half
 // moved): the next attempt after the rebuild finds them so; its images are untouched.
 #pragma once
 
@@ -222,54 +222,75 @@ bool move_slices(Run& run, checkpoint::state& st, int rank, int world, const sha
     return b;
   };
   st.repartition(rank, world);
-  // One buffer for every slice, never zero-filled: the broadcast overwrites it everywhere but at
-  // the root, which fills it (a 1 GiB slice would otherwise be written twice more).
-  std::vector<std::vector<checkpoint::slice>> olds(entries.size());  // each entry's old slices
-  std::size_t most = 0;
+  std::vector<std::vector<checkpoint::slice>> olds(entries.size()), nows(entries.size());
   for (std::size_t i = 0; i < entries.size(); ++i) {
     const auto& e = entries[i];
     if (!e.partition) continue;
     olds[i] = checkpoint::partition_slices(e.partition, e.name, e.shard->global_count, p.world);
-    for (const auto& s : olds[i]) most = std::max(most, static_cast<std::size_t>((s.count * e.element_bytes + 7) / 8));
+    nows[i] = checkpoint::partition_slices(e.partition, e.name, e.shard->global_count, world);
   }
-  const auto buffer = std::make_unique_for_overwrite<std::int64_t[]>(most);
-  for (std::size_t i = 0; i < entries.size(); ++i) {
-    const auto& e = entries[i];
-    if (!e.partition) continue;
-    const std::uint64_t eb = e.element_bytes, global = e.shard->global_count;
-    const std::uint64_t lo = e.shard->offset, hi = lo + e.bytes / eb;
-    const auto& old = olds[i];
-    const auto now = checkpoint::partition_slices(e.partition, e.name, global, world);
-    for (int o = 0; o < p.world; ++o) {
-      const auto s = old[static_cast<std::size_t>(o)];
-      const int root = p.holders[static_cast<std::size_t>(o)];
-      const std::uint64_t a = std::max(lo, s.offset), b = std::min(hi, s.offset + s.count);
-      // A slice only its holder needs (its own, kept by a survivor that stays) is not sent.
-      const bool wanted = std::any_of(now.begin(), now.end(), [&](const checkpoint::slice& n) {
-        const auto r = static_cast<int>(&n - now.data());
-        return r != root && n.count > 0 && s.count > 0 && n.offset < s.offset + s.count && s.offset < n.offset + n.count;
-      });
-      if (!wanted) {
-        if (rank == root && a < b) {
-          const auto mine = sent(o, i, s.count * eb);
-          write_entry(e, static_cast<std::size_t>((a - lo) * eb), mine.data() + (a - s.offset) * eb,
-                      static_cast<std::size_t>((b - a) * eb));
+  // A host communicator (Gloo) reads a root's buffer and writes a receiver's and nothing else: the
+  // root sends straight from its image or live copy, a receiver whose new slice holds the whole
+  // old one receives straight into it. Otherwise (a device communicator stages through the device
+  // and writes the root's buffer back; a slice split between new slices) the words go through one
+  // buffer, never zero-filled: the broadcast overwrites it everywhere but at the root, which fills it.
+  constexpr bool in_place = !device_communicator<Comm>;
+  const auto words_at = [](const std::byte* b) { return reinterpret_cast<std::uintptr_t>(b) % alignof(std::int64_t) == 0; };
+  std::unique_ptr<std::int64_t[]> buffer;
+  std::size_t buffer_words = 0;
+  // First the slices some other rank needs, then those only their holder keeps (a survivor's own
+  // slice back from its image): receivers wait on no holder's copy of its own.
+  for (const bool others : {true, false}) {
+    for (std::size_t i = 0; i < entries.size(); ++i) {
+      const auto& e = entries[i];
+      if (!e.partition) continue;
+      const std::uint64_t eb = e.element_bytes;
+      const std::uint64_t lo = e.shard->offset, hi = lo + e.bytes / eb;
+      const auto& now = nows[i];
+      for (int o = 0; o < p.world; ++o) {
+        const auto s = olds[i][static_cast<std::size_t>(o)];
+        const int root = p.holders[static_cast<std::size_t>(o)];
+        const std::uint64_t a = std::max(lo, s.offset), b = std::min(hi, s.offset + s.count);
+        const auto at = static_cast<std::size_t>((a - lo) * eb), n = static_cast<std::size_t>(s.count * eb);
+        const bool wanted = std::any_of(now.begin(), now.end(), [&](const checkpoint::slice& x) {
+          const auto r = static_cast<int>(&x - now.data());
+          return r != root && x.count > 0 && s.count > 0 && x.offset < s.offset + s.count && s.offset < x.offset + x.count;
+        });
+        if (wanted != others) continue;
+        const std::span<const std::byte> mine = rank == root ? sent(o, i, n) : std::span<const std::byte>{};
+        if (!wanted) {
+          if (rank == root && a < b) write_entry(e, at, mine.data() + (a - s.offset) * eb, static_cast<std::size_t>((b - a) * eb));
+          continue;
         }
-        continue;
+        const std::size_t count = (n + 7) / 8;
+        if (count == 0) continue;
+        const bool from_mine = in_place && rank == root && n % 8 == 0 && words_at(mine.data());
+        auto* into = a < b ? static_cast<std::byte*>(e.data) + at : nullptr;
+        const bool into_slice = in_place && rank != root && e.where == checkpoint::location::host && a == s.offset &&
+                                b == s.offset + s.count && n % 8 == 0 && words_at(into);
+        std::span<std::int64_t> words;
+        if (from_mine) {  // read only: see above
+          words = {reinterpret_cast<std::int64_t*>(const_cast<std::byte*>(mine.data())), count};
+        } else if (into_slice) {
+          words = {reinterpret_cast<std::int64_t*>(into), count};
+        } else {
+          if (buffer_words < count) {
+            buffer.reset();  // one at a time
+            buffer = std::make_unique_for_overwrite<std::int64_t[]>(count);
+            buffer_words = count;
+          }
+          words = {buffer.get(), count};
+          if (rank == root) {
+            words.back() = 0;  // the padding after the last element
+            std::memcpy(words.data(), mine.data(), n);
+          }
+        }
+        if (!broadcast_words<Comm>(run, words, root)) return false;
+        bytes += n;
+        if (a >= b || into_slice) continue;
+        const auto* got = rank == root ? mine.data() : reinterpret_cast<const std::byte*>(words.data());
+        write_entry(e, at, got + (a - s.offset) * eb, static_cast<std::size_t>((b - a) * eb));
       }
-      const std::span<std::int64_t> words(buffer.get(), static_cast<std::size_t>((s.count * eb + 7) / 8));
-      if (words.empty()) continue;
-      if (rank == root) {
-        const auto mine = sent(o, i, s.count * eb);
-        words.back() = 0;  // the padding after the last element
-        std::memcpy(words.data(), mine.data(), mine.size());
-      }
-      if (!broadcast_words<Comm>(run, words, root)) return false;
-      bytes += static_cast<std::size_t>(s.count * eb);
-      if (a >= b) continue;
-      write_entry(e, static_cast<std::size_t>((a - lo) * eb),
-                  reinterpret_cast<const std::byte*>(words.data()) + (a - s.offset) * eb,
-                  static_cast<std::size_t>((b - a) * eb));
     }
   }
   return true;
