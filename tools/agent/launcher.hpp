@@ -47,6 +47,7 @@
 
 #include "async_store.hpp"
 #include "console.hpp"
+#include "culprit_finder.hpp"
 #include "exit_codes.hpp"
 #include "guardian.hpp"
 #include "log_pump.hpp"
@@ -93,6 +94,8 @@ class launcher {
   explicit launcher(launch_options o) : opts_(std::move(o)), started_(std::chrono::steady_clock::now()) {
     open_standard_fds();
     choose_run_id();
+    culprits_.emplace(opts_.run_id);
+    culprits_->forget_all();  // a record of this run's earlier life names nothing now
     const bool own_default_store = opts_.rdzv.empty();
     if (own_default_store) opts_.rdzv = "shm://elastic-" + opts_.run_id;
     const auto url = rendezvous::parse_store_url(opts_.rdzv);  // a bad URL fails before anything starts
@@ -105,6 +108,7 @@ class launcher {
     // Objects of launchers that died with nobody left to remove them.
     elastic::internal::sweep_stale_shm("elastic-store.elastic-");
     elastic::internal::sweep_stale_shm("elastic-timer.elastic-");
+    elastic::internal::sweep_stale_shm("elastic.flight.", 600);  // killed workers of launchers that died too
 
     open_logs();
     open_event_log();
@@ -148,6 +152,7 @@ class launcher {
     }
     loop();
     end_processes();
+    culprits_->forget_all();  // the records of workers that were killed
     finish_report();
     if (report_.exit_code == exit_done) remove_run_keys();
     print_summary();
@@ -360,6 +365,7 @@ class launcher {
     if (ending_ != ending::none && !killed_after_grace_) at_most(until(grace_deadline_));
     if (p.next_restart) at_most(until(*p.next_restart));
     if (p.draining) at_most(100);  // a draining group's last member may not be our child
+    at_most(250);  // the workers' events: a collective that failed may point at a culprit
     return timeout;
   }
 
@@ -415,6 +421,8 @@ class launcher {
       start_due_restarts();
       if (ending_ != ending::none && !killed_after_grace_ && clock::now() >= grace_deadline_) kill_stragglers();
       for (auto& m : store_->take_errors()) events_.emit("launcher_store_error", {{"message", m}});
+      seen_.update();
+      for (const pid_t pid : seen_.take_collective_failures()) find_culprit(pid, std::nullopt);
     }
   }
 
@@ -551,6 +559,7 @@ class launcher {
       how = fmt::format("exited with code {}", code);
     }
     s.log->note(fmt::format("worker {} (pid {}) {}", s.index, pid, how));
+    find_culprit(pid, code);
     events_.emit("worker_exit", {{"slot", s.index},
                                  {"worker_pid", pid},
                                  {"code", signaled ? event_value(nullptr) : event_value(code)},
@@ -768,6 +777,24 @@ class launcher {
     report_.seconds_lost = detail::seconds_lost(failures, resumed);
   }
 
+  /// After worker `pid` ended with `code`, or its collective failed (no code: it lives on): a
+  /// bad death or a failed collective while the run goes on may have left the others waiting in
+  /// a collective; their flight records say who they wait for. A dead worker's record is then
+  /// removed.
+  void find_culprit(pid_t pid, std::optional<int> code) {
+    try {
+      if (ending_ == ending::none && (!code || (*code != 0 && *code != exit_preempted))) {
+        if (const auto found = culprits_->look(pid, events_); !found.empty()) {
+          say("culprit: " + found);
+          report_.culprits.push_back(found);
+        }
+      }
+      if (code) culprits_->forget(pid);
+    } catch (const std::exception& e) {
+      say(fmt::format("could not read the workers' flight records: {}", e.what()));
+    }
+  }
+
   void print_summary() {
     err_->write(summary_text(report_, {.run_id = opts_.run_id,
                                        .max_restarts = opts_.max_restarts,
@@ -802,6 +829,7 @@ class launcher {
   clock::time_point killed_at_{};
   std::vector<double> failures_at_;
   run_report report_;
+  std::optional<culprit_finder> culprits_;  ///< made once the run id is known
 };
 
 }  // namespace elastic::agent

@@ -18,6 +18,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <elastic/internal/env.hpp>
@@ -99,6 +100,9 @@ class run_events {
   [[nodiscard]] bool final_checkpoint_confirmed() const noexcept { return final_confirmed_; }
   [[nodiscard]] std::int64_t rounds() const noexcept { return rounds_; }
   [[nodiscard]] std::size_t rebuilds() const noexcept { return rebuilt_rounds_.size(); }
+  /// The workers whose collective failed (group_failure) since the last call: the others may
+  /// wait on a rank that never came (culprit_finder.hpp).
+  [[nodiscard]] std::vector<pid_t> take_collective_failures() { return std::exchange(collective_failures_, {}); }
   /// When a group was training again after a rebuild (seconds since the epoch), sorted.
   [[nodiscard]] std::vector<double> resumed() const {
     auto r = resumed_;
@@ -115,7 +119,8 @@ class run_events {
 
   void take(std::string_view line) {
     if (!is(line, "checkpoint_commit") && !is(line, "loop_preempted") &&
-        !is(line, "rendezvous_round_closed") && !is(line, "group_rebuilt") && !is(line, "group_resynced")) {
+        !is(line, "rendezvous_round_closed") && !is(line, "group_rebuilt") && !is(line, "group_resynced") &&
+        !is(line, "group_failure")) {
       return;
     }
     try {
@@ -135,6 +140,8 @@ class run_events {
         rebuilt_rounds_.insert(j.at("round").as_int64());
       } else if (ev == "group_resynced") {
         resumed_.push_back(detail::parse_ts(j.at("ts").as_string()));
+      } else if (ev == "group_failure") {
+        collective_failures_.push_back(static_cast<pid_t>(j.at("pid").as_int64()));
       }
     } catch (const error&) {
       // a line we cannot read is left out of the figures
@@ -151,6 +158,7 @@ class run_events {
   std::int64_t rounds_ = 0;
   std::set<std::int64_t> rebuilt_rounds_;
   std::vector<double> resumed_;
+  std::vector<pid_t> collective_failures_;
 };
 
 }  // namespace elastic::agent

@@ -35,6 +35,7 @@ struct run_report {
   bool final_checkpoint_saved = false;  ///< a loop_preempted said "final_checkpoint":true
   std::size_t console_lines_dropped = 0;
   double seconds_lost = 0;           ///< from each failure to the group training again
+  std::vector<std::string> culprits;  ///< the ranks that held the group back (culprit_finder.hpp)
 };
 
 /// What the summary names beside the report: the run and where its records are.
@@ -103,6 +104,7 @@ inline std::string progress_lines(const run_report& r) {
 inline std::string shortfall_lines(const run_report& r) {
   std::string text;
   if (r.stragglers_killed > 0) text += fmt::format("  killed at grace  {} workers\n", r.stragglers_killed);
+  for (const auto& c : r.culprits) text += fmt::format("  culprit          {}\n", c);
   if (r.console_lines_dropped > 0) {
     text += fmt::format("  console          {} lines not shown (the console did not keep up or went away); the logs "
                         "have them\n",

@@ -58,12 +58,14 @@
 #include <elastic/checkpoint/state.hpp>
 #include <elastic/comm/communicator.hpp>
 #include <elastic/comm/detail/admission.hpp>
+#include <elastic/comm/detail/flight_recorder.hpp>
 #include <elastic/comm/detail/peer_replicas.hpp>
 #include <elastic/comm/detail/state_resync.hpp>
 #include <elastic/comm/group_options.hpp>
 #include <elastic/comm/host_address.hpp>
 #include <elastic/comm/rebuild.hpp>
 #include <elastic/internal/clock.hpp>
+#include <elastic/internal/env.hpp>
 #include <elastic/internal/periodic_thread.hpp>
 #include <elastic/error.hpp>
 #include <elastic/events.hpp>
@@ -150,11 +152,11 @@ class elastic_group final : public group_hook {
   /// earlier in this step), the group then needs a safe_point() before it communicates again.
   template <reducible T>
   bool allreduce(std::span<T> buf, reduce_op op) {
-    return run("allreduce", [&](Comm& c) { c.allreduce(buf, op); });
+    return run("allreduce", [&](Comm& c) { c.allreduce(buf, op); }, buf.size_bytes());
   }
   template <reducible T>
   bool broadcast(std::span<T> buf, int root) {
-    return run("broadcast", [&](Comm& c) { c.broadcast(buf, root); });
+    return run("broadcast", [&](Comm& c) { c.broadcast(buf, root); }, buf.size_bytes());
   }
   bool barrier() {
     return run("barrier", [](Comm& c) { c.barrier(); });
@@ -216,6 +218,7 @@ class elastic_group final : public group_hook {
       throw error(errc::invalid_argument,
                   fmt::format("elastic_group: poll_interval {} ms must be positive", opts_.poll_interval.count()));
     }
+    open_flight_recorder();
   }
 
   /// Whether this group keeps and revokes its communicator on a failure (a rebuilder that can
@@ -228,17 +231,33 @@ class elastic_group final : public group_hook {
   }
 
   template <class F>
-  bool run(std::string_view what, F&& f) {
+  bool run(std::string_view what, F&& f, std::size_t bytes = 0) {
     if (!joined_) throw error(errc::invalid_argument, fmt::format("elastic_group {}: join() first", what));
     if (failed_ || !comm_) return false;
     timer::scope scope;
     if (const auto d = deadline(); d.count() > 0) scope = elastic::expires(d, what);
+    if (flight_) flight_->enter(what, bytes);
     try {
       f(*comm_);
+      if (flight_) flight_->leave(true);
       return true;
     } catch (const error& e) {
+      if (flight_) flight_->leave(false);
       fail(what, e);
       return false;
+    }
+  }
+
+  /// The flight recorder of this process, when the group has a run id to name it by; a host
+  /// without shared memory to spare says so once and the group goes on unrecorded.
+  void open_flight_recorder() {
+    const bool on = opts_.flight_recorder ? *opts_.flight_recorder
+                                          : internal::env_string("ELASTIC_FLIGHT_RECORDER").value_or("0") == "1";
+    if (!on || rdzv_.options().run_id.empty()) return;
+    try {
+      flight_.emplace(rdzv_.options().run_id);
+    } catch (const error& e) {
+      events_.emit("flight_recorder_unavailable", {{"message", e.what()}, {"effect", "collectives are not recorded"}});
     }
   }
 
@@ -365,6 +384,7 @@ class elastic_group final : public group_hook {
       admission_.reset();
       last_ = {info.round, info.world_size, cause, noticed, met, internal::monotonic_ns(), 0, path, reason};
       if (!first) ++rebuilds_;
+      if (flight_) flight_->begin_round(info.round, info.rank, info.world_size);
       events_.emit(first ? "group_formed" : "group_rebuilt",
                    {{"round", info.round},
                     {"world_size", info.world_size},
@@ -484,6 +504,7 @@ class elastic_group final : public group_hook {
   // Peer-memory replicas of the partitioned state (made at the first resync that has some);
   // the checkpointer's copier thread hands it snapshots (keep), after it exists.
   std::unique_ptr<detail::peer_replicas> replicas_;
+  std::optional<detail::flight_recorder> flight_;  // the training thread's: it issues the collectives
   std::jthread reaper_;  // destroys a retired communicator
   internal::periodic_thread watcher_;  // last: it stops before the members it uses go away
 };

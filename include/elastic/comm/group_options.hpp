@@ -27,6 +27,11 @@ struct group_options {
   int replicas = 1;
   /// Where this rank's replica listener listens (empty: default_host_address(), as Gloo does).
   std::string replica_host{};
+  /// Record this rank's recent collectives in shared memory (detail/flight_recorder.hpp), so
+  /// that elastic-run can name the rank that never entered collective #k when the group hangs;
+  /// tens of ns per collective. Nothing: as ELASTIC_FLIGHT_RECORDER says (elastic-run sets 1:
+  /// it reads them; without a reader a killed process's record would only be left behind).
+  std::optional<bool> flight_recorder{};
   std::optional<event_log> events{};  ///< nothing: event_log::from_env()
 };
 

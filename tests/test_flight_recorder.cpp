@@ -1,0 +1,297 @@
+// The flight recorder (comm/detail/flight_recorder.hpp) and the culprit it points at
+// (comm/detail/flight_culprit.hpp): real processes record, are killed, and are read from outside;
+// under elastic-run, a 4-rank group where one rank hangs before a collective names that rank.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "support/catch.hpp"
+#include "support/process.hpp"
+
+#include <elastic/comm/detail/flight_culprit.hpp>
+#include <elastic/comm/detail/flight_recorder.hpp>
+
+namespace cd = elastic::comm::detail;
+using namespace std::chrono_literals;
+
+namespace {
+
+bool shm_exists(const std::string& name) {
+  struct stat st {};
+  return ::stat(("/dev/shm/" + name).c_str(), &st) == 0;
+}
+
+/// A child that records round `round` as rank `rank` of `world`: `done` collectives that
+/// complete, then (when `inside`) one more it never leaves; it then says so on its pipe and
+/// waits to be killed.
+struct recording_child {
+  pid_t pid = -1;
+  std::string name;
+  recording_child(const std::string& run, std::int64_t round, int rank, int world, int done, bool inside) {
+    int fds[2];
+    REQUIRE(::pipe(fds) == 0);
+    pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      ::close(fds[0]);
+      {
+        cd::flight_recorder rec(run);
+        rec.begin_round(round, rank, world);
+        for (int i = 0; i < done; ++i) {
+          rec.enter(i % 2 ? "broadcast" : "allreduce", 4096);
+          rec.leave(true);
+        }
+        if (inside) rec.enter("allreduce", 4096);
+        const char c = 'r';
+        (void)!::write(fds[1], &c, 1);
+        for (;;) ::pause();  // killed here: the recorder's destructor never runs
+      }
+    }
+    ::close(fds[1]);
+    char c = 0;
+    REQUIRE(::read(fds[0], &c, 1) == 1);
+    ::close(fds[0]);
+    name = cd::flight_name(run, pid);
+  }
+  void kill() {
+    if (pid > 0) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+      pid = -1;
+    }
+  }
+  ~recording_child() {
+    kill();
+    ::shm_unlink(("/" + name).c_str());
+  }
+};
+
+std::string run_name(const char* base) { return std::string(base) + "-" + std::to_string(::getpid()); }
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+/// The flight objects of run `run` in /dev/shm.
+std::vector<std::string> flight_objects(const std::string& run) {
+  std::vector<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
+    const auto n = e.path().filename().string();
+    if (n.rfind(cd::flight_prefix(run), 0) == 0) out.push_back(n);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a killed process's collectives are read back from outside it") {
+  recording_child child(run_name("fr-killed"), 3, 2, 4, 5, true);
+  auto check = [&] {
+    const auto log = cd::read_flight(child.name);
+    REQUIRE(log);
+    CHECK(log->pid == child.pid);
+    CHECK(log->rank == 2);
+    CHECK(log->world == 4);
+    CHECK(log->round == 3);
+    REQUIRE(log->entries.size() == 6);
+    for (std::size_t i = 0; i < 5; ++i) {
+      CHECK(log->entries[i].index == i + 1);
+      CHECK(log->entries[i].outcome == cd::flight_outcome::done);
+      CHECK(log->entries[i].left_ns >= log->entries[i].entered_ns);
+    }
+    CHECK(log->entries[1].op == "broadcast");
+    const auto& last = log->entries.back();
+    CHECK(last.index == 6);
+    CHECK(last.op == "allreduce");
+    CHECK(last.bytes == 4096);
+    CHECK(last.rank == 2);
+    CHECK(last.outcome == cd::flight_outcome::inside);
+    CHECK(last.left_ns == 0);
+  };
+  check();
+  const pid_t was = child.pid;
+  child.kill();
+  CHECK(shm_exists(child.name));  // what a killed process recorded outlives it
+  {
+    const auto log = cd::read_flight(child.name);
+    REQUIRE(log);
+    CHECK(log->pid == was);
+    CHECK(log->entries.back().outcome == cd::flight_outcome::inside);
+  }
+}
+
+TEST_CASE("a recorder that ends normally leaves nothing behind") {
+  const std::string run = run_name("fr-normal");
+  std::string name;
+  {
+    cd::flight_recorder rec(run);
+    name = rec.name();
+    CHECK(shm_exists(name));
+    rec.begin_round(1, 0, 1);
+    rec.enter("barrier", 0);
+    rec.leave(true);
+  }
+  CHECK_FALSE(shm_exists(name));
+  CHECK_FALSE(cd::read_flight(name));
+}
+
+TEST_CASE("the round before a rebuild stays readable while the next one records") {
+  const std::string run = run_name("fr-rounds");
+  cd::flight_recorder rec(run);
+  rec.begin_round(1, 1, 4);
+  for (int i = 0; i < 10; ++i) {
+    rec.enter("allreduce", 8);
+    rec.leave(i != 9);  // the last one failed: a peer did not come
+  }
+  rec.begin_round(2, 0, 3);
+  for (int i = 0; i < 100; ++i) {  // more than a ring holds
+    rec.enter("allreduce", 8);
+    rec.leave(true);
+  }
+  const auto log = cd::read_flight(rec.name());
+  REQUIRE(log);
+  CHECK(log->round == 2);
+  CHECK(log->rank == 0);
+  std::vector<const cd::flight_entry*> one, two;
+  for (const auto& e : log->entries) (e.round == 1 ? one : two).push_back(&e);
+  REQUIRE(one.size() == 10);
+  CHECK(one.back()->index == 10);
+  CHECK(one.back()->rank == 1);
+  CHECK(one.back()->world == 4);
+  CHECK(one.back()->outcome == cd::flight_outcome::failed);
+  REQUIRE(two.size() == cd::flight_capacity);
+  CHECK(two.front()->index == 100 - cd::flight_capacity + 1);
+  CHECK(two.back()->index == 100);
+  CHECK(two.back()->world == 3);
+}
+
+TEST_CASE("an object that is not a flight recorder of this version is not read") {
+  const std::string name = cd::flight_name(run_name("fr-junk"), 1);
+  const int fd = ::shm_open(("/" + name).c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  REQUIRE(fd >= 0);
+  SECTION("too short") { REQUIRE(::write(fd, "junk", 4) == 4); }
+  SECTION("garbage of the right size") {
+    std::vector<char> junk(cd::flight_bytes, 'x');
+    REQUIRE(::write(fd, junk.data(), junk.size()) == static_cast<ssize_t>(junk.size()));
+  }
+  ::close(fd);
+  CHECK_FALSE(cd::read_flight(name));
+  CHECK_FALSE(cd::read_flight(cd::flight_name("no-such-run", 1)));
+  ::shm_unlink(("/" + name).c_str());
+}
+
+TEST_CASE("of four processes, the rank that never entered collective #k is named") {
+  const std::string run = run_name("fr-culprit");
+  // Ranks 0, 1 and 3 wait inside #6; rank 2 left #5 and never came (hung in its own code).
+  std::vector<std::unique_ptr<recording_child>> ranks;
+  for (int r = 0; r < 4; ++r) ranks.push_back(std::make_unique<recording_child>(run, 7, r, 4, 5, r != 2));
+  std::vector<cd::flight_log> logs;
+  for (const auto& c : ranks) {
+    auto l = cd::read_flight(c->name);
+    REQUIRE(l);
+    logs.push_back(std::move(*l));
+  }
+  const auto rep = cd::find_culprit(logs, 7);
+  REQUIRE(rep);
+  CHECK(rep->culprits == std::vector<int>{2});
+  CHECK(rep->index == 6);
+  CHECK(rep->op == "allreduce");
+  CHECK(rep->inside == std::vector<int>{0, 1, 3});
+  CHECK(rep->ranks[2].pid == ranks[2]->pid);
+  CHECK(rep->ranks[2].index == 5);
+  const std::string text = rep->text(elastic::internal::monotonic_ns());
+  INFO(text);
+  CHECK(text.find("rank 2 never entered collective #6 (allreduce") != std::string::npos);
+  CHECK(text.find("rank 0: inside #6 allreduce") != std::string::npos);
+  CHECK_FALSE(cd::find_culprit(logs, 8));  // no record of that round
+}
+
+TEST_CASE("a culprit is named only where some rank was behind the others") {
+  auto entry = [](int rank, std::uint64_t index, cd::flight_outcome o) {
+    cd::flight_entry e;
+    e.round = 4;
+    e.rank = rank;
+    e.world = 3;
+    e.index = index;
+    e.op = "allreduce";
+    e.outcome = o;
+    return e;
+  };
+  auto log_of = [](long pid, std::vector<cd::flight_entry> es) {
+    cd::flight_log l;
+    l.pid = pid;
+    l.round = 4;
+    l.entries = std::move(es);
+    return l;
+  };
+  SECTION("every rank entered the newest collective: nobody to blame") {
+    const std::vector<cd::flight_log> logs{log_of(1, {entry(0, 9, cd::flight_outcome::inside)}),
+                                           log_of(2, {entry(1, 9, cd::flight_outcome::failed)}),
+                                           log_of(3, {entry(2, 9, cd::flight_outcome::inside)})};
+    CHECK_FALSE(cd::find_culprit(logs, 4));
+  }
+  SECTION("a rank with no record is blamed only when the caller says it should have one") {
+    const std::vector<cd::flight_log> logs{log_of(1, {entry(0, 9, cd::flight_outcome::inside)}),
+                                           log_of(3, {entry(2, 9, cd::flight_outcome::inside)})};
+    CHECK_FALSE(cd::find_culprit(logs, 4));
+    const auto rep = cd::find_culprit(logs, 4, true);
+    REQUIRE(rep);
+    CHECK(rep->culprits == std::vector<int>{1});
+    CHECK(rep->text(0).find("rank 1: no collective of this round on record") != std::string::npos);
+  }
+  SECTION("ranks that left #k failed are not culprits; the two behind are") {
+    const std::vector<cd::flight_log> logs{log_of(1, {entry(0, 8, cd::flight_outcome::done)}),
+                                           log_of(2, {entry(1, 9, cd::flight_outcome::failed)}),
+                                           log_of(3, {entry(2, 7, cd::flight_outcome::done)})};
+    const auto rep = cd::find_culprit(logs, 4);
+    REQUIRE(rep);
+    CHECK(rep->culprits == std::vector<int>{0, 2});
+    CHECK(rep->failed == std::vector<int>{1});
+    CHECK(rep->text(0).find("ranks 0,2 never entered collective #9") != std::string::npos);
+  }
+}
+
+#if defined(ELASTIC_RUN_TOOL) && defined(ELASTIC_DIGITS_TRAIN)
+TEST_CASE("under elastic-run, a 4-rank group where one rank hangs before collective #k names that rank") {
+  using elastic::test::child_process;
+  elastic::test::temp_dir dir;
+  const std::string run = run_name("fr-hang");
+  // Worker 1 hangs in step 40 before its allreduce; the others wait in it until their collective
+  // timeout (1 s: a third of the step timeout), then the watchdog kills worker 1 at 3 s.
+  auto proc = child_process::spawn({"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>\"$ELASTIC_TEST_ERR\"", ELASTIC_RUN_TOOL,
+                                    "--run-id", run, "--log-dir", dir.path(), "--nproc-per-node", "4", "--min-ranks",
+                                    "2", "--max-restarts", "3", "--step-timeout", "3", "--", ELASTIC_DIGITS_TRAIN,
+                                    "--steps", "60", "--every", "25", "--step-sleep-ms", "15", "--ckpt",
+                                    dir.file("ckpt"), "--hang-rank", "1", "--hang-at", "40"},
+                                   {{"ELASTIC_TEST_ERR", dir.file("launcher.err")}});
+  while (proc.read_line(50ms)) {
+  }
+  const auto code = proc.exit_code(120s);
+  const std::string err = read_text(dir.file("launcher.err"));
+  INFO(err);
+  REQUIRE(code);
+  CHECK(*code == 0);
+  const auto found = elastic::test::events_named(dir.path() + "/" + run + "/events.jsonl", "group_culprit");
+  REQUIRE_FALSE(found.empty());
+  INFO(found.front());
+  CHECK(found.front().find("\"culprits\":\"1\"") != std::string::npos);
+  CHECK(found.front().find("\"source\":\"launcher\"") != std::string::npos);
+  CHECK(found.front().find("\"op\":\"allreduce\"") != std::string::npos);
+  CHECK(err.find("culprit          round 1: rank 1 never entered collective #") != std::string::npos);
+  // The records of the run are gone with it: the killed worker's too.
+  CHECK(flight_objects(run).empty());
+}
+#endif
