@@ -86,6 +86,16 @@ TEST_CASE("values of every kind are written as JSON") {
   CHECK(line.find(R"("t":true,"f":false,"n":null,"u":18446744073709551615,"i":-5,"nan":null)") != std::string::npos);
 }
 
+TEST_CASE("a value already encoded as JSON is written as it is, and an empty one as null") {
+  const elastic::event_log log(std::make_shared<elastic::events::fd_sink>(-1), test_identity());
+  const std::string stacks = R"([{"tid":7,"frames":[{"pc":"0x1","line":null}]}])";
+  const std::string line = log.format("x", {{"stacks", elastic::event_value::json(stacks)},
+                                            {"empty", elastic::event_value::json("")},
+                                            {"text", stacks}});
+  CHECK(line.find(R"("stacks":[{"tid":7,"frames":[{"pc":"0x1","line":null}]}],"empty":null,)") != std::string::npos);
+  CHECK(line.find(R"("text":"[{\"tid\":7,)") != std::string::npos);  // a plain string stays a string
+}
+
 TEST_CASE("a disabled log drops events without failing") {
   const elastic::event_log log;
   CHECK_FALSE(log.enabled());

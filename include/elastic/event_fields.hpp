@@ -33,7 +33,7 @@ inline bool is_warning(std::string_view event) noexcept {
   constexpr std::string_view endings[] = {"_failed",     "_failure",    "_refused",  "_error",       "_exceeded",
                                           "_full",       "_lost",       "_timeout",  "_unavailable", "_unagreed",
                                           "_unacknowledged", "_skipped", "_quarantined", "_unwatched", "_kill",
-                                          "_escalate",   "_crash_loop", "_departure", "_interrupted"};
+                                          "_escalate",   "_crash_loop", "_departure", "_interrupted", "_stack"};
   for (const auto e : endings)
     if (event.ends_with(e)) return true;
   return false;
@@ -41,10 +41,11 @@ inline bool is_warning(std::string_view event) noexcept {
 
 }  // namespace events
 
-/// A value of an event field: integer, floating point, boolean, string or null.
+/// A value of an event field: integer, floating point, boolean, string or null; or, made with
+/// event_value::json(), an array or object already encoded as JSON.
 class event_value {
  public:
-  enum class kind { null, boolean, integer, unsigned_integer, floating, string };
+  enum class kind { null, boolean, integer, unsigned_integer, floating, string, json };
 
   event_value() noexcept = default;
   event_value(std::nullptr_t) noexcept {}
@@ -59,6 +60,16 @@ class event_value {
   event_value(std::string_view s) noexcept : kind_(kind::string), s_(s) {}
   event_value(const char* s) noexcept : kind_(kind::string), s_(s) {}
   event_value(const std::string& s) noexcept : kind_(kind::string), s_(s) {}
+
+  /// A value that is already JSON text (say, an array of objects: fields are flat, but one may
+  /// carry a structure), written into the line as it is. The caller answers for it being one
+  /// valid JSON value without a newline; the text must outlive the value, as a string's does.
+  static event_value json(std::string_view encoded) noexcept {
+    event_value v;
+    v.kind_ = kind::json;
+    v.s_ = encoded;
+    return v;
+  }
 
   /// Appends this value as JSON.
   void append_json(std::string& out) const;
@@ -108,6 +119,7 @@ inline void event_value::append_json(std::string& out) const {
     case kind::unsigned_integer: internal::append_json_integer(out, u_); break;
     case kind::floating: internal::append_json_double(out, d_); break;  // JSON has no NaN: null
     case kind::string: internal::append_json_string(out, s_); break;
+    case kind::json: out += s_.empty() ? std::string_view("null") : s_; break;
   }
 }
 
