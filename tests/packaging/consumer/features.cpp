@@ -5,8 +5,8 @@
 #include <elastic/elastic.hpp>
 
 int main() {
-  std::printf("cuda=%d nccl=%d gloo=%d etcd=%d\n", ELASTIC_WITH_CUDA, ELASTIC_WITH_NCCL, ELASTIC_WITH_GLOO,
-              ELASTIC_WITH_ETCD);
+  std::printf("cuda=%d nccl=%d gloo=%d etcd=%d libdw=%d\n", ELASTIC_WITH_CUDA, ELASTIC_WITH_NCCL, ELASTIC_WITH_GLOO,
+              ELASTIC_WITH_ETCD, ELASTIC_WITH_LIBDW);
 #if ELASTIC_WITH_NCCL
   std::printf("nccl shrink=%d revoke=%d\n", elastic::comm::nccl_communicator::can_shrink() ? 1 : 0,
               elastic::comm::nccl_communicator::can_revoke() ? 1 : 0);
