@@ -9,6 +9,9 @@
 //     --adaptive F      max_overhead for the adaptive interval
 //     --no-final        no checkpoint at the end
 //     --keep N          keep_last, default 3
+//     --jitter F        each step sleeps sleep-us times a factor drawn from [1 - F, 1 + F]
+//     --slow-every K X  steps whose index is K modulo EVERY sleep X times longer (checkpoint steps)
+//     --hang-at S       step S never ends (prints "hang S" first): for the watchdog
 //
 // Prints "start STEP" once restored, then at the end "end REASON STEP CHECKSUM" where the
 // checksum covers every byte of state, and exits with the loop's exit code. An elastic::error
@@ -64,6 +67,10 @@ int main(int argc, char** argv) {
   double adaptive = 0;
   bool final_ckpt = true;
   std::size_t keep = 3;
+  double jitter = 0, slow_factor = 1;
+  long slow_phase = -1;
+  long long hang_at = -1;
+  std::uint64_t pace = 7;  // the jitter's own generator
   for (int i = 4; i < argc; ++i) {
     std::string_view a = argv[i];
     auto next = [&] { return i + 1 < argc ? argv[++i] : (std::fprintf(stderr, "missing value\n"), std::exit(2), argv[0]); };
@@ -75,6 +82,11 @@ int main(int argc, char** argv) {
     else if (a == "--adaptive") adaptive = std::atof(next());
     else if (a == "--no-final") final_ckpt = false;
     else if (a == "--keep") keep = std::strtoull(next(), nullptr, 10);
+    else if (a == "--jitter") jitter = std::atof(next());
+    else if (a == "--slow-every") {
+      slow_phase = std::atol(next());
+      slow_factor = std::atof(next());
+    } else if (a == "--hang-at") hang_at = std::atoll(next());
     else {
       std::fprintf(stderr, "unknown option %s\n", argv[i]);
       return 2;
@@ -116,7 +128,17 @@ int main(int argc, char** argv) {
       // "forward/backward": a gradient from the batch the loader and the RNG pick.
       const std::uint32_t sample = data.order[data.cursor];
       const float g = static_cast<float>(splitmix(rng) % 1000) / 1000.0f - 0.5f + 0.001f * static_cast<float>(sample);
-      if (sleep_us) std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
+      if (sleep_us) {
+        // The jitter's draws come from their own generator: the state's checksum does not see them.
+        double f = 1 + jitter * (static_cast<double>(splitmix(pace) % 2001) / 1000.0 - 1);
+        if (slow_phase >= 0 && every > 0 && step.index() % every == static_cast<std::uint64_t>(slow_phase)) f *= slow_factor;
+        std::this_thread::sleep_for(std::chrono::microseconds(static_cast<long>(static_cast<double>(sleep_us) * f)));
+      }
+      if (hang_at >= 0 && step.index() == static_cast<std::uint64_t>(hang_at)) {
+        std::printf("hang %lld\n", hang_at);
+        std::fflush(stdout);
+        for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+      }
       step.before_update();
       for (std::size_t i = 0; i < w.size(); ++i) {
         m[i] = 0.9f * m[i] + 0.1f * g * w[i];

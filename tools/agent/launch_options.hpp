@@ -21,6 +21,9 @@ struct launch_options {
   std::string run_id;               ///< empty: ELASTIC_RUN_ID, else a random one
   std::size_t max_restarts = 3;     ///< failures restarted, across all workers
   std::chrono::milliseconds step_timeout{0};  ///< exported as ELASTIC_STEP_TIMEOUT (0: not set)
+  /// --step-timeout was given (0 included): otherwise the workers' loops set their own deadlines
+  /// from observed step times (ELASTIC_AUTO_TIMEOUT=1).
+  bool step_timeout_given = false;
   std::chrono::milliseconds grace{std::chrono::seconds(25)};  ///< SIGTERM to SIGKILL
   std::filesystem::path log_dir = "elastic-logs";
   std::filesystem::path events;     ///< empty: <log_dir>/<run id>/events.jsonl

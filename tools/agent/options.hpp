@@ -151,9 +151,14 @@ inline void add_failure_options(CLI::App& app, raw_flags& f, launch_options& o) 
                  "end the run (exit 3)")
       ->check(detail::whole_number(0, 1'000'000));
   app.add_option("--step-timeout", "a step longer than S seconds is killed by the watchdog (exported as "
-                                   "ELASTIC_STEP_TIMEOUT; default: the trainer's own)")
+                                   "ELASTIC_STEP_TIMEOUT; 0: none). Not given: each training_loop derives its "
+                                   "step deadline from the step times it observes (ELASTIC_AUTO_TIMEOUT=1), "
+                                   "unless the trainer sets its own")
       ->check(detail::seconds())
-      ->each([&](const std::string& v) { o.step_timeout = *detail::to_seconds(v); });
+      ->each([&](const std::string& v) {
+        o.step_timeout = *detail::to_seconds(v);
+        o.step_timeout_given = true;
+      });
   app.add_option("--grace", "after a notice, seconds the workers get to checkpoint and exit 75 before SIGKILL (default 25)")
       ->check(detail::seconds())
       ->each([&](const std::string& v) { o.grace = *detail::to_seconds(v); });

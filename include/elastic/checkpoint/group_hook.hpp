@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <functional>
 #include <optional>
 #include <string>
@@ -22,6 +23,10 @@ using restore_fn = std::function<std::optional<std::uint64_t>(std::optional<std:
 struct loop_link {
   restore_fn restore;            ///< reloads the state from a committed checkpoint
   std::function<void()> settle;  ///< waits until no snapshot copy still reads the state
+  /// Around each collective that has a deadline of its own (true on entry, false on return):
+  /// the loop's automatic step deadline does not run while this rank waits for its peers, so a
+  /// rank that never enters is the one killed, not the ranks waiting for it. Empty: nothing.
+  std::function<void(bool inside)> collective;
 };
 
 /// A fixed slice (add_shard) cannot follow a group whose size changes: errc::not_supported
@@ -81,6 +86,11 @@ class group_hook {
 
   /// Whether this rank writes the group's checkpoints now (rank 0 of the current round).
   [[nodiscard]] virtual bool writes_checkpoints() const noexcept = 0;
+
+  /// Every rank of the round calls this at the same step with its `values`; each ends with the
+  /// largest of each value over the ranks (the automatic step timeout agrees on its deadlines
+  /// so). False when the collective failed: the group then rebuilds at the next safe point.
+  virtual bool agree_max(std::span<double> /*values*/) { return true; }
 
  protected:
   group_hook() = default;

@@ -30,6 +30,20 @@ constexpr std::string_view to_string(loop_reason r) noexcept {
   return "running";
 }
 
+/// Step deadlines derived from observed step times (detail/step_deadlines.hpp has the rule).
+struct auto_timeout_options {
+  /// Nothing: on when ELASTIC_AUTO_TIMEOUT=1, which elastic-run sets when --step-timeout is not
+  /// given. Never with a step_timeout (or ELASTIC_STEP_TIMEOUT): a number given wins.
+  std::optional<bool> enabled{};
+  std::uint32_t warmup_steps = 10;  ///< steps of a life not observed (compilation, caches, connects)
+  std::uint32_t min_samples = 20;   ///< ordinary steps observed before there is a deadline
+  std::uint32_t window = 200;       ///< newest steps of each kind the rule looks at
+  std::uint32_t update_every = 25;  ///< steps between recomputations (agreed by a group's ranks)
+  double multiple = 5;              ///< deadline = max(multiple x p99, 2 x max) of the window
+  std::chrono::milliseconds floor{std::chrono::milliseconds(100)};
+  std::chrono::milliseconds ceiling{std::chrono::minutes(30)};
+};
+
 struct loop_options {
   std::filesystem::path dir{};               ///< checkpoint directory
   std::uint64_t steps = 0;                   ///< total steps; 0: until preempted or stopped
@@ -41,6 +55,9 @@ struct loop_options {
   /// and ELASTIC_WATCHDOG set, the constructor attaches to that watchdog and throws if it cannot
   /// (a timeout that nobody enforces is a silent hang); ELASTIC_WATCHDOG unset: unwatched.
   std::chrono::milliseconds step_timeout{0};
+  /// Without a step timeout: deadlines that set themselves from observed step times, agreed
+  /// across a group's ranks and logged as `timeouts_updated` (on under elastic-run by default).
+  auto_timeout_options auto_timeout{};
   /// > 0: pick the checkpoint interval so that the time the loop is blocked by checkpoints
   /// stays under this fraction of training time (CheckFreq); every_steps is the first guess.
   double max_overhead = 0;

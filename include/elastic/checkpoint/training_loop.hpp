@@ -50,6 +50,7 @@
 #include <fmt/format.h>
 
 #include <elastic/checkpoint/checkpointer.hpp>
+#include <elastic/checkpoint/detail/auto_step_timeout.hpp>
 #include <elastic/checkpoint/detail/final_step.hpp>
 #include <elastic/checkpoint/detail/grace_timer.hpp>
 #include <elastic/checkpoint/detail/interval_policy.hpp>
@@ -122,8 +123,13 @@ class training_loop {
                    .events = events_}),
         ctx_(this),
         sharded_group_(opts_.group && st.has_shards()) {
-    checkpoint::detail::check_watchdog(opts_.step_timeout);
-    if (sharded_group_) attach_group();
+    checkpoint::detail::check_watchdog(opts_.step_timeout, *opts_.auto_timeout.enabled);
+    if (*opts_.auto_timeout.enabled) auto_timeout_.emplace(opts_.auto_timeout, events_);
+    if (sharded_group_) {
+      attach_group();
+    } else if (opts_.group && auto_timeout_) {
+      opts_.group->attach({.restore = {}, .settle = {}, .collective = [this](bool inside) { in_collective(inside); }});
+    }
     if (opts_.handle_signals) signals_.emplace();
     const auto m = ckpt_.restore();
     start_ = next_ = last_snapshot_step_ = m ? m->step : 0;
@@ -199,16 +205,36 @@ class training_loop {
       if (sharded_group_ && opts_.group->generation() != generation_) follow_group();
     }
     step_started_ = std::chrono::steady_clock::now();
-    if (opts_.step_timeout.count() > 0) scope_.emplace(elastic::expires(opts_.step_timeout, "step"));
+    auto limit = opts_.step_timeout;
+    if (auto_timeout_) {
+      limit = auto_timeout_->begin(next_, last_snapshot_step_, policy_.interval(), snapshot_at_ == next_,
+                                   opts_.group ? opts_.group->generation() : 0);
+    }
+    if (limit.count() > 0) scope_.emplace(elastic::expires(limit, "step"));
     return true;
+  }
+
+  /// The automatic step deadline counts this rank's own time: paused while it waits in a
+  /// collective (whose own deadline guards the wait), resumed with the time it had left.
+  void in_collective(bool inside) {
+    if (inside && scope_) {
+      paused_left_ = std::chrono::duration_cast<std::chrono::milliseconds>(scope_->remaining());
+      scope_.reset();
+      paused_ = true;
+    } else if (!inside && paused_) {
+      paused_ = false;
+      scope_.emplace(elastic::expires(std::max(paused_left_, std::chrono::milliseconds(1)), "step"));
+    }
   }
 
   /// Ends the current step; false when the loop is over.
   bool end_step() {
     scope_.reset();
+    paused_ = false;
     if (opts_.group && opts_.group->step_failed()) return redo_failed_step();
     ++next_;
     const auto now = std::chrono::steady_clock::now();
+    if (auto_timeout_) auto_timeout_->end(next_, std::chrono::duration<double>(now - step_started_).count(), opts_.group);
     policy_.on_step(std::chrono::duration<double>(now - step_started_).count(), [&] {
       const auto st = ckpt_.stats();
       return st.committed + st.failed;
@@ -269,6 +295,7 @@ class training_loop {
     }
     policy_.on_snapshot(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), before.snapshots);
     last_snapshot_step_ = next_;
+    snapshot_at_ = next_;
     last_snapshot_time_ = now;
   }
 
@@ -404,6 +431,10 @@ class training_loop {
   bool stop_requested_ = false;
   bool sharded_group_ = false;    // a group, and sharded state: every rank writes its part
   std::uint64_t generation_ = 0;  // the group's generation the checkpointer follows
+  std::optional<checkpoint::detail::auto_step_timeout> auto_timeout_;  // loop_options::auto_timeout
+  std::optional<std::uint64_t> snapshot_at_;  // the step this rank snapshotted at last
+  bool paused_ = false;                       // the step's deadline waits out a collective
+  std::chrono::milliseconds paused_left_{0};
 };
 
 }  // namespace elastic::inline v1::checkpoint

@@ -35,6 +35,7 @@
 // in a timer scope: a process stuck inside one past twice its timeout is killed by the watchdog.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -193,6 +194,28 @@ class elastic_group final : public group_hook {
     }
   }
 
+  bool agree_max(std::span<double> values) override {
+    // Rank r's values at [r n, r n + n) and zeros elsewhere: their sum is every rank's values,
+    // through the one reduction every communicator has.
+    const std::size_t n = values.size(), r = static_cast<std::size_t>(rank());
+    std::vector<double> all(n * static_cast<std::size_t>(size()), 0.0);
+    std::copy(values.begin(), values.end(), all.begin() + static_cast<std::ptrdiff_t>(r * n));
+    const bool ok = run(
+        "agree",
+        [&](Comm& c) {
+          if constexpr (requires { c.allreduce_host(std::span<double>(all), reduce_op::sum); }) {
+            c.allreduce_host(std::span<double>(all), reduce_op::sum);  // a device communicator
+          } else {
+            c.allreduce(std::span<double>(all), reduce_op::sum);
+          }
+        },
+        all.size() * sizeof(double));
+    if (!ok) return false;
+    for (std::size_t i = 0; i < n; ++i)
+      for (std::size_t k = 0; k < all.size(); k += n) values[i] = std::max(values[i], all[k + i]);
+    return true;
+  }
+
   [[nodiscard]] bool step_failed() const noexcept override { return failed(); }
   [[nodiscard]] bool writes_checkpoints() const noexcept override { return comm_ && rank() == 0; }
 
@@ -235,17 +258,26 @@ class elastic_group final : public group_hook {
     if (!joined_) throw error(errc::invalid_argument, fmt::format("elastic_group {}: join() first", what));
     if (failed_ || !comm_) return false;
     timer::scope scope;
-    if (const auto d = deadline(); d.count() > 0) scope = elastic::expires(d, what);
+    const auto d = deadline();
+    if (d.count() > 0) scope = elastic::expires(d, what);
+    const bool pause = d.count() > 0 && link_.collective;  // this scope guards the wait, not the step's
+    if (pause) link_.collective(true);
     if (flight_) flight_->enter(what, bytes);
+    bool ok = true;
     try {
       f(*comm_);
-      if (flight_) flight_->leave(true);
-      return true;
     } catch (const error& e) {
+      ok = false;
       if (flight_) flight_->leave(false);
+      scope.leave();
+      if (pause) link_.collective(false);
       fail(what, e);
       return false;
     }
+    if (flight_) flight_->leave(ok);
+    scope.leave();
+    if (pause) link_.collective(false);
+    return true;
   }
 
   /// The flight recorder of this process, when the group has a run id to name it by; a host

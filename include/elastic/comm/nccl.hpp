@@ -249,6 +249,18 @@ class nccl_communicator {
     copy(words.data(), staging.get(), words.size_bytes(), cudaMemcpyDeviceToHost, "broadcast_host staging out");
   }
 
+  /// Element-wise `op` over every rank's HOST `values`, staged through device memory (as
+  /// broadcast_host: for a few figures the group agrees on, not for a hot loop).
+  void allreduce_host(std::span<double> values, reduce_op op) {
+    check_usable("allreduce_host");
+    if (values.empty()) return;
+    detail::cuda::device_scope on(device_);
+    detail::cuda::device_bytes staging(values.size_bytes());
+    copy(staging.get(), values.data(), values.size_bytes(), cudaMemcpyHostToDevice, "allreduce_host staging in");
+    allreduce(std::span<double>(static_cast<double*>(staging.get()), values.size()), op);
+    copy(values.data(), staging.get(), values.size_bytes(), cudaMemcpyDeviceToHost, "allreduce_host staging out");
+  }
+
   /// Returns once every rank has entered the barrier (an allreduce of one device int).
   void barrier() {
     run("barrier", "nccl barrier", true, [&](ncclComm_t comm) {

@@ -30,7 +30,9 @@ inline void training_loop::attach_group() {
                              const auto m = storage::restore_newest(opts_.dir, state_, rank, events_);
                              return m ? std::optional<std::uint64_t>(m->step) : std::nullopt;
                            },
-                       .settle = [this] { ckpt_.wait_copied(); }});
+                       .settle = [this] { ckpt_.wait_copied(); },
+                       .collective = auto_timeout_ ? std::function<void(bool)>([this](bool inside) { in_collective(inside); })
+                                                   : std::function<void(bool)>()});
   ckpt_.on_copied([g = opts_.group](const staged_snapshot& s) { g->snapshot_copied(s); });
 }
 

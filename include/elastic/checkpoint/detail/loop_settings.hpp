@@ -9,10 +9,34 @@
 
 #include <elastic/checkpoint/loop_options.hpp>
 #include <elastic/internal/env.hpp>
+#include <elastic/internal/names.hpp>
 #include <elastic/error.hpp>
 #include <elastic/timer/client.hpp>
 
 namespace elastic::inline v1::checkpoint::detail {
+
+/// Whether the step deadlines set themselves (never beside a step timeout: a number given
+/// wins), and their settings checked.
+inline void resolve_auto_timeout(loop_options& o) {
+  auto& a = o.auto_timeout;
+  if (!a.enabled) {
+    const auto v = internal::env_string("ELASTIC_AUTO_TIMEOUT");
+    if (v && *v != "0" && *v != "1") {
+      throw error(errc::invalid_argument, fmt::format("ELASTIC_AUTO_TIMEOUT='{}' is neither 1 (on) nor 0 (off)",
+                                                      internal::printable(*v)));
+    }
+    a.enabled = v && *v == "1";
+  }
+  if (o.step_timeout.count() > 0) a.enabled = false;
+  if (!*a.enabled) return;
+  const auto bad = [](const std::string& what) {
+    throw error(errc::invalid_argument, "training_loop: auto_timeout." + what);
+  };
+  if (a.min_samples < 1 || a.min_samples > a.window) bad("min_samples must be 1 to window");
+  if (a.update_every < 1) bad("update_every must be at least 1 step");
+  if (!(a.multiple >= 1.5 && a.multiple <= 1000)) bad("multiple must be 1.5 to 1000");
+  if (a.floor.count() < 1 || a.ceiling < a.floor) bad("floor must be at least 1 ms and ceiling at least floor");
+}
 
 /// Options with what the environment fills in, every value checked.
 inline loop_options resolve_loop_options(loop_options o) {
@@ -29,6 +53,7 @@ inline loop_options resolve_loop_options(loop_options o) {
                                          "no timeout")
                          .value_or(milliseconds(0));
   }
+  resolve_auto_timeout(o);
   if (o.grace && o.grace->count() < 0) throw error(errc::invalid_argument, "training_loop: grace is negative");
   if (!o.grace) {
     o.grace = env::env_seconds_in("ELASTIC_GRACE", milliseconds(1), std::chrono::hours(24), "no final checkpoint")
@@ -52,17 +77,18 @@ inline loop_options resolve_loop_options(loop_options o) {
 
 /// A step timeout nobody enforces is a silent hang: with ELASTIC_WATCHDOG set, the watchdog
 /// must be there. (Unset: scopes are no-ops, and one timer_unwatched event says so.)
-inline void check_watchdog(std::chrono::milliseconds step_timeout) {
-  if (step_timeout.count() <= 0) return;
+inline void check_watchdog(std::chrono::milliseconds step_timeout, bool automatic = false) {
+  if (step_timeout.count() <= 0 && !automatic) return;
   const auto name = internal::env_string("ELASTIC_WATCHDOG");
   if (!name || timer::client::current() != nullptr) return;
   try {
     timer::client::attach(*name);
   } catch (const error& e) {
-    throw error(e.code(), fmt::format("ELASTIC_WATCHDOG='{}' cannot be attached ({}), so the step timeout of {} ms "
+    throw error(e.code(), fmt::format("ELASTIC_WATCHDOG='{}' cannot be attached ({}), so the step timeout ({}) "
                                       "would not be enforced: start the watchdog (elastic-run hosts one), fix "
                                       "ELASTIC_WATCHDOG, or unset it to run unwatched",
-                                      internal::printable(*name), e.message(), step_timeout.count()),
+                                      internal::printable(*name), e.message(),
+                                      automatic ? std::string("automatic") : fmt::format("{} ms", step_timeout.count())),
                 e.os_code());
   }
 }
