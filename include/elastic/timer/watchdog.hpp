@@ -49,6 +49,7 @@
 #include <elastic/error.hpp>
 #include <elastic/events.hpp>
 #include <elastic/timer/detail/segment.hpp>
+#include <elastic/timer/detail/capture_threads.hpp>
 #include <elastic/timer/detail/table.hpp>
 #include <elastic/timer/watchdog_options.hpp>
 
@@ -62,7 +63,8 @@ class watchdog {
       : opts_(std::move(opts).checked()),
         events_(opts_.events ? std::move(*opts_.events) : event_log::from_env()),
         segment_(detail::segment::create_or_adopt(opts_.name, opts_.capacity)),
-        segment_id_(segment_.identity()) {
+        segment_id_(segment_.identity()),
+        captures_(opts_, events_, segment_id_, segment_.table().header().doorbell) {
     opts_.events.reset();
     try {
       if (segment_id_.ino == 0) throw os_error("cannot stat watchdog segment '" + opts_.name + "'");
@@ -167,14 +169,13 @@ class watchdog {
         }
       }
     });
-    r.next_deadline_ns = std::min(r.next_deadline_ns, escalate(now));
+    r.next_deadline_ns = std::min({r.next_deadline_ns, escalate(now), captures_.next_due_ns()});
     stats_.scans.fetch_add(1, std::memory_order_relaxed);
     return r;
   }
 
   /// Frees the slots of processes that are gone; returns how many.
   std::uint32_t sweep(std::int64_t now = internal::monotonic_ns()) {
-    (void)now;
     std::uint32_t freed = 0;
     std::unordered_map<pid_t, bool> alive;
     for_each_owned([&](detail::slot&, pid_t pid, std::uint64_t start) {
@@ -189,6 +190,7 @@ class watchdog {
       }
       freed += reclaim_process(pid, start, "process gone");
     });
+    captures_.forget_gone(now);
     // Forget refusals of processes that are gone, so the set stays as small as the live ones.
     for (auto it = refused_.begin(); it != refused_.end();) {
       it = internal::process_alive(it->first, it->second) ? std::next(it) : refused_.erase(it);
@@ -303,6 +305,7 @@ class watchdog {
       if (!internal::process_alive(pid, start)) reclaim_process(pid, start, "killed");
       return false;
     }
+    if (captures_.hold(s, pid, start, e, now)) return false;  // its stacks first (capture_threads.hpp)
     const int sig = e.signal != 0 ? e.signal : opts_.signal;
     internal::client_check why;
     const auto result = internal::signal_client(pid, start, sig, segment_id_, &why);
@@ -437,6 +440,7 @@ class watchdog {
   std::unordered_map<pid_t, kill_record> kills_;  // only the scanning thread touches it
   std::set<std::pair<pid_t, std::uint64_t>> refused_;  // logged refusals; only the scanning thread
   atomic_stats stats_;
+  detail::capture_threads captures_;  // only the scanning thread calls it; after the segment it rings
   std::atomic<bool> stopped_{false};
   std::jthread thread_;  // last: it must stop before the members it uses go away
 };

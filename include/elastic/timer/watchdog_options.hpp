@@ -1,5 +1,5 @@
 // How a watchdog is set up, and what it reports: its options, the report of each kill, its
-// counters and what one scan saw.
+// counters and what one scan saw. (The stack dump it may take before a kill: stack_dump.hpp.)
 #pragma once
 
 #include <signal.h>
@@ -17,6 +17,7 @@
 #include <elastic/error.hpp>
 #include <elastic/events.hpp>
 #include <elastic/timer/detail/table.hpp>
+#include <elastic/timer/stack_dump.hpp>
 
 namespace elastic::inline v1::timer {
 
@@ -57,6 +58,22 @@ struct watchdog_options {
   /// hosts the watchdog (elastic-run) learns of its kills without reading its events back. Keep
   /// it short and thread-safe; what it throws is dropped.
   std::function<void(const watchdog_kill_report&)> on_kill{};
+  /// Before signalling a process whose scope expired, capture the stack of each of its threads
+  /// from outside it (ptrace; function names and file:line where the build has libdw) and log
+  /// it: a `watchdog_stack` event, then on_stack. The signal waits for it stack_dump_limit at
+  /// most, and no other process's signal waits for it. Off by default in the library: while a
+  /// capture holds a process stopped, the kernel reports its ptrace stops to every thread of
+  /// the watchdog's host, so a host that reaps children (waitpid, waitid) must tell a stop
+  /// (WIFSTOPPED, CLD_TRAPPED) from an exit and only reap exits (README, "Reading a stack
+  /// dump"). elastic-run and elastic-watchdog do, and turn it on.
+  bool stack_dump = false;
+  /// The most a stack dump may delay its process's signal; the capture stops at this bound and
+  /// the dump says what it did not get. From 1 ms to 60 s.
+  std::chrono::milliseconds stack_dump_limit{2000};
+  /// Called on the scanning thread with each stack dump, after its `watchdog_stack` event and
+  /// before the signal (elastic-run writes it into the rank's log). Keep it short and
+  /// thread-safe; what it throws is dropped.
+  std::function<void(const timer::stack_dump&)> on_stack{};
 
   /// These options, once their values are known good; errc::invalid_argument otherwise. The
   /// watchdog checks them before its segment exists, so a refusal leaves nothing behind.
@@ -65,6 +82,10 @@ struct watchdog_options {
     if (poll <= std::chrono::milliseconds(0)) {
       throw error(errc::invalid_argument, "watchdog poll interval must be positive, got " +
                                               std::to_string(poll.count()) + " ms");
+    }
+    if (stack_dump_limit < std::chrono::milliseconds(1) || stack_dump_limit > std::chrono::seconds(60)) {
+      throw error(errc::invalid_argument, "watchdog stack dump limit must be from 1 ms to 60 s, got " +
+                                              std::to_string(stack_dump_limit.count()) + " ms");
     }
     if (signal <= 0 || signal >= NSIG) {
       throw error(errc::invalid_argument, "watchdog signal " + std::to_string(signal) + " is not a signal number");

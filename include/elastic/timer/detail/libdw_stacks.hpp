@@ -1,0 +1,165 @@
+// Unwinding and symbolizing the threads of a process that the caller has stopped with ptrace, with
+// elfutils' libdw (Debian: libdw-dev). Compiled only where the build has elastic::libdw, which
+// defines ELASTIC_WITH_LIBDW=1 and links libdw; elsewhere this header declares nothing and the
+// stack dumps say they have no symbols (ptrace_stacks.hpp).
+//
+// libdw is told that the threads are already stopped (dwfl_linux_proc_attach with
+// assume_ptrace_stopped), so it neither attaches nor detaches: the caller's tracer thread owns
+// every ptrace stop. Debug information is looked up on this machine only: in the module itself,
+// else by build id under /usr/lib/debug (dwfl_build_id_find_debuginfo). The standard lookup
+// would ask a debuginfod server when DEBUGINFOD_URLS is set: a network call has no place in a
+// capture that must end within its bound.
+#pragma once
+
+#include <elastic/config.hpp>
+
+#if ELASTIC_WITH_LIBDW
+
+#include <elfutils/libdw.h>
+#include <elfutils/libdwfl.h>
+#include <sys/types.h>
+
+#include <cxxabi.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include <elastic/internal/clock.hpp>
+#include <elastic/timer/stack_dump.hpp>
+
+namespace elastic::inline v1::timer::detail {
+
+/// libdw's view of one stopped process: its modules, and a way to walk its threads' stacks.
+class libdw_process {
+ public:
+  /// Reports the modules `pid` maps and attaches libdw to it; its threads must already be in a
+  /// ptrace stop of the calling thread. ok() says whether it worked, error() why not.
+  explicit libdw_process(pid_t pid) {
+    callbacks_.find_elf = dwfl_linux_proc_find_elf;
+    callbacks_.find_debuginfo = dwfl_build_id_find_debuginfo;
+    callbacks_.section_address = nullptr;
+    callbacks_.debuginfo_path = &debuginfo_path_;
+    dwfl_.reset(dwfl_begin(&callbacks_));
+    if (!dwfl_) {
+      error_ = libdw_error("dwfl_begin");
+      return;
+    }
+    dwfl_report_begin(dwfl_.get());
+    const int reported = dwfl_linux_proc_report(dwfl_.get(), pid);
+    dwfl_report_end(dwfl_.get(), nullptr, nullptr);
+    if (reported != 0) {
+      error_ = "libdw cannot read the modules of pid " + std::to_string(pid) + ": " + error_text(reported);
+      return;
+    }
+    if (const int attached = dwfl_linux_proc_attach(dwfl_.get(), pid, /*assume_ptrace_stopped=*/true); attached != 0) {
+      error_ = "libdw cannot attach to pid " + std::to_string(pid) + ": " + error_text(attached);
+      return;
+    }
+    ok_ = true;
+  }
+
+  // libdw keeps a pointer to callbacks_: the object stays where it was made.
+  libdw_process(const libdw_process&) = delete;
+  libdw_process& operator=(const libdw_process&) = delete;
+
+  [[nodiscard]] bool ok() const noexcept { return ok_; }
+  [[nodiscard]] const std::string& error() const noexcept { return error_; }
+
+  /// Walks the stack of stopped thread `tid` into `frames` (addresses only, at most `max`),
+  /// stopping at `deadline_ns`. `lookups` gets, per frame, the address to symbolize: a return
+  /// address minus one, so that a call's own line is found, not the next one. Returns "" when
+  /// the walk reached the outermost frame, else why it stopped.
+  std::string unwind(pid_t tid, std::vector<stack_frame>& frames, std::vector<std::uint64_t>& lookups,
+                     std::size_t max, std::int64_t deadline_ns) {
+    walk w{frames, lookups, max, deadline_ns, {}};
+    const int rc = dwfl_getthread_frames(dwfl_.get(), tid, &walk::on_frame, &w);
+    if (!w.stopped_because.empty()) return w.stopped_because;
+    if (rc != 0 && frames.empty()) return "libdw cannot unwind it: " + libdw_error("dwfl_getthread_frames");
+    // An error after some frames is how most stacks end (no caller of _start, a frame without
+    // unwind information): what was found stands.
+    return {};
+  }
+
+  /// Fills in the function, file, line, module and offset of `f`, looked up at `lookup`.
+  void symbolize(stack_frame& f, std::uint64_t lookup) {
+    Dwfl_Module* m = dwfl_addrmodule(dwfl_.get(), lookup);
+    if (m == nullptr) return;
+    Dwarf_Addr start = 0;
+    if (const char* name = dwfl_module_info(m, nullptr, &start, nullptr, nullptr, nullptr, nullptr, nullptr)) {
+      f.module = name;
+      f.offset = f.pc - start;
+    }
+    if (const char* symbol = dwfl_module_addrname(m, lookup)) f.function = demangled(symbol);
+    // Only a line of a compile unit that holds the address: for code without debug info (crt1's
+    // _start) libdw would hand back the nearest line of some other unit.
+    Dwarf_Addr bias = 0;
+    Dwarf_Die* unit = dwfl_module_addrdie(m, lookup, &bias);
+    if (unit == nullptr || dwarf_haspc(unit, lookup - bias) != 1) return;
+    if (Dwfl_Line* line = dwfl_module_getsrc(m, lookup)) {
+      int lineno = 0;
+      if (const char* file = dwfl_lineinfo(line, nullptr, &lineno, nullptr, nullptr, nullptr)) {
+        f.file = file;
+        f.line = lineno;
+      }
+    }
+  }
+
+ private:
+  struct dwfl_deleter {
+    void operator()(Dwfl* d) const noexcept { dwfl_end(d); }
+  };
+
+  struct walk {
+    std::vector<stack_frame>& frames;
+    std::vector<std::uint64_t>& lookups;
+    std::size_t max;
+    std::int64_t deadline_ns;
+    std::string stopped_because;
+
+    static int on_frame(Dwfl_Frame* state, void* arg) {
+      auto& w = *static_cast<walk*>(arg);
+      Dwarf_Addr pc = 0;
+      bool activation = false;
+      if (!dwfl_frame_pc(state, &pc, &activation)) return DWARF_CB_ABORT;  // the end, as rc != 0 after frames
+      stack_frame f;
+      f.pc = pc;
+      w.frames.push_back(std::move(f));
+      w.lookups.push_back(activation || pc == 0 ? pc : pc - 1);
+      if (w.frames.size() >= w.max) {
+        w.stopped_because = "stack cut at " + std::to_string(w.max) + " frames";
+        return DWARF_CB_ABORT;
+      }
+      if (internal::monotonic_ns() >= w.deadline_ns) {
+        w.stopped_because = "stack cut: the capture's time was up";
+        return DWARF_CB_ABORT;
+      }
+      return DWARF_CB_OK;
+    }
+  };
+
+  static std::string demangled(const char* symbol) {
+    int status = 0;
+    std::unique_ptr<char, decltype(&std::free)> d(abi::__cxa_demangle(symbol, nullptr, nullptr, &status), &std::free);
+    return status == 0 && d ? std::string(d.get()) : std::string(symbol);
+  }
+
+  /// libdw's error for a return code: an errno when positive, else libdw's own last error.
+  static std::string error_text(int rc) {
+    return rc > 0 ? std::generic_category().message(rc) : std::string(dwfl_errmsg(-1));
+  }
+  static std::string libdw_error(const char* call) { return std::string(call) + ": " + dwfl_errmsg(-1); }
+
+  char* debuginfo_path_ = nullptr;  // libdw's default: /usr/lib/debug
+  Dwfl_Callbacks callbacks_{};
+  std::unique_ptr<Dwfl, dwfl_deleter> dwfl_;
+  bool ok_ = false;
+  std::string error_;
+};
+
+}  // namespace elastic::inline v1::timer::detail
+
+#endif  // ELASTIC_WITH_LIBDW
