@@ -27,6 +27,8 @@ struct launch_options {
   std::chrono::milliseconds grace{std::chrono::seconds(25)};  ///< SIGTERM to SIGKILL
   std::filesystem::path log_dir = "elastic-logs";
   std::filesystem::path events;     ///< empty: <log_dir>/<run id>/events.jsonl
+  std::filesystem::path timeline;   ///< the run's HTML timeline; empty: beside the events file
+  bool no_timeline = false;         ///< write no timeline at the end
   bool quiet = false;               ///< no worker output on the console (the logs keep it)
   std::vector<int> preempt_signals;  ///< more signals that mean "preemption notice"
   std::vector<std::string> command;  ///< the program and its arguments

@@ -58,6 +58,7 @@
 #include "run_lock.hpp"
 #include "run_files.hpp"
 #include "run_report.hpp"
+#include "run_timeline.hpp"
 #include "watchdog_kills.hpp"
 #include "worker_environment.hpp"
 #include "worker_process.hpp"
@@ -155,7 +156,6 @@ class launcher {
     culprits_->forget_all();  // the records of workers that were killed
     finish_report();
     if (report_.exit_code == exit_done) remove_run_keys();
-    print_summary();
     events_.emit("launcher_end", {{"exit_code", report_.exit_code},
                                   {"outcome", report_.outcome},
                                   {"seconds", report_.seconds},
@@ -164,6 +164,8 @@ class launcher {
                                   {"watchdog_kills", report_.watchdog_kills},
                                   {"final_checkpoint", report_.final_checkpoint_saved},
                                   {"console_lines_dropped", report_.console_lines_dropped}});
+    // The page is drawn from the whole file, launcher_end included; the summary names it.
+    print_summary(timeline_.write(files_.events.get(), "elastic-run " ELASTIC_VERSION_STRING));
     // A reader that is merely slow gets a moment; a stopped or absent one does not hold us.
     out_->drain(std::chrono::seconds(1));
     err_->drain(std::chrono::seconds(1));
@@ -258,7 +260,10 @@ class launcher {
   std::string join_command() const { return fmt::format("{}", fmt::join(opts_.command, " ")); }
 
   /// Creates (or opens) DIR/RUN_ID, the rank logs and the events file (run_files.hpp).
-  void open_logs() { files_ = run_files::open(opts_); }
+  void open_logs() {
+    files_ = run_files::open(opts_);
+    timeline_ = run_timeline::open(opts_);
+  }
 
   std::vector<std::string> environment(const slot& s) const {
     return worker_environment(opts_, {.index = s.index, .starts = s.starts, .participant = participant(s), .watchdog = watchdog_name_});
@@ -795,11 +800,12 @@ class launcher {
     }
   }
 
-  void print_summary() {
+  void print_summary(const std::string& timeline) {
     err_->write(summary_text(report_, {.run_id = opts_.run_id,
                                        .max_restarts = opts_.max_restarts,
                                        .log_dir = files_.dir.path(),
-                                       .events = opts_.events}));
+                                       .events = opts_.events,
+                                       .timeline = timeline}));
   }
 
   // Declared in the order they are made; destroyed in reverse (workers first, guardian last).
@@ -811,6 +817,7 @@ class launcher {
   guardian guardian_;
   elastic::internal::unique_fd sigfd_;
   run_files files_;
+  run_timeline timeline_;
   event_log events_;
   run_events seen_;
   std::optional<console> out_;

@@ -190,6 +190,12 @@ inline void add_output_options(CLI::App& app, launch_options& o) {
       ->check(detail::any_text("FILE"))
       ->each([&](const std::string& v) { o.events = v; });
   app.add_flag("--quiet", o.quiet, "worker output to the logs only, not the console");
+  auto* timeline = app.add_option("--timeline", "the run's timeline, a self-contained HTML page written at the end of "
+                                                "every run (default: beside the events file, DIR/RUN_ID/timeline.html)")
+                       ->check(detail::any_text("FILE"))
+                       ->each([&](const std::string& v) { o.timeline = v; });
+  app.add_flag("--no-timeline", o.no_timeline, "write no timeline (elastic-report draws one from the events later)")
+      ->excludes(timeline);
 }
 
 /// torchrun's flags that elastic-run takes and mostly does not need.

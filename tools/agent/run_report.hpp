@@ -44,6 +44,7 @@ struct summary_context {
   std::size_t max_restarts = 0;
   std::filesystem::path log_dir;  ///< the run's own directory, DIR/RUN_ID
   std::filesystem::path events;
+  std::string timeline;  ///< the run's timeline page, or why there is none; "" with --no-timeline
 };
 
 namespace detail {
@@ -124,6 +125,7 @@ inline std::string summary_text(const run_report& r, const summary_context& c) {
   text += detail::progress_lines(r);
   text += detail::shortfall_lines(r);
   text += fmt::format("  logs             {}/rank-*.log, events {}\n", c.log_dir.string(), c.events.string());
+  if (!c.timeline.empty()) text += fmt::format("  timeline         {}\n", c.timeline);
   return text;
 }
 
