@@ -655,7 +655,7 @@ class launcher {
     while (!store_->done(t) && clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(5));
     for (auto& m : store_->take_errors()) events_.emit("launcher_store_error", {{"message", m}});
     if (const auto n = removed->load(); n >= -1) {
-      events_.emit("run_keys_removed", {{"run_id", opts_.run_id}, {"keys", std::max<std::int64_t>(n, 0)},
+      events_.emit("run_keys_removed", {{"keys", std::max<std::int64_t>(n, 0)},
                                         {"others_live", n == -1}});
     }
   }
