@@ -338,7 +338,7 @@ def run_variant(src, scratch, port_dir, name, features, expect_files, env):
               f"[{name}] elastic{f}Targets.cmake is {'there' if present else 'missing'}; "
               f"elastic[{f.lower()}] is {'on' if f.lower() in features else 'off'}")
     tools = sorted(os.listdir(os.path.join(pkg, "tools", "elastic"))) if os.path.isdir(os.path.join(pkg, "tools", "elastic")) else []
-    check(tools == (["elastic-run", "elastic-watchdog"] if "tools" in features else []),
+    check(tools == (["elastic-report", "elastic-run", "elastic-watchdog"] if "tools" in features else []),
           f"[{name}] tools/elastic holds {tools}")
     port_s = time.monotonic() - t0
 

@@ -1,4 +1,4 @@
-# vcpkg port of elastic: a header-only library, plus the elastic-run and elastic-watchdog tools
+# vcpkg port of elastic: a header-only library, plus the elastic-run, elastic-report and elastic-watchdog tools
 # with the "tools" feature.
 #
 # Where the source comes from:
@@ -74,7 +74,7 @@ file(RENAME "${CURRENT_PACKAGES_DIR}/share/pkgconfig" "${CURRENT_PACKAGES_DIR}/l
 vcpkg_fixup_pkgconfig()
 
 if("tools" IN_LIST FEATURES)
-    vcpkg_copy_tools(TOOL_NAMES elastic-run elastic-watchdog AUTO_CLEAN)
+    vcpkg_copy_tools(TOOL_NAMES elastic-run elastic-report elastic-watchdog AUTO_CLEAN)
 endif()
 
 file(INSTALL "${CMAKE_CURRENT_LIST_DIR}/usage" DESTINATION "${CURRENT_PACKAGES_DIR}/share/${PORT}")
