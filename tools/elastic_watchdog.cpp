@@ -2,9 +2,14 @@
 //
 //   elastic-watchdog --name job7 [--events FILE] [--poll MS] [--capacity N]
 //                    [--signal SIG] [--escalate-after MS] [--keep]
+//                    [--no-stack-dump] [--stack-dump-limit MS]
 //
 // Workers started with ELASTIC_WATCHDOG=job7 are killed when a timer scope of theirs expires.
 // elastic-run hosts the same watchdog in-process; this tool is for jobs started by other means.
+// Before each kill it captures the stack of every thread of the hung process with ptrace
+// (watchdog_stack event, and the dump as text on stdout), unless --no-stack-dump. It is not the
+// workers' parent, so where kernel.yama.ptrace_scope is 1 (Ubuntu's default) only root or
+// CAP_SYS_PTRACE may do that; otherwise each dump lists the threads and says why it has no stacks.
 //
 // It never ends through std::terminate and never leaves its segment behind on an orderly exit:
 // every signal whose default action would end it (SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1,
@@ -22,7 +27,9 @@
 // or environment (an unknown option, a bad segment name, an events file that is refused or
 // cannot be opened).
 #include <signal.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -95,6 +102,12 @@ bool parse_command_line(int argc, char** argv, elastic::timer::watchdog_options&
   app.add_option("--escalate-after", "SIGKILL a process still alive this long (ms) after a softer signal (default 5000)")
       ->check(whole_number(0, 3'600'000))
       ->each([&](const std::string& v) { opts.escalate_after = std::chrono::milliseconds(*to_count(v, 0, 3'600'000)); });
+  app.add_flag_callback("--no-stack-dump", [&] { opts.stack_dump = false; },
+                        "signal a hung process at once: no stack dump first (by default the stack of each of its "
+                        "threads is captured with ptrace, logged as a watchdog_stack event and printed on stdout)");
+  app.add_option("--stack-dump-limit", "the most a stack dump may delay a hung process's signal, in ms (default 2000)")
+      ->check(whole_number(1, 60'000))
+      ->each([&](const std::string& v) { opts.stack_dump_limit = std::chrono::milliseconds(*to_count(v, 1, 60'000)); });
   app.add_flag_callback("--keep", [&] { opts.remove_on_stop = false; },
                         "leave the segment in /dev/shm on exit (a new watchdog can adopt it)");
   app.footer(
@@ -137,8 +150,21 @@ sigset_t stop_signals() {
   return set;
 }
 
+/// Writes a stack dump's text on stdout, in one piece where it fits one write.
+void print_stack(const elastic::timer::stack_dump& d) {
+  const std::string text = elastic::timer::to_text(d);
+  for (std::size_t done = 0; done < text.size();) {
+    const ssize_t n = ::write(STDOUT_FILENO, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;  // a closed stdout: the event has it
+    done += static_cast<std::size_t>(n);
+  }
+}
+
 int serve(int argc, char** argv) {
   elastic::timer::watchdog_options opts;
+  opts.stack_dump = true;  // this tool reaps no child: a tracee's stops bother nobody here
+  opts.on_stack = print_stack;
   std::string name_from = "--name";
   if (auto env = elastic::internal::env_string("ELASTIC_WATCHDOG")) {
     opts.name = *env;

@@ -25,6 +25,8 @@ struct launch_options {
   /// from observed step times (ELASTIC_AUTO_TIMEOUT=1).
   bool step_timeout_given = false;
   std::chrono::milliseconds grace{std::chrono::seconds(25)};  ///< SIGTERM to SIGKILL
+  bool stack_dump = true;           ///< the stacks of a hung worker into its log before the watchdog kills it
+  std::chrono::milliseconds stack_dump_limit{2000};  ///< the most a stack dump delays that kill
   std::filesystem::path log_dir = "elastic-logs";
   std::filesystem::path events;     ///< empty: <log_dir>/<run id>/events.jsonl
   std::filesystem::path timeline;   ///< the run's HTML timeline; empty: beside the events file

@@ -250,6 +250,11 @@ class launcher {
     wo.name = watchdog_name_;
     wo.events = events_;
     wo.on_kill = [this](const timer::watchdog_kill_report& r) { watchdog_kills_.add(r); };
+    // A hung worker's stacks, before its kill, into its log (write_stacks): ptrace from this
+    // process, the workers' parent. reap() copes with the stops that shows this thread.
+    wo.stack_dump = opts_.stack_dump;
+    wo.stack_dump_limit = opts_.stack_dump_limit;
+    wo.on_stack = [this](const timer::stack_dump& d) { watchdog_kills_.add_stack(d); };
     watchdog_ = std::make_unique<timer::watchdog>(std::move(wo));
   }
 
@@ -388,6 +393,7 @@ class launcher {
     }
     fds.push_back({store_->done_fd(), POLLIN, 0});
     owners.emplace_back(nullptr, 3);
+    if (watchdog_kills_.wake_fd() >= 0) fds.push_back({watchdog_kills_.wake_fd(), POLLIN, 0}), owners.emplace_back(nullptr, 4);
     const int n = ::poll(fds.data(), fds.size(), timeout);
     if (n < 0 && errno != EINTR) throw os_error("elastic-run: poll failed");
     if (n > 0) {
@@ -419,6 +425,7 @@ class launcher {
       const pending p = what_is_pending();
       if (!p.any) return;
       wait_and_read(poll_timeout(p));
+      write_stacks();
       store_->read_done();
       out_->flush();
       err_->flush();
@@ -508,11 +515,38 @@ class launcher {
     return nullptr;
   }
 
+  /// The watchdog's stack dumps, each into its worker's log (and so on the console, as the
+  /// worker's own lines); one of a process that is no worker's goes to our stderr.
+  void write_stacks() {
+    for (const auto& st : watchdog_kills_.take_stacks()) {
+      slot* s = slot_of(st.pid);
+      if (s == nullptr && st.group > 0) s = slot_of(st.group);  // a trainer that a wrapper started
+      if (s != nullptr) s->log->lines(st.text);
+      else err_->write(st.text);
+    }
+  }
+
+  /// The next child that exited, left to be reaped (WNOWAIT); false when none has. Notices of
+  /// stops are taken off the queue on the way: while the watchdog's stack capture (a thread of
+  /// this process) holds a worker stopped, the kernel reports the worker's ptrace stops to every
+  /// thread here, waitid() included, even without WSTOPPED. Reaping one would lose the worker.
+  static bool next_exited_child(siginfo_t& si) noexcept {
+    for (int notices = 0; notices < 4096; ++notices) {
+      si = siginfo_t{};
+      if (::waitid(P_ALL, 0, &si, WEXITED | WNOHANG | WNOWAIT) != 0 || si.si_pid == 0) return false;
+      if (si.si_code == CLD_EXITED || si.si_code == CLD_KILLED || si.si_code == CLD_DUMPED) return true;
+      siginfo_t notice{};
+      ::waitid(P_PID, static_cast<id_t>(si.si_pid), &notice, WSTOPPED | WCONTINUED | WNOHANG | __WALL);
+    }
+    return false;
+  }
+
   /// Reaps every child that ended: workers, orphans that became ours, the guardian.
   void reap() {
+    write_stacks();  // a dump taken before a kill goes into the log before the worker's end
     for (;;) {
       siginfo_t si{};
-      if (::waitid(P_ALL, 0, &si, WEXITED | WNOHANG | WNOWAIT) != 0 || si.si_pid == 0) return;
+      if (!next_exited_child(si)) return;
       const pid_t pid = si.si_pid;
       slot* s = slot_of(pid);
       const bool graceful = ending_ != ending::none && !killed_after_grace_;
@@ -713,7 +747,7 @@ class launcher {
       // Reap what ended (orphans of ours), then look for what still runs.
       for (;;) {
         siginfo_t si{};
-        if (::waitid(P_ALL, 0, &si, WEXITED | WNOHANG | WNOWAIT) != 0 || si.si_pid == 0) break;
+        if (!next_exited_child(si)) break;
         int st = 0;
         while (::waitpid(si.si_pid, &st, 0) < 0 && errno == EINTR) {
         }

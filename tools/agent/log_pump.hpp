@@ -3,6 +3,7 @@
 // gets every line; the console only what it keeps up with (see console.hpp).
 #pragma once
 
+#include <algorithm>
 #include <cerrno>
 #include <string>
 #include <string_view>
@@ -26,6 +27,16 @@ class log_pump {
   /// A line of the launcher's own about this slot (start, exit), in the log and on the console.
   void note(std::string_view text) {
     write_line(fmt::format("=== {} ===", text));
+  }
+
+  /// Lines the launcher writes for this slot as they are (a watchdog's stack dump), in the log
+  /// and on the console; never mixed into a worker line still pending.
+  void lines(std::string_view text) {
+    for (std::size_t start = 0; start < text.size();) {
+      const std::size_t nl = std::min(text.find('\n', start), text.size());
+      write_line(text.substr(start, nl - start));
+      start = nl + 1;
+    }
   }
 
   /// Takes what a worker pipe gave; `stream` 0 stdout, 1 stderr (lines are kept apart).

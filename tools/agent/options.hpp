@@ -159,6 +159,18 @@ inline void add_failure_options(CLI::App& app, raw_flags& f, launch_options& o) 
         o.step_timeout = *detail::to_seconds(v);
         o.step_timeout_given = true;
       });
+  app.add_flag_callback("--no-stack-dump", [&] { o.stack_dump = false; },
+                        "kill a hung worker at once: no stack dump first (by default the watchdog stops it, writes the "
+                        "stack of each of its threads into its log and a watchdog_stack event, then kills it)");
+  app.add_option("--stack-dump-limit", "the most a stack dump may delay a hung worker's kill, in seconds, from 0.001 "
+                                       "to 60 (default 2); the dump says what it did not get in that time")
+      ->check(detail::check("SECONDS", [](std::string_view v) {
+        const auto s = detail::to_seconds(v);
+        return s && *s >= std::chrono::milliseconds(1) && *s <= std::chrono::seconds(60)
+                   ? std::string()
+                   : fmt::format("wants a number of seconds from 0.001 to 60, got '{}'", v);
+      }))
+      ->each([&](const std::string& v) { o.stack_dump_limit = *detail::to_seconds(v); });
   app.add_option("--grace", "after a notice, seconds the workers get to checkpoint and exit 75 before SIGKILL (default 25)")
       ->check(detail::seconds())
       ->each([&](const std::string& v) { o.grace = *detail::to_seconds(v); });

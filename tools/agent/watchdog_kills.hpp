@@ -1,18 +1,34 @@
-// What the watchdog an elastic-run hosts has killed: told by the watchdog's own thread (its
-// on_kill callback), read by the launcher's loop (was this worker's death the watchdog's?) and by
-// the summary (when did each hang begin?). Thread-safe.
+// What the watchdog an elastic-run hosts has killed, and the stack dumps it took first: told by
+// the watchdog's own thread (its on_kill and on_stack callbacks), read by the launcher's loop
+// (was this worker's death the watchdog's? which log gets this dump?) and by the summary (when
+// did each hang begin?). Thread-safe.
 #pragma once
 
+#include <sys/eventfd.h>
 #include <sys/types.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <cstdint>
 #include <mutex>
 #include <set>
+#include <string>
+#include <utility>
 #include <vector>
 
+#include "process_tree.hpp"
+#include <elastic/internal/unique_fd.hpp>
+#include <elastic/timer/stack_dump.hpp>
 #include <elastic/timer/watchdog.hpp>
 
 namespace elastic::agent {
+
+/// A stack dump waiting to be written into its worker's log.
+struct stack_text {
+  pid_t pid = 0;    ///< the process dumped
+  pid_t group = 0;  ///< its process group when dumped: a worker slot's pid, for a wrapped trainer too
+  std::string text;
+};
 
 /// What the watchdog this launcher hosts has killed, told by the watchdog's own thread.
 class watchdog_kills {
@@ -34,10 +50,40 @@ class watchdog_kills {
     return hangs_;
   }
 
+  /// A dump the watchdog took before its signal: kept for the loop, which is woken (wake_fd()).
+  /// Called before the signal, so the loop has it before it reaps the worker.
+  void add_stack(const timer::stack_dump& d) {
+    stack_text s;
+    s.pid = d.pid;
+    detail::proc_info info;
+    s.group = detail::read_proc_info(d.pid, info) ? info.pgid : 0;
+    s.text = timer::to_text(d);
+    {
+      std::lock_guard lk(mu_);
+      stacks_.push_back(std::move(s));
+    }
+    const std::uint64_t one = 1;
+    (void)!::write(wake_.get(), &one, sizeof one);
+  }
+
+  /// The dumps not yet written, oldest first; clears the wake-up.
+  [[nodiscard]] std::vector<stack_text> take_stacks() {
+    std::uint64_t count = 0;
+    (void)!::read(wake_.get(), &count, sizeof count);
+    std::lock_guard lk(mu_);
+    return std::exchange(stacks_, {});
+  }
+
+  /// Readable while a dump waits in take_stacks() (an eventfd; -1 if none could be made, and
+  /// the loop then finds dumps when it wakes for anything else, the worker's death at last).
+  [[nodiscard]] int wake_fd() const noexcept { return wake_.get(); }
+
  private:
   mutable std::mutex mu_;
   std::set<pid_t> pids_;
   std::vector<double> hangs_;
+  std::vector<stack_text> stacks_;
+  elastic::internal::unique_fd wake_{::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)};
 };
 
 }  // namespace elastic::agent
