@@ -26,6 +26,10 @@
 //                                workers R1 and R2 both do, in step S (with --zero1 and 3
 //                                workers, a rank and the successor that holds its replica)
 //   --hang-rank R --hang-at S    worker R stops making progress in step S (the watchdog kills it)
+//   --slow-rank R --slow-factor F
+//                                worker R sleeps F times --step-sleep-ms in each step of its first
+//                                life (a straggler: elastic-run reports it, --evict-stragglers
+//                                restarts it)
 //
 // Without a --data file it trains on a synthetic stand-in (and says so).
 #include <fcntl.h>
@@ -66,7 +70,8 @@ struct options {
   std::string data, ckpt = "digits-ckpt";
   std::uint64_t steps = 600, every = 25;
   long step_sleep_ms = 0;
-  long kill_rank = -1, kill_at = -1, hang_rank = -1, hang_at = -1;
+  long kill_rank = -1, kill_at = -1, hang_rank = -1, hang_at = -1, slow_rank = -1;
+  double slow_factor = 1;
   long together[2] = {-1, -1}, together_at = -1;
   bool zero1 = false;
 };
@@ -75,7 +80,8 @@ struct options {
   std::fprintf(stderr,
                "digits_train: %s\nusage: digits_train [--data digits.csv] [--ckpt DIR] [--steps N] [--every N]\n"
                "                    [--step-sleep-ms MS] [--kill-rank R --kill-at S] [--hang-rank R --hang-at S]\n"
-               "                    [--kill-together R1,R2 --kill-together-at S] [--zero1 1]\n",
+               "                    [--kill-together R1,R2 --kill-together-at S] [--zero1 1]\n"
+               "                    [--slow-rank R --slow-factor F]\n",
                why.c_str());
   std::exit(2);
 }
@@ -102,6 +108,8 @@ options parse(int argc, char** argv) {
     else if (a == "--hang-rank") o.hang_rank = static_cast<long>(n());
     else if (a == "--hang-at") o.hang_at = static_cast<long>(n());
     else if (a == "--zero1") o.zero1 = n() != 0;
+    else if (a == "--slow-rank") o.slow_rank = static_cast<long>(n());
+    else if (a == "--slow-factor") o.slow_factor = std::atof(v.c_str());
     else if (a == "--kill-together-at") o.together_at = static_cast<long>(n());
     else if (a == "--kill-together") {
       if (std::sscanf(v.c_str(), "%ld,%ld", &o.together[0], &o.together[1]) != 2) usage("--kill-together takes R1,R2");
@@ -329,6 +337,7 @@ int main(int argc, char** argv) {
     std::size_t rebuilds = 0;
     bool said_hello = false;
     long slot = cfg.local_rank;
+    int slow = -1;  // -1: not decided yet; 1: this life is the injected straggler
     for (auto& step : loop) {
       const int rank = group.rank(), world = group.size();
       if (!said_hello && rank == 0) {
@@ -413,7 +422,11 @@ int main(int argc, char** argv) {
                     100.0 * static_cast<double>(right) / static_cast<double>(n_test));
       }
       std::fflush(stdout);
-      if (o.step_sleep_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o.step_sleep_ms));
+      if (slot == o.slow_rank && slow < 0) slow = first_time(o, "slow", slot) ? 1 : 0;
+      const double pace = slow == 1 ? o.slow_factor : 1.0;  // a straggler's first life
+      if (o.step_sleep_ms > 0) {
+        std::this_thread::sleep_for(std::chrono::microseconds(static_cast<long>(static_cast<double>(o.step_sleep_ms) * 1e3 * pace)));
+      }
     }
     if (group.rank() == 0) {
       std::printf("%s at step %llu: weights crc32c %08x\n",

@@ -189,3 +189,39 @@ TEST_CASE("in a 4-rank group the deadlines are agreed, and only the rank that ha
   CHECK(culprits.front().find("\"culprits\":\"1\"") != std::string::npos);
 }
 #endif
+
+#if defined(ELASTIC_RUN_TOOL) && defined(ELASTIC_DIGITS_TRAIN)
+TEST_CASE("a rank whose compute is 3x the others' is reported as a straggler, and with --evict-stragglers restarted") {
+  elastic::test::temp_dir dir;
+  const std::string run = run_name("straggler");
+  bool evict = false;
+  SECTION("reported") {}
+  SECTION("evicted") { evict = true; }
+  std::vector<std::string> options{"--nproc-per-node", "4", "--min-ranks", "2", "--max-restarts", "3"};
+  if (evict) options.push_back("--evict-stragglers");
+  // Worker 2 sleeps 3 x 20 ms in each step of its first life: its own compute, not a wait.
+  const int code = run_launcher(dir, run, options,
+                                {ELASTIC_DIGITS_TRAIN, "--steps", "200", "--every", "50", "--step-sleep-ms", "20",
+                                 "--ckpt", dir.file("ckpt"), "--slow-rank", "2", "--slow-factor", "3"});
+  const std::string err = read_text(dir.file("launcher.err"));
+  INFO(err);
+  CHECK(code == 0);
+  const std::string events = dir.path() + "/" + run + "/events.jsonl";
+  const auto found = elastic::test::events_named(events, "straggler");
+  REQUIRE_FALSE(found.empty());
+  INFO(found.front());
+  CHECK(found.front().find("\"straggler_rank\":2") != std::string::npos);
+  CHECK(number(found.front(), "ratio") >= 1.5);
+  CHECK(err.find("straggler        rank 2:") != std::string::npos);
+  const auto evicted = elastic::test::events_named(events, "straggler_evicted");
+  if (evict) {
+    REQUIRE(evicted.size() == 1);
+    CHECK(evicted.front().find("\"rank\":2") != std::string::npos);
+    CHECK(err.find("evicted          1 straggler(s)") != std::string::npos);
+    CHECK(elastic::test::events_named(events, "worker_restart").size() >= 1);
+  } else {
+    CHECK(evicted.empty());
+    CHECK(elastic::test::events_named(events, "worker_restart").empty());
+  }
+}
+#endif

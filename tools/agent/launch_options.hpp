@@ -24,6 +24,7 @@ struct launch_options {
   /// --step-timeout was given (0 included): otherwise the workers' loops set their own deadlines
   /// from observed step times (ELASTIC_AUTO_TIMEOUT=1).
   bool step_timeout_given = false;
+  bool evict_stragglers = false;  ///< exported as ELASTIC_EVICT_STRAGGLERS=1
   std::chrono::milliseconds grace{std::chrono::seconds(25)};  ///< SIGTERM to SIGKILL
   bool stack_dump = true;           ///< the stacks of a hung worker into its log before the watchdog kills it
   std::chrono::milliseconds stack_dump_limit{2000};  ///< the most a stack dump delays that kill

@@ -808,6 +808,8 @@ class launcher {
     report_.checkpoints = seen_.checkpoints();
     report_.newest_checkpoint = seen_.newest_checkpoint();
     report_.final_checkpoint_saved = seen_.final_checkpoint_confirmed();
+    report_.stragglers = seen_.stragglers();
+    report_.stragglers_evicted = seen_.stragglers_evicted();
     report_.console_lines_dropped = out_->dropped_lines() + err_->dropped_lines();
     const auto resumed = seen_.resumed();
     std::vector<double> failures = failures_at_;

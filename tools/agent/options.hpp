@@ -159,6 +159,10 @@ inline void add_failure_options(CLI::App& app, raw_flags& f, launch_options& o) 
         o.step_timeout = *detail::to_seconds(v);
         o.step_timeout_given = true;
       });
+  app.add_flag("--evict-stragglers", o.evict_stragglers,
+               "a worker whose own compute (its step less its waits in collectives) stays 1.5x the group's median "
+               "is dropped from the group and restarted (by default stragglers are only reported: straggler events "
+               "and the summary)");
   app.add_flag_callback("--no-stack-dump", [&] { o.stack_dump = false; },
                         "kill a hung worker at once: no stack dump first (by default the watchdog stops it, writes the "
                         "stack of each of its threads into its log and a watchdog_stack event, then kills it)");

@@ -21,6 +21,8 @@
 #include <utility>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include <elastic/internal/env.hpp>
 #include <elastic/internal/json.hpp>
 #include <elastic/error.hpp>
@@ -103,6 +105,10 @@ class run_events {
   /// The workers whose collective failed (group_failure) since the last call: the others may
   /// wait on a rank that never came (culprit_finder.hpp).
   [[nodiscard]] std::vector<pid_t> take_collective_failures() { return std::exchange(collective_failures_, {}); }
+  /// Each straggler a group reported, as a summary line.
+  [[nodiscard]] const std::vector<std::string>& stragglers() const noexcept { return stragglers_; }
+  /// Workers that left their group as stragglers (--evict-stragglers).
+  [[nodiscard]] std::size_t stragglers_evicted() const noexcept { return evicted_; }
   /// When a group was training again after a rebuild (seconds since the epoch), sorted.
   [[nodiscard]] std::vector<double> resumed() const {
     auto r = resumed_;
@@ -120,7 +126,7 @@ class run_events {
   void take(std::string_view line) {
     if (!is(line, "checkpoint_commit") && !is(line, "loop_preempted") &&
         !is(line, "rendezvous_round_closed") && !is(line, "group_rebuilt") && !is(line, "group_resynced") &&
-        !is(line, "group_failure")) {
+        !is(line, "group_failure") && !is(line, "straggler") && !is(line, "straggler_evicted")) {
       return;
     }
     try {
@@ -140,6 +146,12 @@ class run_events {
         rebuilt_rounds_.insert(j.at("round").as_int64());
       } else if (ev == "group_resynced") {
         resumed_.push_back(detail::parse_ts(j.at("ts").as_string()));
+      } else if (ev == "straggler") {
+        stragglers_.push_back(fmt::format("rank {}: its compute {:.1f} ms a step, {:.1f}x the group's median, at step {}",
+                                          j.at("straggler_rank").as_int64(), j.at("compute_ms").as_double(),
+                                          j.at("ratio").as_double(), j.at("step").as_int64()));
+      } else if (ev == "straggler_evicted") {
+        ++evicted_;
       } else if (ev == "group_failure") {
         collective_failures_.push_back(static_cast<pid_t>(j.at("pid").as_int64()));
       }
@@ -159,6 +171,8 @@ class run_events {
   std::set<std::int64_t> rebuilt_rounds_;
   std::vector<double> resumed_;
   std::vector<pid_t> collective_failures_;
+  std::vector<std::string> stragglers_;
+  std::size_t evicted_ = 0;
 };
 
 }  // namespace elastic::agent

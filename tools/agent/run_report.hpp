@@ -36,6 +36,8 @@ struct run_report {
   std::size_t console_lines_dropped = 0;
   double seconds_lost = 0;           ///< from each failure to the group training again
   std::vector<std::string> culprits;  ///< the ranks that held the group back (culprit_finder.hpp)
+  std::vector<std::string> stragglers;  ///< ranks persistently slower than the group (straggler events)
+  std::size_t stragglers_evicted = 0;
 };
 
 /// What the summary names beside the report: the run and where its records are.
@@ -106,6 +108,10 @@ inline std::string shortfall_lines(const run_report& r) {
   std::string text;
   if (r.stragglers_killed > 0) text += fmt::format("  killed at grace  {} workers\n", r.stragglers_killed);
   for (const auto& c : r.culprits) text += fmt::format("  culprit          {}\n", c);
+  for (const auto& s : r.stragglers) text += fmt::format("  straggler        {}\n", s);
+  if (r.stragglers_evicted > 0) {
+    text += fmt::format("  evicted          {} straggler(s) left their group and were restarted\n", r.stragglers_evicted);
+  }
   if (r.console_lines_dropped > 0) {
     text += fmt::format("  console          {} lines not shown (the console did not keep up or went away); the logs "
                         "have them\n",

@@ -7,7 +7,8 @@
 //   names ELASTIC_MIN_NODES / ELASTIC_MAX_NODES for workers built before the rename, which also
 //   counted workers, not hosts), ELASTIC_PARTICIPANT_ID, ELASTIC_HOST_ADDR, ELASTIC_STEP_TIMEOUT
 //   (only when set; else ELASTIC_AUTO_TIMEOUT=1), ELASTIC_GRACE, ELASTIC_FLIGHT_RECORDER (1: this
-//   launcher reads the workers' flight records, so groups keep them), and torchrun's RANK,
+//   launcher reads the workers' flight records, so groups keep them), ELASTIC_EVICT_STRAGGLERS
+//   (with --evict-stragglers), and torchrun's RANK,
 //   WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE.
 // MASTER_ADDR and MASTER_PORT are removed and not set: the group finds its own.
 #pragma once
@@ -47,7 +48,7 @@ inline constexpr std::string_view contract_prefixes[] = {
     "ELASTIC_MAX_NODES=",    "ELASTIC_PARTICIPANT_ID=", "ELASTIC_STEP_TIMEOUT=", "ELASTIC_GRACE=",
     "RANK=",                 "WORLD_SIZE=",            "LOCAL_RANK=",            "LOCAL_WORLD_SIZE=",
     "MASTER_ADDR=",          "MASTER_PORT=",           "ELASTIC_HOST_ADDR=",     "ELASTIC_FLIGHT_RECORDER=",
-    "ELASTIC_AUTO_TIMEOUT="};
+    "ELASTIC_AUTO_TIMEOUT=",    "ELASTIC_EVICT_STRAGGLERS="};
 
 /// The launcher's environment without the contract's variables.
 inline std::vector<std::string> inherited_environment() {
@@ -94,6 +95,7 @@ inline std::vector<std::string> worker_environment(const launch_options& o, cons
   set("ELASTIC_FLIGHT_RECORDER", "1");
   if (o.step_timeout.count() > 0) set("ELASTIC_STEP_TIMEOUT", fmt::format("{:.3f}", o.step_timeout.count() / 1e3));
   if (!o.step_timeout_given) set("ELASTIC_AUTO_TIMEOUT", "1");
+  if (o.evict_stragglers) set("ELASTIC_EVICT_STRAGGLERS", "1");
   set("ELASTIC_GRACE", fmt::format("{:.3f}", o.grace.count() / 1e3));
   set("RANK", std::to_string(w.index));
   set("WORLD_SIZE", std::to_string(world));

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 #include <functional>
 #include <optional>
 #include <string>
@@ -87,10 +88,13 @@ class group_hook {
   /// Whether this rank writes the group's checkpoints now (rank 0 of the current round).
   [[nodiscard]] virtual bool writes_checkpoints() const noexcept = 0;
 
-  /// Every rank of the round calls this at the same step with its `values`; each ends with the
-  /// largest of each value over the ranks (the automatic step timeout agrees on its deadlines
-  /// so). False when the collective failed: the group then rebuilds at the next safe point.
-  virtual bool agree_max(std::span<double> /*values*/) { return true; }
+  /// Every rank of the round calls this at the same step with as many `values`; each gets every
+  /// rank's, rank after rank (size() x values.size()): the loop's step pace agrees on its
+  /// deadlines and compares the ranks' compute times so. Nothing when the collective failed
+  /// (the group then rebuilds at the next safe point).
+  virtual std::optional<std::vector<double>> gather(std::span<const double> values) {
+    return std::vector<double>(values.begin(), values.end());
+  }
 
  protected:
   group_hook() = default;

@@ -58,6 +58,14 @@ struct loop_options {
   /// Without a step timeout: deadlines that set themselves from observed step times, agreed
   /// across a group's ranks and logged as `timeouts_updated` (on under elastic-run by default).
   auto_timeout_options auto_timeout{};
+  /// In a group: every auto_timeout.update_every steps the ranks' compute times (step time less
+  /// waits in collectives) are compared; a rank at least this many times the median, two
+  /// comparisons in a row, is a straggler (`straggler` event). 0: not compared.
+  double straggler_threshold = 1.5;
+  /// A straggler leaves: its loop throws errc::aborted (`straggler_evicted`), its process ends
+  /// and its launcher restarts it, the group going on without it meanwhile. Nothing:
+  /// ELASTIC_EVICT_STRAGGLERS=1 (elastic-run --evict-stragglers).
+  std::optional<bool> evict_stragglers{};
   /// > 0: pick the checkpoint interval so that the time the loop is blocked by checkpoints
   /// stays under this fraction of training time (CheckFreq); every_steps is the first guess.
   double max_overhead = 0;

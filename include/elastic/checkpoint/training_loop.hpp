@@ -50,7 +50,7 @@
 #include <fmt/format.h>
 
 #include <elastic/checkpoint/checkpointer.hpp>
-#include <elastic/checkpoint/detail/auto_step_timeout.hpp>
+#include <elastic/checkpoint/detail/step_pace.hpp>
 #include <elastic/checkpoint/detail/final_step.hpp>
 #include <elastic/checkpoint/detail/grace_timer.hpp>
 #include <elastic/checkpoint/detail/interval_policy.hpp>
@@ -124,10 +124,10 @@ class training_loop {
         ctx_(this),
         sharded_group_(opts_.group && st.has_shards()) {
     checkpoint::detail::check_watchdog(opts_.step_timeout, *opts_.auto_timeout.enabled);
-    if (*opts_.auto_timeout.enabled) auto_timeout_.emplace(opts_.auto_timeout, events_);
+    start_pace();
     if (sharded_group_) {
       attach_group();
-    } else if (opts_.group && auto_timeout_) {
+    } else if (opts_.group && pace_) {
       opts_.group->attach({.restore = {}, .settle = {}, .collective = [this](bool inside) { in_collective(inside); }});
     }
     if (opts_.handle_signals) signals_.emplace();
@@ -206,9 +206,10 @@ class training_loop {
     }
     step_started_ = std::chrono::steady_clock::now();
     auto limit = opts_.step_timeout;
-    if (auto_timeout_) {
-      limit = auto_timeout_->begin(next_, last_snapshot_step_, policy_.interval(), snapshot_at_ == next_,
-                                   opts_.group ? opts_.group->generation() : 0);
+    if (pace_) {
+      const auto own = pace_->begin(next_, last_snapshot_step_, policy_.interval(), snapshot_at_ == next_,
+                                    opts_.group ? opts_.group->generation() : 0);
+      if (limit.count() == 0) limit = own;
     }
     if (limit.count() > 0) scope_.emplace(elastic::expires(limit, "step"));
     return true;
@@ -216,16 +217,7 @@ class training_loop {
 
   /// The automatic step deadline counts this rank's own time: paused while it waits in a
   /// collective (whose own deadline guards the wait), resumed with the time it had left.
-  void in_collective(bool inside) {
-    if (inside && scope_) {
-      paused_left_ = std::chrono::duration_cast<std::chrono::milliseconds>(scope_->remaining());
-      scope_.reset();
-      paused_ = true;
-    } else if (!inside && paused_) {
-      paused_ = false;
-      scope_.emplace(elastic::expires(std::max(paused_left_, std::chrono::milliseconds(1)), "step"));
-    }
-  }
+  void in_collective(bool inside);
 
   /// Ends the current step; false when the loop is over.
   bool end_step() {
@@ -234,7 +226,10 @@ class training_loop {
     if (opts_.group && opts_.group->step_failed()) return redo_failed_step();
     ++next_;
     const auto now = std::chrono::steady_clock::now();
-    if (auto_timeout_) auto_timeout_->end(next_, std::chrono::duration<double>(now - step_started_).count(), opts_.group);
+    if (pace_) {
+      const auto slow = pace_->end(next_, std::chrono::duration<double>(now - step_started_).count(), opts_.group);
+      if (*opts_.evict_stragglers && std::find(slow.begin(), slow.end(), opts_.group->rank()) != slow.end()) evict();
+    }
     policy_.on_step(std::chrono::duration<double>(now - step_started_).count(), [&] {
       const auto st = ckpt_.stats();
       return st.committed + st.failed;
@@ -350,6 +345,10 @@ class training_loop {
   void attach_group();
   /// After the group was rebuilt: parts of the new world, and a final-step agreement among it.
   void follow_group();
+  /// This rank is a persistent straggler and evict_stragglers is on: errc::aborted.
+  [[noreturn]] void evict();
+  /// The step pace, when deadlines set themselves or a group's ranks are compared.
+  void start_pace();
 
   /// The final checkpoint of a loop that ends alone (no agreement needed): the writer
   /// snapshots the step it stopped at and waits until it is durable.
@@ -431,7 +430,7 @@ class training_loop {
   bool stop_requested_ = false;
   bool sharded_group_ = false;    // a group, and sharded state: every rank writes its part
   std::uint64_t generation_ = 0;  // the group's generation the checkpointer follows
-  std::optional<checkpoint::detail::auto_step_timeout> auto_timeout_;  // loop_options::auto_timeout
+  std::optional<checkpoint::detail::step_pace> pace_;  // automatic deadlines, stragglers
   std::optional<std::uint64_t> snapshot_at_;  // the step this rank snapshotted at last
   bool paused_ = false;                       // the step's deadline waits out a collective
   std::chrono::milliseconds paused_left_{0};

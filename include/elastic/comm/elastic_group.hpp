@@ -194,14 +194,14 @@ class elastic_group final : public group_hook {
     }
   }
 
-  bool agree_max(std::span<double> values) override {
+  std::optional<std::vector<double>> gather(std::span<const double> values) override {
     // Rank r's values at [r n, r n + n) and zeros elsewhere: their sum is every rank's values,
     // through the one reduction every communicator has.
     const std::size_t n = values.size(), r = static_cast<std::size_t>(rank());
     std::vector<double> all(n * static_cast<std::size_t>(size()), 0.0);
     std::copy(values.begin(), values.end(), all.begin() + static_cast<std::ptrdiff_t>(r * n));
     const bool ok = run(
-        "agree",
+        "gather",
         [&](Comm& c) {
           if constexpr (requires { c.allreduce_host(std::span<double>(all), reduce_op::sum); }) {
             c.allreduce_host(std::span<double>(all), reduce_op::sum);  // a device communicator
@@ -210,10 +210,8 @@ class elastic_group final : public group_hook {
           }
         },
         all.size() * sizeof(double));
-    if (!ok) return false;
-    for (std::size_t i = 0; i < n; ++i)
-      for (std::size_t k = 0; k < all.size(); k += n) values[i] = std::max(values[i], all[k + i]);
-    return true;
+    if (!ok) return std::nullopt;
+    return all;
   }
 
   [[nodiscard]] bool step_failed() const noexcept override { return failed(); }

@@ -1,7 +1,8 @@
 // How a training_loop ends, defined out of the class (training_loop.hpp says what each ending
 // means for the exit code): the final checkpoint alone or at the step the ranks agreed on
 // (detail/final_step.hpp), the grace timer after a notice, and the loop_end / loop_preempted
-// event.
+// event. Also what the loop lends its group: checkpoints to reload, the collective callbacks of
+// its step pace (detail/step_pace.hpp), and a straggler's eviction.
 #pragma once
 
 #include <algorithm>
@@ -31,9 +32,40 @@ inline void training_loop::attach_group() {
                              return m ? std::optional<std::uint64_t>(m->step) : std::nullopt;
                            },
                        .settle = [this] { ckpt_.wait_copied(); },
-                       .collective = auto_timeout_ ? std::function<void(bool)>([this](bool inside) { in_collective(inside); })
-                                                   : std::function<void(bool)>()});
+                       .collective = pace_ ? std::function<void(bool)>([this](bool inside) { in_collective(inside); })
+                                           : std::function<void(bool)>()});
   ckpt_.on_copied([g = opts_.group](const staged_snapshot& s) { g->snapshot_copied(s); });
+}
+
+inline void training_loop::start_pace() {
+  const bool compare = opts_.group && opts_.straggler_threshold > 0;
+  if (!*opts_.auto_timeout.enabled && !compare) return;
+  std::optional<detail::straggler_options> so;
+  if (compare) so = detail::straggler_options{opts_.straggler_threshold, 2};
+  pace_.emplace(opts_.auto_timeout, *opts_.auto_timeout.enabled, so, events_);
+}
+
+inline void training_loop::in_collective(bool inside) {
+  pace_->collective(inside);
+  if (opts_.step_timeout.count() > 0) return;  // a step timeout given is the whole step's, waits included
+  if (inside && scope_) {
+    paused_left_ = std::chrono::duration_cast<std::chrono::milliseconds>(scope_->remaining());
+    scope_.reset();
+    paused_ = true;
+  } else if (!inside && paused_) {
+    paused_ = false;
+    scope_.emplace(elastic::expires(std::max(paused_left_, std::chrono::milliseconds(1)), "step"));
+  }
+}
+
+inline void training_loop::evict() {
+  const int rank = opts_.group->rank();
+  events_.emit("straggler_evicted", {{"step", next_}, {"round", opts_.group->epoch()}});
+  reason_ = loop_reason::stopped;  // no final checkpoint: the group goes on without this rank
+  throw error(errc::aborted, fmt::format("training_loop: rank {} was a straggler (its compute persistently at least {}x "
+                                         "the group's median) and leaves the group (evict_stragglers): restart it, on "
+                                         "a healthier device if it has one",
+                                         rank, opts_.straggler_threshold));
 }
 
 inline void training_loop::follow_group() {

@@ -54,6 +54,17 @@ inline loop_options resolve_loop_options(loop_options o) {
                          .value_or(milliseconds(0));
   }
   resolve_auto_timeout(o);
+  if (!(o.straggler_threshold == 0 || (o.straggler_threshold >= 1.1 && o.straggler_threshold <= 1000))) {
+    throw error(errc::invalid_argument, "training_loop: straggler_threshold must be 0 (off) or 1.1 to 1000");
+  }
+  if (!o.evict_stragglers) {
+    const auto v = internal::env_string("ELASTIC_EVICT_STRAGGLERS");
+    if (v && *v != "0" && *v != "1") {
+      throw error(errc::invalid_argument, fmt::format("ELASTIC_EVICT_STRAGGLERS='{}' is neither 1 (on) nor 0 (off)",
+                                                      internal::printable(*v)));
+    }
+    o.evict_stragglers = v && *v == "1";
+  }
   if (o.grace && o.grace->count() < 0) throw error(errc::invalid_argument, "training_loop: grace is negative");
   if (!o.grace) {
     o.grace = env::env_seconds_in("ELASTIC_GRACE", milliseconds(1), std::chrono::hours(24), "no final checkpoint")
