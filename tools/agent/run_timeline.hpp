@@ -20,6 +20,7 @@
 #include <filesystem>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <utility>
 
 #include <fmt/format.h>
@@ -99,7 +100,12 @@ class run_timeline {
     if (name.empty() || name == "." || name == "..") {
       throw error(errc::invalid_argument, fmt::format("--timeline {}: name a file, not a directory", t.path_.string()));
     }
-    if (std::filesystem::absolute(t.path_).lexically_normal() == std::filesystem::absolute(o.events).lexically_normal()) {
+    auto normal = [](const std::filesystem::path& p) {
+      std::error_code ec;  // a path that cannot be made absolute is compared as it is
+      const auto a = std::filesystem::absolute(p, ec);
+      return (ec ? p : a).lexically_normal();
+    };
+    if (normal(t.path_) == normal(o.events)) {
       throw error(errc::invalid_argument,
                   fmt::format("--timeline {} names the events file: give the page a name of its own", t.path_.string()));
     }
@@ -113,9 +119,6 @@ class run_timeline {
     t.events_name_ = o.events.filename().string();
     return t;
   }
-
-  /// The page's path ("" with --no-timeline).
-  [[nodiscard]] std::string path() const { return dir_ ? path_.string() : std::string(); }
 
   /// Draws the events file open on `events_fd` and writes the page; returns what the summary
   /// says: the page's path, or why there is none ("" with --no-timeline). Never throws.
