@@ -22,6 +22,8 @@
 
 #include <elastic/comm/detail/flight_culprit.hpp>
 #include <elastic/comm/detail/flight_recorder.hpp>
+#include <elastic/comm/detail/group_flight.hpp>
+#include <elastic/rendezvous/shm_store.hpp>
 
 namespace cd = elastic::comm::detail;
 using namespace std::chrono_literals;
@@ -264,6 +266,33 @@ TEST_CASE("a culprit is named only where some rank was behind the others") {
   }
 }
 
+TEST_CASE("through the store, the next round names the rank that wrote nothing while the others were in #k") {
+  const std::string name = run_name("fr-store");
+  elastic::rendezvous::shm_store::remove(name);
+  elastic::rendezvous::shm_store store(name);
+  elastic::test::temp_dir dir;
+  const auto log = elastic::event_log::to_file(dir.file("events.jsonl"));
+  const std::int64_t now = elastic::internal::monotonic_ns();
+  // Round 3 of 4: ranks 0 and 3 failed in #12, rank 1 was still inside it, rank 2 wrote nothing.
+  cd::publish_last_collective(store, "/P", 3, 0, 4, {12, "allreduce", cd::flight_outcome::failed, now - 2'000'000'000, now});
+  cd::publish_last_collective(store, "/P", 3, 1, 4, {12, "allreduce", cd::flight_outcome::inside, now - 2'000'000'000, 0});
+  cd::publish_last_collective(store, "/P", 3, 3, 4, {12, "allreduce", cd::flight_outcome::failed, now - 2'000'000'000, now});
+  const auto logs = cd::read_last_collectives(store, "/P", 3);
+  REQUIRE(logs.size() == 3);
+  cd::report_culprit(store, "/P", 3, log);
+  const auto found = elastic::test::events_named(dir.file("events.jsonl"), "group_culprit");
+  REQUIRE(found.size() == 1);
+  INFO(found.front());
+  CHECK(found.front().find("\"source\":\"group\"") != std::string::npos);
+  CHECK(found.front().find("\"culprits\":\"2\"") != std::string::npos);
+  CHECK(found.front().find("\"collective\":12") != std::string::npos);
+  CHECK(found.front().find("rank 2: no collective of this round on record") != std::string::npos);
+  // A round everyone reported from the same collective has no culprit; nor has one nobody wrote.
+  cd::report_culprit(store, "/P", 4, log);
+  CHECK(elastic::test::events_named(dir.file("events.jsonl"), "group_culprit").size() == 1);
+  elastic::rendezvous::shm_store::remove(name);
+}
+
 #if defined(ELASTIC_RUN_TOOL) && defined(ELASTIC_DIGITS_TRAIN)
 TEST_CASE("under elastic-run, a 4-rank group where one rank hangs before collective #k names that rank") {
   using elastic::test::child_process;
@@ -289,6 +318,11 @@ TEST_CASE("under elastic-run, a 4-rank group where one rank hangs before collect
   INFO(found.front());
   CHECK(found.front().find("\"culprits\":\"1\"") != std::string::npos);
   CHECK(found.front().find("\"source\":\"launcher\"") != std::string::npos);
+  // The group says the same through the store (its rank 0, once the survivors rebuilt).
+  bool from_group = false;
+  for (const auto& f : found) from_group = from_group || (f.find("\"source\":\"group\"") != std::string::npos &&
+                                                          f.find("\"culprits\":\"1\"") != std::string::npos);
+  CHECK(from_group);
   CHECK(found.front().find("\"op\":\"allreduce\"") != std::string::npos);
   CHECK(err.find("culprit          round 1: rank 1 never entered collective #") != std::string::npos);
   // The records of the run are gone with it: the killed worker's too.

@@ -60,6 +60,7 @@
 #include <elastic/comm/communicator.hpp>
 #include <elastic/comm/detail/admission.hpp>
 #include <elastic/comm/detail/flight_recorder.hpp>
+#include <elastic/comm/detail/group_flight.hpp>
 #include <elastic/comm/detail/peer_replicas.hpp>
 #include <elastic/comm/detail/state_resync.hpp>
 #include <elastic/comm/group_options.hpp>
@@ -261,17 +262,22 @@ class elastic_group final : public group_hook {
     const bool pause = d.count() > 0 && link_.collective;  // this scope guards the wait, not the step's
     if (pause) link_.collective(true);
     if (flight_) flight_->enter(what, bytes);
+    latest_ = {++collectives_, what, detail::flight_outcome::inside, internal::monotonic_ns(), 0};
     bool ok = true;
     try {
       f(*comm_);
     } catch (const error& e) {
       ok = false;
+      latest_.outcome = detail::flight_outcome::failed;
+      latest_.left_ns = internal::monotonic_ns();
       if (flight_) flight_->leave(false);
       scope.leave();
       if (pause) link_.collective(false);
       fail(what, e);
       return false;
     }
+    latest_.outcome = detail::flight_outcome::done;
+    latest_.left_ns = internal::monotonic_ns();
     if (flight_) flight_->leave(ok);
     scope.leave();
     if (pause) link_.collective(false);
@@ -374,6 +380,8 @@ class elastic_group final : public group_hook {
   /// previous one); again while a peer dies during the connect, until the rendezvous's join timeout.
   void rebuild(const std::string& cause) {
     const std::int64_t noticed = failed_ ? noticed_ns_ : internal::monotonic_ns();
+    // Where this rank was when it left the round: the next round's rank 0 names who held it back.
+    if (joined_) detail::publish_last_collective(store_, rdzv_.key_prefix(), round(), rank(), size(), latest_);
     if (!keeps_) retire();
     const auto deadline = clock::now() + opts_.rendezvous.join_timeout;
     std::lock_guard lk(rdzv_mu_);
@@ -415,6 +423,8 @@ class elastic_group final : public group_hook {
       last_ = {info.round, info.world_size, cause, noticed, met, internal::monotonic_ns(), 0, path, reason};
       if (!first) ++rebuilds_;
       if (flight_) flight_->begin_round(info.round, info.rank, info.world_size);
+      collectives_ = 0;
+      latest_ = {};
       events_.emit(first ? "group_formed" : "group_rebuilt",
                    {{"round", info.round},
                     {"world_size", info.world_size},
@@ -424,6 +434,7 @@ class elastic_group final : public group_hook {
                     {"rendezvous_ms", (last_.rendezvous_done_ns - noticed) / 1e6},
                     {"connect_ms", (last_.connected_ns - last_.rendezvous_done_ns) / 1e6},
                     {"noticed_ns", noticed}});
+      if (!first && info.rank == 0 && previous.round > 0 && previous.world_size > 1) detail::report_culprit(store_, rdzv_.key_prefix(), previous.round, events_);
       break;
     }
     if (!watcher_.started()) {
@@ -535,6 +546,8 @@ class elastic_group final : public group_hook {
   // the checkpointer's copier thread hands it snapshots (keep), after it exists.
   std::unique_ptr<detail::peer_replicas> replicas_;
   std::optional<detail::flight_recorder> flight_;  // the training thread's: it issues the collectives
+  std::uint64_t collectives_ = 0;   // entered in this round
+  detail::last_collective latest_;  // this rank's newest collective in this round
   std::jthread reaper_;  // destroys a retired communicator
   internal::periodic_thread watcher_;  // last: it stops before the members it uses go away
 };

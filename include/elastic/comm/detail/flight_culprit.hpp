@@ -48,8 +48,9 @@ struct culprit_report {
   /// records' clock).
   [[nodiscard]] std::string text(std::int64_t now_ns) const {
     const auto ago = [&](std::int64_t t) { return fmt::format("{:.3f} s", static_cast<double>(now_ns - t) / 1e9); };
-    std::string out = fmt::format("round {}: rank{} {} never entered collective #{} ({}, {} bytes)", round,
-                                  culprits.size() > 1 ? "s" : "", fmt::join(culprits, ","), index, op, bytes);
+    std::string out = fmt::format("round {}: rank{} {} never entered collective #{} ({}{})", round,
+                                  culprits.size() > 1 ? "s" : "", fmt::join(culprits, ","), index, op,
+                                  bytes ? fmt::format(", {} bytes", bytes) : std::string());
     std::vector<std::string> parts;
     for (const auto& r : ranks) {
       if (!r.recorded) {
