@@ -10,10 +10,11 @@
 //   in before the launcher reads it); slot (index - 1) % capacity of an area holds collective #index.
 // One writer (the thread that issues the group's collectives; a group's collectives are
 // issued by one thread at a time, or their order would differ between ranks) and any number of
-// readers in other processes. Every shared field is a lock-free atomic. A slot is written as:
-// index <- 0 (release), its fields, index <- #k (release); a reader takes a slot only when it
-// reads the same nonzero index before and after its fields (acquire), so it never mixes two
-// collectives. The cost per collective is two clock reads and a few stores: nothing
+// readers in other processes. Every shared field is a lock-free atomic. A slot is a seqlock, as
+// the timer table's entries are (timer/detail/table.hpp, whose fences and field orders it uses:
+// TSan builds order the fields instead of fencing): index <- 0, a fence, its fields, index <- #k
+// (release); a reader takes a slot only when it reads the same nonzero index before and after
+// its fields, so it never mixes two collectives. The cost per collective is two clock reads and a few stores: nothing
 // allocates, locks or makes a syscall (benchmarks/flight_bench).
 //
 // The object outlives a process that is killed (that is the point); the process removes it
@@ -40,6 +41,7 @@
 #include <elastic/internal/clock.hpp>
 #include <elastic/internal/shm_owner.hpp>
 #include <elastic/internal/unique_fd.hpp>
+#include <elastic/timer/detail/table.hpp>
 
 namespace elastic::inline v1::comm::detail {
 
@@ -175,19 +177,19 @@ class flight_recorder {
     const std::uint64_t k = ++next_;
     auto& s = map_.slot(area_, k);
     s.index.store(0, std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_release);  // the 0 is seen before any field changes
+    timer::detail::seqlock_write_fence();  // the 0 is seen before any field changes
     std::uint64_t name[2] = {0, 0};
     std::memcpy(name, op.data(), std::min(op.size(), sizeof name));
     const auto& h = map_.head();
-    s.round.store(h.round.load(std::memory_order_relaxed), std::memory_order_relaxed);
-    s.rank.store(h.rank.load(std::memory_order_relaxed), std::memory_order_relaxed);
-    s.world.store(h.world.load(std::memory_order_relaxed), std::memory_order_relaxed);
-    s.op[0].store(name[0], std::memory_order_relaxed);
-    s.op[1].store(name[1], std::memory_order_relaxed);
-    s.bytes.store(bytes, std::memory_order_relaxed);
-    s.left_ns.store(0, std::memory_order_relaxed);
-    s.outcome.store(static_cast<std::uint64_t>(flight_outcome::inside), std::memory_order_relaxed);
-    s.entered_ns.store(internal::monotonic_ns(), std::memory_order_relaxed);
+    s.round.store(h.round.load(std::memory_order_relaxed), timer::detail::field_store);
+    s.rank.store(h.rank.load(std::memory_order_relaxed), timer::detail::field_store);
+    s.world.store(h.world.load(std::memory_order_relaxed), timer::detail::field_store);
+    s.op[0].store(name[0], timer::detail::field_store);
+    s.op[1].store(name[1], timer::detail::field_store);
+    s.bytes.store(bytes, timer::detail::field_store);
+    s.left_ns.store(0, timer::detail::field_store);
+    s.outcome.store(static_cast<std::uint64_t>(flight_outcome::inside), timer::detail::field_store);
+    s.entered_ns.store(internal::monotonic_ns(), timer::detail::field_store);
     s.index.store(k, std::memory_order_release);
     map_.head().entered.store(k, std::memory_order_release);
   }
@@ -197,10 +199,10 @@ class flight_recorder {
     if (next_ == 0) return;
     auto& s = map_.slot(area_, next_);
     s.index.store(0, std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_release);
-    s.left_ns.store(internal::monotonic_ns(), std::memory_order_relaxed);
+    timer::detail::seqlock_write_fence();
+    s.left_ns.store(internal::monotonic_ns(), timer::detail::field_store);
     s.outcome.store(static_cast<std::uint64_t>(ok ? flight_outcome::done : flight_outcome::failed),
-                    std::memory_order_relaxed);
+                    timer::detail::field_store);
     s.index.store(next_, std::memory_order_release);
   }
 
@@ -261,16 +263,16 @@ inline std::optional<flight_log> read_flight(const std::string& name) {
     if (k == 0) continue;
     flight_entry e;
     e.index = k;
-    e.round = s.round.load(std::memory_order_relaxed);
-    e.rank = static_cast<int>(s.rank.load(std::memory_order_relaxed));
-    e.world = static_cast<int>(s.world.load(std::memory_order_relaxed));
-    const std::uint64_t name[2] = {s.op[0].load(std::memory_order_relaxed), s.op[1].load(std::memory_order_relaxed)};
+    e.round = s.round.load(timer::detail::field_load);
+    e.rank = static_cast<int>(s.rank.load(timer::detail::field_load));
+    e.world = static_cast<int>(s.world.load(timer::detail::field_load));
+    const std::uint64_t name[2] = {s.op[0].load(timer::detail::field_load), s.op[1].load(timer::detail::field_load)};
     e.op.assign(reinterpret_cast<const char*>(name), ::strnlen(reinterpret_cast<const char*>(name), sizeof name));
-    e.bytes = s.bytes.load(std::memory_order_relaxed);
-    e.entered_ns = s.entered_ns.load(std::memory_order_relaxed);
-    e.left_ns = s.left_ns.load(std::memory_order_relaxed);
-    e.outcome = static_cast<flight_outcome>(s.outcome.load(std::memory_order_relaxed));
-    std::atomic_thread_fence(std::memory_order_acquire);
+    e.bytes = s.bytes.load(timer::detail::field_load);
+    e.entered_ns = s.entered_ns.load(timer::detail::field_load);
+    e.left_ns = s.left_ns.load(timer::detail::field_load);
+    e.outcome = static_cast<flight_outcome>(s.outcome.load(timer::detail::field_load));
+    timer::detail::seqlock_read_fence();
     if (s.index.load(std::memory_order_relaxed) != k) continue;  // rewritten meanwhile
     out.entries.push_back(std::move(e));
   }
