@@ -139,8 +139,8 @@ class Chromium:
         return [self.exe, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-extensions",
                 "--user-data-dir=" + profile] + list(extra)
 
-    def dump_dom(self, url):
-        code, out, err = run_bounded(self._argv("--dump-dom", url), 90)
+    def dump_dom(self, url, *extra):
+        code, out, err = run_bounded(self._argv(*extra, "--dump-dom", url), 90)
         check(code == 0, "chromium --dump-dom %s exited %s: %s" % (url, code, err.decode(errors="replace")[-2000:]))
         return out.decode("utf-8", errors="replace")
 
@@ -258,6 +258,61 @@ def recorded_run(a, chromium, work):
         check(find(dom, "g", kind), "no %s mark" % kind)
 
 
+HARNESS = """<!DOCTYPE html><html><body><pre id="out">not run</pre>
+<iframe id="f" src="recorded.html" width="1400" height="900"></iframe>
+<script>
+// Drives the page as a person would: a drag across the picture, a click on the kill, a
+// double-click; then says what the page showed after each.
+document.getElementById("f").addEventListener("load", function () {
+  var w = this.contentWindow, d = this.contentDocument, out = [];
+  var plot = d.getElementById("plot"), r = plot.getBoundingClientRect(), y = r.top + 40;
+  function mouse(target, type, x) {
+    target.dispatchEvent(new w.MouseEvent(type, {bubbles: true, clientX: r.left + x, clientY: y}));
+  }
+  function ticks() {
+    return Array.prototype.map.call(d.querySelectorAll("#axis .tick-label"), function (t) { return t.textContent; }).join(",");
+  }
+  function killX() { return d.querySelector("g.m-kill").getAttribute("transform"); }
+  out.push("ticks: " + ticks(), "kill: " + killX());
+  mouse(plot, "mousedown", 800); mouse(w, "mousemove", 900); mouse(w, "mouseup", 900);
+  out.push("zoomed ticks: " + ticks(), "zoomed kill: " + killX());
+  setTimeout(function () {
+    d.querySelector("g.m-kill").dispatchEvent(new w.MouseEvent("click", {bubbles: true}));
+    out.push("selected: " + d.getElementById("selected-title").textContent);
+    out.push("open: " + d.getElementById("kill-1").open);
+    mouse(plot, "dblclick", 50);
+    out.push("reset ticks: " + ticks(), "reset kill: " + killX());
+    document.getElementById("out").textContent = out.join("\\n");
+  }, 50);
+});
+</script></body></html>
+"""
+
+
+def interaction(a, chromium, work):
+    """Zoom by a drag, a click on the kill, reset by a double-click, driven from a page that
+    holds the recorded run's page in an iframe (file pages reach each other only with
+    --allow-file-access-from-files)."""
+    page = os.path.join(work, "recorded.html")
+    if not os.path.exists(page):
+        return
+    harness = os.path.join(work, "harness.html")
+    with open(harness, "w") as f:
+        f.write(HARNESS)
+    dom = parse_dom(chromium.dump_dom("file://" + harness, "--allow-file-access-from-files", "--virtual-time-budget=5000"))
+    out = find(dom, id="out")
+    lines = dict(line.split(": ", 1) for line in (out[0].text() if out else "").split("\n") if ": " in line)
+    if not check(len(lines) >= 7, "the page did not answer the drag, the click and the double-click: %r" % lines):
+        return
+    check(lines["zoomed ticks"] != lines["ticks"] and len(lines["zoomed ticks"].split(",")) >= 4,
+          "a drag across a tenth of the picture did not zoom the axis: %s -> %s" % (lines["ticks"], lines["zoomed ticks"]))
+    check(lines["zoomed kill"] != lines["kill"], "the kill mark did not move with the zoom")
+    check(lines["selected"].startswith("watchdog_kill: scope 'step'"), "a click on the kill selected %r" % lines["selected"])
+    check(lines["open"] == "true", "a click on the kill did not open its entry")
+    check(lines["reset ticks"] == lines["ticks"] and lines["reset kill"] == lines["kill"],
+          "a double-click did not show everything again")
+
+
 def hostile(a, chromium, work):
     page = os.path.join(work, "hostile.html")
     code, _, err = run_bounded([a.elastic_report, os.path.join(a.data, "hostile.jsonl"), "-o", page], 60)
@@ -302,6 +357,7 @@ def main():
         chromium = Chromium(exe, work)
         disturbed_run(a, chromium, work)
         recorded_run(a, chromium, work)
+        interaction(a, chromium, work)
         hostile(a, chromium, work)
     for f in failures:
         print("FAIL:", f)
