@@ -45,20 +45,9 @@ class culprit_finder {
     if (!rep || !reported_.insert({rep->round, rep->index}).second) return {};
     std::vector<long> pids;
     for (int r : rep->culprits) pids.push_back(rep->ranks[static_cast<std::size_t>(r)].pid);
-    const std::string text = rep->text(internal::monotonic_ns());
-    events.emit("group_culprit", {{"source", "launcher"},
-                                  {"round", rep->round},
-                                  {"world_size", rep->world},
-                                  {"collective", rep->index},
-                                  {"op", rep->op},
-                                  {"bytes", rep->bytes},
-                                  {"culprit", rep->culprits.front()},
-                                  {"culprits", fmt::format("{}", fmt::join(rep->culprits, ","))},
-                                  {"culprit_pids", fmt::format("{}", fmt::join(pids, ","))},
-                                  {"inside", fmt::format("{}", fmt::join(rep->inside, ","))},
-                                  {"failed", fmt::format("{}", fmt::join(rep->failed, ","))},
-                                  {"trigger_pid", pid},
-                                  {"text", text}});
+    const std::string pid_list = fmt::format("{}", fmt::join(pids, ","));
+    const event_field extra[] = {{"bytes", rep->bytes}, {"culprit_pids", pid_list}, {"trigger_pid", pid}};
+    const std::string text = comm::detail::emit_culprit(events, *rep, "launcher", internal::monotonic_ns(), extra);
     findings_.push_back(text);
     return text;
   }

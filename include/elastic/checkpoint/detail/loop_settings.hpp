@@ -15,18 +15,20 @@
 
 namespace elastic::inline v1::checkpoint::detail {
 
+/// A switch from the environment: 1 on, 0 or unset off, anything else refused by name.
+inline bool env_switch(const char* name) {
+  const auto v = internal::env_string(name);
+  if (v && *v != "0" && *v != "1") {
+    throw error(errc::invalid_argument, fmt::format("{}='{}' is neither 1 (on) nor 0 (off)", name, internal::printable(*v)));
+  }
+  return v && *v == "1";
+}
+
 /// Whether the step deadlines set themselves (never beside a step timeout: a number given
 /// wins), and their settings checked.
 inline void resolve_auto_timeout(loop_options& o) {
   auto& a = o.auto_timeout;
-  if (!a.enabled) {
-    const auto v = internal::env_string("ELASTIC_AUTO_TIMEOUT");
-    if (v && *v != "0" && *v != "1") {
-      throw error(errc::invalid_argument, fmt::format("ELASTIC_AUTO_TIMEOUT='{}' is neither 1 (on) nor 0 (off)",
-                                                      internal::printable(*v)));
-    }
-    a.enabled = v && *v == "1";
-  }
+  if (!a.enabled) a.enabled = env_switch("ELASTIC_AUTO_TIMEOUT");
   if (o.step_timeout.count() > 0) a.enabled = false;
   if (!*a.enabled) return;
   const auto bad = [](const std::string& what) {
@@ -57,14 +59,7 @@ inline loop_options resolve_loop_options(loop_options o) {
   if (!(o.straggler_threshold == 0 || (o.straggler_threshold >= 1.1 && o.straggler_threshold <= 1000))) {
     throw error(errc::invalid_argument, "training_loop: straggler_threshold must be 0 (off) or 1.1 to 1000");
   }
-  if (!o.evict_stragglers) {
-    const auto v = internal::env_string("ELASTIC_EVICT_STRAGGLERS");
-    if (v && *v != "0" && *v != "1") {
-      throw error(errc::invalid_argument, fmt::format("ELASTIC_EVICT_STRAGGLERS='{}' is neither 1 (on) nor 0 (off)",
-                                                      internal::printable(*v)));
-    }
-    o.evict_stragglers = v && *v == "1";
-  }
+  if (!o.evict_stragglers) o.evict_stragglers = env_switch("ELASTIC_EVICT_STRAGGLERS");
   if (o.grace && o.grace->count() < 0) throw error(errc::invalid_argument, "training_loop: grace is negative");
   if (!o.grace) {
     o.grace = env::env_seconds_in("ELASTIC_GRACE", milliseconds(1), std::chrono::hours(24), "no final checkpoint")

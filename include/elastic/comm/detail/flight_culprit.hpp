@@ -13,11 +13,14 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <elastic/comm/detail/flight_recorder.hpp>
+#include <elastic/events.hpp>
 
 namespace elastic::inline v1::comm::detail {
 
@@ -110,6 +113,22 @@ inline std::optional<culprit_report> find_culprit(std::span<const flight_log> lo
   }
   if (rep.culprits.empty()) return std::nullopt;
   return rep;
+}
+
+/// Emits `rep` as a `group_culprit` event from `source` ("launcher", "group"), with `extra`
+/// fields; returns its text (read at `now_ns` on the records' clock).
+inline std::string emit_culprit(const event_log& events, const culprit_report& rep, std::string_view source,
+                                std::int64_t now_ns, std::span<const event_field> extra = {}) {
+  const std::string culprits = fmt::format("{}", fmt::join(rep.culprits, ",")),
+                    inside = fmt::format("{}", fmt::join(rep.inside, ",")),
+                    failed = fmt::format("{}", fmt::join(rep.failed, ",")), text = rep.text(now_ns);
+  std::vector<event_field> f{{"source", source},       {"round", rep.round},      {"world_size", rep.world},
+                             {"collective", rep.index}, {"op", rep.op},            {"culprit", rep.culprits.front()},
+                             {"culprits", culprits},    {"inside", inside},        {"failed", failed},
+                             {"text", text}};
+  f.insert(f.end(), extra.begin(), extra.end());
+  events.emit("group_culprit", std::span<const event_field>(f));
+  return text;
 }
 
 }  // namespace elastic::inline v1::comm::detail

@@ -94,17 +94,7 @@ inline void report_culprit(rendezvous::store& s, std::string_view run_prefix, st
   try {
     const auto logs = read_last_collectives(s, run_prefix, round);
     const auto rep = find_culprit(logs, round, true);
-    if (!rep) return;
-    events.emit("group_culprit", {{"source", "group"},
-                                  {"round", rep->round},
-                                  {"world_size", rep->world},
-                                  {"collective", rep->index},
-                                  {"op", rep->op},
-                                  {"culprit", rep->culprits.front()},
-                                  {"culprits", fmt::format("{}", fmt::join(rep->culprits, ","))},
-                                  {"inside", fmt::format("{}", fmt::join(rep->inside, ","))},
-                                  {"failed", fmt::format("{}", fmt::join(rep->failed, ","))},
-                                  {"text", rep->text(internal::monotonic_ns())}});
+    if (rep) emit_culprit(events, *rep, "group", internal::monotonic_ns());
   } catch (...) {
   }
 }
