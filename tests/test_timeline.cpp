@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <set>
 #include <sstream>
 #include <string>
@@ -241,6 +242,37 @@ TEST_CASE("a wrapper's trainer is drawn on its slot's lane, named by its rendezv
   CHECK(on_slot == 2);  // the restore and the event this code does not know
   CHECK(marks_of(m, tl::mark_kind::other) == 1);
   CHECK(row_labels(m) == std::vector<std::string>{"h · elastic-run", "h · slot 1"});
+}
+
+TEST_CASE("a finding every rank reports (a straggler, new deadlines, a culprit) is drawn once") {
+  std::string text = line(0, "launcher_start", "h", 1, "");
+  for (int slot = 0; slot < 3; ++slot) {
+    const long pid = 10 + slot;
+    text += line(0.1, "worker_start", "h", 1, fmt::format(R"("slot":{},"worker_pid":{},"restart_count":0)", slot, pid));
+    text += line(0.2, "rendezvous_round_closed", "h", pid,
+                 fmt::format(R"("rank":{},"round":1,"world_size":3,"members":"h.1:2,h.1:0,h.1:1","participant":"h.1:{}")",
+                             (slot + 1) % 3, slot));
+    // As the loop logs them: the same agreed deadlines, each rank's own quantiles.
+    text += line(1 + slot * 0.01, "timeouts_updated", "h", pid,
+                 fmt::format(R"("rank":{},"step":50,"step_timeout_ms":812.5,"checkpoint_step_timeout_ms":2400,"p50_ms":{})",
+                             slot, 10 + slot));
+    text += line(2 + slot * 0.01, "straggler", "h", pid,
+                 fmt::format(R"("rank":{},"straggler_rank":2,"step":75,"ratio":3.5,"compute_ms":{})", slot, 30 + slot));
+  }
+  // The launcher's and the group's report of one culprit: rank 0 of the round is slot 2.
+  text += line(3, "group_culprit", "h", 1, R"("source":"launcher","round":1,"collective":9,"op":"allreduce","culprits":"0","culprit_pids":"12")");
+  text += line(3.1, "group_culprit", "h", 10, R"("rank":0,"source":"group","round":1,"collective":9,"op":"allreduce","culprits":"0")");
+  text += line(4, "straggler_evicted", "h", 11, R"("rank":1,"step":90,"round":1)");
+  const auto m = tl::build_model(read({{"events.jsonl", text}}));
+  CHECK(m.facts.deadline_updates == 1);
+  CHECK(m.facts.stragglers == 1);
+  CHECK(m.facts.culprits == 1);
+  std::map<std::string, std::vector<std::string>> where;
+  for (const auto& mk : m.marks) where[std::string(tl::class_of(mk.kind))].push_back(m.rows[mk.row].label + ":" + mk.label);
+  CHECK(where["timeouts"] == std::vector<std::string>{"group r:step ≤ 812 ms"});
+  // Group rank 2 in round 1 is slot 1 (members h.1:2, h.1:0, h.1:1), whoever reports it.
+  CHECK(where["straggler"] == std::vector<std::string>{"h · slot 1:slow r2 ×3.5", "h · slot 1:evicted"});
+  CHECK(where["culprit"] == std::vector<std::string>{"group r:culprit r0", "h · slot 2:#9 allreduce"});
 }
 
 TEST_CASE("several hosts' files are drawn on one page in time order, each host with its lanes") {

@@ -126,6 +126,9 @@ class model_builder {
       culprit(e);
     } else if (n == "straggler" || n == "timeouts_updated") {
       rank_note(e);
+    } else if (n == "straggler_evicted") {
+      add_mark(e, lanes_.row_of(e), mark_kind::straggler, "evicted",
+               "straggler_evicted: this rank leaves the group (a persistent straggler, evict_stragglers)");
     } else if (n.rfind("checkpoint_", 0) == 0) {
       checkpoint_event(e);
     } else if (n == "loop_preempted") {
