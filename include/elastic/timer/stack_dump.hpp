@@ -35,6 +35,7 @@ struct stack_frame {
   int line = 0;               ///< its line; 0 when unknown
   std::string module;         ///< the ELF file mapped at pc (the executable or a shared library)
   std::uint64_t offset = 0;   ///< pc's address inside module, for `addr2line -e MODULE OFFSET`
+  bool inlined = false;       ///< a function inlined into the next frame, at the same address
 };
 
 /// One thread of the process, as it was when the watchdog stopped it.
@@ -114,6 +115,7 @@ inline std::string to_text(const stack_dump& d) {
       detail::append_hex(out, f.pc, 16);
       out += " in ";
       out += f.function.empty() ? "??" : f.function;
+      if (f.inlined) out += " [inlined]";
       if (!f.file.empty()) {
         out += " at " + f.file + ":" + std::to_string(f.line);
       } else if (!f.module.empty()) {
@@ -132,7 +134,7 @@ inline std::string to_text(const stack_dump& d) {
 /// The threads as a JSON array, what `watchdog_stack` carries as "stacks":
 ///   [{"tid":1234,"name":"train","state":"R","wchan":null,"scope_thread":true,"note":null,
 ///     "frames":[{"pc":"0x55d0c0de1234","function":"hang_here(int)","file":"/src/train.cpp",
-///                "line":42,"module":"/src/build/train","offset":"0x1234"}, ...]}, ...]
+///                "line":42,"module":"/src/build/train","offset":"0x1234","inlined":false}, ...]}, ...]
 /// Addresses are hexadecimal strings (a JSON number cannot hold every 64-bit value); what is
 /// unknown is null.
 inline std::string to_json(const stack_dump& d) {
@@ -164,7 +166,7 @@ inline std::string to_json(const stack_dump& d) {
       out += ",\"offset\":";
       if (f.module.empty()) out += "null";
       else detail::append_hex_string(out, f.offset);
-      out += '}';
+      out += f.inlined ? ",\"inlined\":true}" : ",\"inlined\":false}";
     }
     out += "]}";
   }

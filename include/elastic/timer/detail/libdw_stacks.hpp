@@ -15,6 +15,7 @@
 
 #if ELASTIC_WITH_LIBDW
 
+#include <dwarf.h>
 #include <elfutils/libdw.h>
 #include <elfutils/libdwfl.h>
 #include <sys/types.h>
@@ -84,16 +85,21 @@ class libdw_process {
     return {};
   }
 
-  /// Fills in the function, file, line, module and offset of `f`, looked up at `lookup`.
-  void symbolize(stack_frame& f, std::uint64_t lookup) {
+  /// Appends to `out` the frames that `f` stands for, named: `f` itself (function, file, line,
+  /// module, offset, looked up at `lookup`) and, where functions were inlined at that address,
+  /// one frame more for each (as gdb shows them: same address, innermost first), each with the
+  /// line it was called from. Without them the line of a frame would be one in the inlined code.
+  void symbolize(const stack_frame& f, std::uint64_t lookup, std::vector<stack_frame>& out) {
+    out.push_back(f);
     Dwfl_Module* m = dwfl_addrmodule(dwfl_.get(), lookup);
     if (m == nullptr) return;
+    stack_frame& named = out.back();
     Dwarf_Addr start = 0;
     if (const char* name = dwfl_module_info(m, nullptr, &start, nullptr, nullptr, nullptr, nullptr, nullptr)) {
-      f.module = name;
-      f.offset = f.pc - start;
+      named.module = name;
+      named.offset = f.pc - start;
     }
-    if (const char* symbol = dwfl_module_addrname(m, lookup)) f.function = demangled(symbol);
+    if (const char* symbol = dwfl_module_addrname(m, lookup)) named.function = demangled(symbol);
     // Only a line of a compile unit that holds the address: for code without debug info (crt1's
     // _start) libdw would hand back the nearest line of some other unit.
     Dwarf_Addr bias = 0;
@@ -102,13 +108,68 @@ class libdw_process {
     if (Dwfl_Line* line = dwfl_module_getsrc(m, lookup)) {
       int lineno = 0;
       if (const char* file = dwfl_lineinfo(line, nullptr, &lineno, nullptr, nullptr, nullptr)) {
-        f.file = file;
-        f.line = lineno;
+        named.file = file;
+        named.line = lineno;
       }
     }
+    add_inlined(*unit, lookup - bias, out);
   }
 
  private:
+  /// The scopes (innermost first) at `address` of `unit`: for each function inlined there, the
+  /// frame at out.back() is inside it and gets its name, and its caller follows, at the call's
+  /// line; the last caller keeps the symbol of the function all of them were inlined into.
+  static void add_inlined(Dwarf_Die& unit, Dwarf_Addr address, std::vector<stack_frame>& out) {
+    // dwarf_getscopes() finds the innermost scope but then climbs its abstract origin's scopes;
+    // the chain of callers is that scope's own parents (dwarf_getscopes_die), as eu-addr2line -i
+    // walks it.
+    Dwarf_Die* raw = nullptr;
+    if (dwarf_getscopes(&unit, address, &raw) <= 0) {
+      std::free(raw);
+      return;
+    }
+    Dwarf_Die innermost = raw[0];
+    std::free(raw);
+    raw = nullptr;
+    const int count = dwarf_getscopes_die(&innermost, &raw);
+    const std::unique_ptr<Dwarf_Die, decltype(&std::free)> scopes(raw, &std::free);
+    Dwarf_Files* files = nullptr;
+    if (count <= 0 || dwarf_getsrcfiles(&unit, &files, nullptr) != 0) return;
+    const std::string outer = out.back().function;
+    for (int i = 0; i < count; ++i) {
+      Dwarf_Die* scope = &raw[i];
+      const int tag = dwarf_tag(scope);
+      if (tag == DW_TAG_subprogram) break;
+      if (tag != DW_TAG_inlined_subroutine) continue;
+      out.back().function = function_name(scope);
+      stack_frame caller = out.back();
+      caller.function = outer;
+      caller.inlined = false;
+      caller.file.clear();
+      caller.line = 0;
+      Dwarf_Attribute attr;
+      Dwarf_Word index = 0, line = 0;
+      if (dwarf_formudata(dwarf_attr(scope, DW_AT_call_file, &attr), &index) == 0) {
+        if (const char* file = dwarf_filesrc(files, index, nullptr, nullptr)) caller.file = file;
+      }
+      if (dwarf_formudata(dwarf_attr(scope, DW_AT_call_line, &attr), &line) == 0) caller.line = static_cast<int>(line);
+      out.back().inlined = true;
+      out.push_back(std::move(caller));
+    }
+  }
+
+  /// An inlined function's name: its linkage name demangled (with its class and parameters),
+  /// else its plain name.
+  static std::string function_name(Dwarf_Die* die) {
+    Dwarf_Attribute attr;
+    const char* name = nullptr;
+    if (dwarf_attr_integrate(die, DW_AT_linkage_name, &attr) != nullptr) name = dwarf_formstring(&attr);
+    if (name == nullptr && dwarf_attr_integrate(die, DW_AT_MIPS_linkage_name, &attr) != nullptr) name = dwarf_formstring(&attr);
+    if (name != nullptr) return demangled(name);
+    const char* plain = dwarf_diename(die);
+    return plain != nullptr ? plain : "??";
+  }
+
   struct dwfl_deleter {
     void operator()(Dwfl* d) const noexcept { dwfl_end(d); }
   };

@@ -205,10 +205,16 @@ void capture_stacks(const capture_request& rq, stack_dump& dump, Publish&& publi
       std::size_t unnamed = 0;
       for (std::size_t i = 0; i < dump.threads.size(); ++i) {
         auto& frames = dump.threads[i].frames;
+        std::vector<stack_frame> named;
         for (std::size_t j = 0; j < frames.size(); ++j) {
-          if (internal::monotonic_ns() >= names_by) ++unnamed;
-          else dw->symbolize(frames[j], lookups[i][j]);
+          if (internal::monotonic_ns() >= names_by) {
+            ++unnamed;
+            named.push_back(frames[j]);
+          } else {
+            dw->symbolize(frames[j], lookups[i][j], named);
+          }
         }
+        frames = std::move(named);
         publish(dump, false);
       }
       if (unnamed > 0) {
