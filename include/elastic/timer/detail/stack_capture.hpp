@@ -25,10 +25,12 @@
 #include <time.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include <elastic/config.hpp>
@@ -203,15 +205,22 @@ void capture_stacks(const capture_request& rq, stack_dump& dump, Publish&& publi
     if (dw->ok()) {
       dump.symbols = true;
       std::size_t unnamed = 0;
+      // Threads of one process share most of their frames (a pool of workers waiting in one
+      // place): each address is named once.
+      std::unordered_map<std::uint64_t, std::vector<stack_frame>> known;
       for (std::size_t i = 0; i < dump.threads.size(); ++i) {
         auto& frames = dump.threads[i].frames;
         std::vector<stack_frame> named;
         for (std::size_t j = 0; j < frames.size(); ++j) {
-          if (internal::monotonic_ns() >= names_by) {
+          if (auto at = known.find(lookups[i][j]); at != known.end()) {
+            named.insert(named.end(), at->second.begin(), at->second.end());
+          } else if (internal::monotonic_ns() >= names_by) {
             ++unnamed;
             named.push_back(frames[j]);
           } else {
+            const std::size_t first = named.size();
             dw->symbolize(frames[j], lookups[i][j], named);
+            known.emplace(lookups[i][j], std::vector<stack_frame>(named.begin() + static_cast<std::ptrdiff_t>(first), named.end()));
           }
         }
         frames = std::move(named);
