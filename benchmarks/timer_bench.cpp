@@ -13,11 +13,14 @@
 //   BM_full_table_scan       one watchdog::scan_once() over a full 4096-slot table
 //   BM_kill_baseline_direct  baseline: kill(SIGKILL) -> waitpid, this process killing the worker
 //   BM_kill_latency          deadline -> worker's death seen by waitpid, over many trials
+//   BM_kill_latency_stack_dump  the same, without and with the stack dump before the kill
+//                            (watchdog_options::stack_dump), for a worker of 1 and of 16 threads
 //
-// The binary re-executes itself as the hung worker of BM_kill_latency:
-//   timer_bench --worker SEGMENT TIMEOUT_MS
-// attaches to SEGMENT, enters a scope of TIMEOUT_MS, writes the scope's deadline
-// (CLOCK_MONOTONIC ns) on stdout and hangs in pause() until the watchdog kills it.
+// The binary re-executes itself as the hung worker of the kill benchmarks:
+//   timer_bench --worker SEGMENT TIMEOUT_MS [THREADS]
+// starts THREADS - 1 more threads that wait in pause(), attaches to SEGMENT, enters a scope of
+// TIMEOUT_MS, writes the scope's deadline (CLOCK_MONOTONIC ns) on stdout and hangs in pause()
+// until the watchdog kills it.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -48,6 +51,7 @@
 
 #include <benchmark/benchmark.h>
 
+#include <elastic/config.hpp>
 #include <elastic/internal/clock.hpp>
 #include <elastic/internal/process.hpp>
 #include <elastic/timer/client.hpp>
@@ -78,9 +82,10 @@ namespace {
 
 int worker_main(int argc, char** argv) {
   if (argc < 4) {
-    std::fprintf(stderr, "usage: %s --worker SEGMENT TIMEOUT_MS\n", argv[0]);
+    std::fprintf(stderr, "usage: %s --worker SEGMENT TIMEOUT_MS [THREADS]\n", argv[0]);
     return 2;
   }
+  for (int t = 1; t < (argc > 4 ? std::atoi(argv[4]) : 1); ++t) std::thread([] { for (;;) ::pause(); }).detach();
   try {
     timer::client::attach(argv[2]);
   } catch (const std::exception& e) {
@@ -417,15 +422,16 @@ struct child {
   }
 };
 
-/// fork+exec of /proc/self/exe --worker SEG MS with stdout on a pipe.
-bool spawn_worker(child& c, const std::string& segment, int timeout_ms) {
+/// fork+exec of /proc/self/exe --worker SEG MS THREADS with stdout on a pipe.
+bool spawn_worker(child& c, const std::string& segment, int timeout_ms, int threads = 1) {
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) return false;
   std::string ms = std::to_string(timeout_ms);
   std::string seg = segment;
+  std::string nthreads = std::to_string(threads);
   char arg0[] = "timer_bench";
   char arg1[] = "--worker";
-  char* argv[] = {arg0, arg1, seg.data(), ms.data(), nullptr};
+  char* argv[] = {arg0, arg1, seg.data(), ms.data(), nthreads.data(), nullptr};
   const pid_t pid = ::fork();
   if (pid < 0) {
     ::close(fds[0]);
@@ -471,30 +477,56 @@ double percentile(const std::vector<double>& sorted, double p) {
   return sorted[k - 1];
 }
 
-/// late_ms of every watchdog_kill event in the events file (deadline -> signal sent).
-std::vector<double> signal_lateness_ms(const std::string& path) {
+/// The number `field` of every `event` in the events file, sorted.
+std::vector<double> event_numbers(const std::string& path, const std::string& event, const std::string& field) {
   std::vector<double> out;
   std::ifstream in(path);
+  const std::string key = "\"" + field + "\":";
   for (std::string line; std::getline(in, line);) {
-    if (line.find("\"event\":\"watchdog_kill\"") == std::string::npos) continue;
-    const auto k = line.find("\"late_ms\":");
+    if (line.find("\"event\":\"" + event + "\"") == std::string::npos) continue;
+    const auto k = line.find(key);
     if (k == std::string::npos) continue;
-    out.push_back(std::strtod(line.c_str() + k + 10, nullptr));
+    out.push_back(std::strtod(line.c_str() + k + key.size(), nullptr));
   }
   std::sort(out.begin(), out.end());
   return out;
+}
+
+/// late_ms of every watchdog_kill event in the events file (deadline -> signal sent).
+std::vector<double> signal_lateness_ms(const std::string& path) { return event_numbers(path, "watchdog_kill", "late_ms"); }
+
+/// Waits for child `pid` to end and reaps it, as the host of a watchdog that dumps stacks must:
+/// the capture thread traces from this process, so the kernel reports the child's ptrace stops
+/// here too; those are taken off the queue, never mistaken for its end. The wait status, or -1.
+int wait_skipping_stops(pid_t pid) {
+  for (;;) {
+    siginfo_t si{};
+    if (::waitid(P_PID, static_cast<id_t>(pid), &si, WEXITED | WNOWAIT) != 0) {
+      if (errno == EINTR) continue;
+      return -1;
+    }
+    if (si.si_code == CLD_EXITED || si.si_code == CLD_KILLED || si.si_code == CLD_DUMPED) {
+      int status = 0;
+      while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+      }
+      return status;
+    }
+    siginfo_t notice{};
+    ::waitid(P_PID, static_cast<id_t>(pid), &notice, WSTOPPED | WCONTINUED | WNOHANG | __WALL);
+  }
 }
 
 /// Runs `trials` workers against the watchdog serving `segment`, one after the other. Each
 /// enters a scope of `scope_ms` and hangs. With `direct`, this process kills it itself right after
 /// it entered the scope (the baseline: SIGKILL -> waitpid); otherwise the watchdog must, and the
 /// latency is counted from the scope's deadline. Every worker is reaped, whatever happens.
+/// `threads`: the worker's threads; `skip_stops`: wait with wait_skipping_stops().
 std::vector<double> run_kill_trials(const std::string& segment, int scope_ms, int trials, bool direct,
-                                    std::string& error) {
+                                    std::string& error, int threads = 1, bool skip_stops = false) {
   std::vector<double> lat_ms;
   for (int trial = 0; trial < trials && error.empty(); ++trial) {
     child c;
-    if (!spawn_worker(c, segment, scope_ms)) {
+    if (!spawn_worker(c, segment, scope_ms, threads)) {
       error = "fork failed";
       break;
     }
@@ -516,7 +548,12 @@ std::vector<double> run_kill_trials(const std::string& segment, int scope_ms, in
     if (direct) ::kill(c.pid, SIGKILL);
     int status = 0;
     pid_t r;
-    while ((r = ::waitpid(c.pid, &status, 0)) < 0 && errno == EINTR) {
+    if (skip_stops) {
+      status = wait_skipping_stops(c.pid);
+      r = status < 0 ? -1 : c.pid;
+    } else {
+      while ((r = ::waitpid(c.pid, &status, 0)) < 0 && errno == EINTR) {
+      }
     }
     const std::int64_t seen = now_ns();
     guard.request_stop();
@@ -637,6 +674,61 @@ BENCHMARK(BM_kill_latency)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 
+int g_stack_trials = 30;
+
+/// Deadline -> death, as BM_kill_latency, with the stack dump off (stack_dump:0) and on
+/// (stack_dump:1): the watchdog stops every thread of the hung worker (`threads` of them) with
+/// ptrace, unwinds and names their frames (libdw, where the build has it), logs watchdog_stack,
+/// then kills. Scopes of 200 ms; both rows wait for the worker the same way (skipping stops).
+/// capture_* is the capture's own time, from the watchdog_stack events.
+void BM_kill_latency_stack_dump(benchmark::State& state) {
+  stop_scope_watchdog();
+  const bool dump = state.range(0) != 0;
+  const int threads = static_cast<int>(state.range(1));
+  const std::string name = bench_name(("stack" + std::to_string(state.range(0)) + "t" + std::to_string(threads)).c_str());
+  const std::string events = (std::filesystem::temp_directory_path() / (name + ".events.jsonl")).string();
+  std::filesystem::remove(events);
+  for (auto _ : state) {
+    std::string error;
+    std::vector<double> lat_ms;
+    {
+      timer::watchdog wd({.name = name, .events = elastic::event_log::to_file(events), .stack_dump = dump});
+      machine_load load;
+      lat_ms = run_kill_trials(name, 200, g_stack_trials, /*direct=*/false, error, threads, /*skip_stops=*/true);
+      state.counters["others_cpu_pct"] = load.others_cpu_pct();
+    }
+    if (!error.empty()) {
+      state.SkipWithError(error.c_str());
+      break;
+    }
+    set_latency_counters(state, lat_ms);
+    const auto late = signal_lateness_ms(events);
+    state.counters["signal_late_median_ms"] = percentile(late, 0.5);
+    state.counters["signal_late_max_ms"] = late.empty() ? 0 : late.back();
+    const auto capture = event_numbers(events, "watchdog_stack", "capture_ms");
+    state.counters["dumps"] = static_cast<double>(capture.size());
+    state.counters["capture_median_ms"] = percentile(capture, 0.5);
+    state.counters["capture_max_ms"] = capture.empty() ? 0 : capture.back();
+    std::ifstream in(events);
+    int complete = 0;
+    for (std::string line; std::getline(in, line);) {
+      complete += line.find("\"event\":\"watchdog_stack\"") != std::string::npos &&
+                  line.find("\"complete\":true") != std::string::npos;
+    }
+    state.counters["dumps_complete"] = complete;
+  }
+  std::filesystem::remove(events);
+}
+BENCHMARK(BM_kill_latency_stack_dump)
+    ->ArgNames({"stack_dump", "threads"})
+    ->Args({0, 1})
+    ->Args({1, 1})
+    ->Args({0, 16})
+    ->Args({1, 16})
+    ->Iterations(1)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -647,6 +739,8 @@ int main(int argc, char** argv) {
     std::string_view a(argv[i]);
     if (a.rfind("--kill-trials=", 0) == 0) {
       g_kill_trials = std::max(1, std::atoi(argv[i] + 14));
+    } else if (a.rfind("--stack-trials=", 0) == 0) {
+      g_stack_trials = std::max(1, std::atoi(argv[i] + 15));
     } else {
       argv[kept++] = argv[i];
     }
@@ -656,6 +750,8 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::AddCustomContext("kill_trials", std::to_string(g_kill_trials));
+  benchmark::AddCustomContext("stack_trials", std::to_string(g_stack_trials));
+  benchmark::AddCustomContext("stack_symbols", ELASTIC_WITH_LIBDW ? "libdw" : "none (built without libdw)");
   benchmark::RunSpecifiedBenchmarks();
   stop_scope_watchdog();
   benchmark::Shutdown();
