@@ -56,7 +56,9 @@ inline std::string heading(const model& m, const event_set& set) {
                                 good ? "good" : bad ? "bad" : "warn", html(outcome));
   out += fmt::format("<p class=\"facts\">{}{} from {} to {} UTC · {} {}{}</p>\n",
                      f.exit_code ? fmt::format("exit {} · ", *f.exit_code) : std::string(),
-                     duration_text(m.t_last - m.t_first), utc_text(m.t_first), utc_text(m.t_last).substr(11),
+                     duration_text(m.t_last - m.t_first), utc_text(m.t_first),
+                     // the end's date only when it is another day
+                     utc_text(m.t_last).substr(utc_text(m.t_last).compare(0, 10, utc_text(m.t_first), 0, 10) == 0 ? 11 : 0),
                      f.hosts.size() == 1 ? "host" : "hosts", html(joined(f.hosts, ", ")),
                      f.launchers > 1 ? fmt::format(" · {} launches of elastic-run", f.launchers) : std::string());
   // "one|many": the form that goes with n.
