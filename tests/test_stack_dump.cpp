@@ -56,7 +56,7 @@ std::size_t first_event(const std::string& events, const std::string& name) {
 
 /// Every function name in a watchdog_stack's "stacks", for the thread named `thread`, or the
 /// scope's thread when `thread` is empty.
-std::vector<std::string> functions(const json& stack_event, const std::string& thread = "") {
+[[maybe_unused]] std::vector<std::string> functions(const json& stack_event, const std::string& thread = "") {
   std::vector<std::string> out;
   for (const json& t : stack_event.at("stacks").elements()) {
     if (thread.empty() ? !t.at("scope_thread").as_bool() : t.at("name").as_string() != thread) continue;
@@ -67,7 +67,7 @@ std::vector<std::string> functions(const json& stack_event, const std::string& t
   return out;
 }
 
-bool any_contains(const std::vector<std::string>& names, std::string_view what) {
+[[maybe_unused]] bool any_contains(const std::vector<std::string>& names, std::string_view what) {
   for (const auto& n : names)
     if (contains(n, what)) return true;
   return false;
