@@ -299,6 +299,29 @@ TEST_CASE("a host told of stack dumps gets each before the kill of its process")
 #endif
 }
 
+TEST_CASE("a process that leaves its expired scope while its stacks are captured is not signalled, and its dump is logged") {
+  elastic::timer::watchdog_options o;
+  o.start_thread = false;  // the test scans: before the scope is left, and after
+  o.stack_dump = true;
+  o.stack_dump_limit = 1s;
+  elastic::test::hosted h(o);
+  auto w = child_process::spawn({hung_worker, "leave", "50"}, {{"ELASTIC_WATCHDOG", h.name}});
+  REQUIRE(w.read_line() == "entered");
+  std::this_thread::sleep_for(100ms);
+  CHECK(h.wd.scan_once().signals_sent == 0);  // expired: the capture starts, the signal waits
+  // Its signal may reach it while it is stopped: the capture gives it back when it lets it go.
+  w.kill(SIGUSR1);
+  REQUIRE(w.read_line() == "left");
+  std::this_thread::sleep_for(1200ms);  // past the bound, whatever the capture did
+  CHECK(h.wd.scan_once().signals_sent == 0);
+  const auto stacks = elastic::test::wait_for_events(h.events, "watchdog_stack", 1, 5s);
+  REQUIRE(stacks.size() == 1);
+  CHECK(contains(stacks[0], "\"scope\":\"hung-step\""));
+  CHECK(h.wd.stats().signals == 0);
+  CHECK(elastic::test::events_named(h.events, "watchdog_kill").empty());
+  CHECK_FALSE(w.wait_for(0ms).has_value());  // alive
+}
+
 TEST_CASE("a watchdog refuses a stack dump limit outside 1 ms to 60 s") {
   for (auto limit : {0ms, 60001ms}) {
     elastic::timer::watchdog_options o;

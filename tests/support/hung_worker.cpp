@@ -13,6 +13,8 @@
 //                               print a stack now: printing allocates.
 //   hung_worker traced [MS]     like spin, but a child process traces this one first (PTRACE_SEIZE),
 //                               so that no other tracer can: it prints "traced" before "entered"
+//   hung_worker leave [MS]      waits in sigwait() for SIGUSR1, then leaves its scope, prints "left"
+//                               and waits forever, alive: a hang that ended on its own
 //
 // This program is built without sanitizers (tests/CMakeLists.txt): the malloc mode needs glibc's
 // own allocator, which ASan and TSan replace.
@@ -144,12 +146,34 @@ bool be_traced() {
   return ok;
 }
 
+/// The leave mode: the scope ends when SIGUSR1 comes.
+int leave_on_signal(std::chrono::milliseconds limit) {
+  sigset_t usr1;
+  sigemptyset(&usr1);
+  sigaddset(&usr1, SIGUSR1);
+  ::pthread_sigmask(SIG_BLOCK, &usr1, nullptr);
+  {
+    auto step = elastic::expires(limit, "hung-step");
+    if (!step.watched()) {
+      say("not watched");
+      return 1;
+    }
+    say("entered");
+    int sig = 0;
+    while (::sigwait(&usr1, &sig) != 0) {
+    }
+  }
+  say("left");
+  for (;;) ::pause();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const std::string_view mode = argc > 1 ? argv[1] : "";
   const auto limit = scope_limit(argc, argv);
   if (mode == "malloc") return malloc_deadlock(limit);
+  if (mode == "leave") return leave_on_signal(limit);
   if (mode != "spin" && mode != "traced") {
     std::fprintf(stderr, "usage: hung_worker spin|malloc|traced [MS]\n");
     return 2;

@@ -169,7 +169,7 @@ class watchdog {
         }
       }
     });
-    r.next_deadline_ns = std::min({r.next_deadline_ns, escalate(now), captures_.next_due_ns()});
+    r.next_deadline_ns = std::min({r.next_deadline_ns, escalate(now), captures_.settle(now)});
     stats_.scans.fetch_add(1, std::memory_order_relaxed);
     return r;
   }

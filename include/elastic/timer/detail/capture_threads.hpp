@@ -74,6 +74,7 @@ class capture_threads {
       it = running_.end();
     }
     if (it != running_.end()) {
+      it->second.seen = true;
       {
         std::lock_guard lk(it->second.state->mu);
         if (!it->second.state->done && now < it->second.due_ns) return true;
@@ -86,11 +87,28 @@ class capture_threads {
     return begin(s, pid, start, e, now);
   }
 
-  /// When the scanner must look next for the sake of a capture: the earliest bound of those
-  /// running (a capture that ends sooner rings the doorbell).
-  [[nodiscard]] std::int64_t next_due_ns() const noexcept {
+  /// After each scan: logs the dump of a capture that ended, or reached its bound, while the
+  /// scan no longer saw its process's expired scope (the process left the scope, or its slots
+  /// were freed): no signal follows, the dump still tells what it was doing. Returns when the
+  /// scanner must look next for the captures still running (one that ends sooner rings the
+  /// doorbell).
+  std::int64_t settle(std::int64_t now) {
     std::int64_t next = std::numeric_limits<std::int64_t>::max();
-    for (const auto& [pid, c] : running_) next = std::min(next, c.due_ns);
+    for (auto it = running_.begin(); it != running_.end();) {
+      capture& c = it->second;
+      const bool seen = std::exchange(c.seen, false);
+      bool over;
+      {
+        std::lock_guard lk(c.state->mu);
+        over = c.state->done || now >= c.due_ns;
+      }
+      if (over && !seen) {
+        it = finish(it, now);
+        continue;
+      }
+      next = std::min(next, over ? now : c.due_ns);  // over since hold() looked: look again now
+      ++it;
+    }
     return next;
   }
 
@@ -125,6 +143,7 @@ class capture_threads {
     pid_t tid = 0;  ///< the thread whose scope expired
     std::int64_t started_ns = 0;
     std::int64_t due_ns = 0;
+    bool seen = true;  ///< hold() looked at it in the scan now ending
     std::shared_ptr<shared> state;
     std::jthread thread;  ///< last: joined before the state it uses goes
   };
@@ -176,7 +195,7 @@ class capture_threads {
         });
         internal::futex_ring(*bell);
       });
-      running_.try_emplace(pid, capture{start, tid, now, rq.deadline_ns, std::move(state), std::move(worker)});
+      running_.try_emplace(pid, capture{start, tid, now, rq.deadline_ns, true, std::move(state), std::move(worker)});
     } catch (const std::system_error& x) {
       header.reason = std::string("not captured: cannot start a capture thread: ") + x.what();
       report(header, tid);
