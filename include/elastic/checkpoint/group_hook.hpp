@@ -3,6 +3,7 @@
 // (elastic::comm::elastic_group) rebuilds itself and resyncs the state there.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -95,6 +96,11 @@ class group_hook {
   virtual std::optional<std::vector<double>> gather(std::span<const double> values) {
     return std::vector<double>(values.begin(), values.end());
   }
+
+  /// The longest any rank of the round may compute in the step now running (the loop's agreed
+  /// automatic deadlines; 0: none, or between steps): a rank waiting in a collective of the step
+  /// longer than that, with a margin, waits for nobody alive, so the group may bound it so.
+  virtual void longest_step(std::chrono::milliseconds /*d*/) {}
 
  protected:
   group_hook() = default;

@@ -207,6 +207,7 @@ class training_loop {
     step_started_ = std::chrono::steady_clock::now();
     auto limit = opts_.step_timeout;
     if (pace_) {
+      if (opts_.group) opts_.group->longest_step(pace_->longest());  // this step's collectives only
       const auto own = pace_->begin(next_, last_snapshot_step_, policy_.interval(), snapshot_at_ == next_,
                                     opts_.group ? opts_.group->generation() : 0);
       if (limit.count() == 0) limit = own;
@@ -223,6 +224,7 @@ class training_loop {
   bool end_step() {
     scope_.reset();
     paused_ = false;
+    if (pace_ && opts_.group) opts_.group->longest_step(std::chrono::milliseconds(0));  // not a resync's
     if (opts_.group && opts_.group->step_failed()) return redo_failed_step();
     ++next_;
     const auto now = std::chrono::steady_clock::now();

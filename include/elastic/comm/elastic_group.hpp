@@ -215,6 +215,8 @@ class elastic_group final : public group_hook {
     return all;
   }
 
+  void longest_step(std::chrono::milliseconds d) override { longest_step_ = d; }
+
   [[nodiscard]] bool step_failed() const noexcept override { return failed(); }
   [[nodiscard]] bool writes_checkpoints() const noexcept override { return comm_ && rank() == 0; }
 
@@ -299,10 +301,17 @@ class elastic_group final : public group_hook {
 
   std::chrono::milliseconds deadline() const {
     if (opts_.collective_deadline.count() > 0) return opts_.collective_deadline;
+    std::chrono::milliseconds d{0};
     if constexpr (requires(const Comm& c) { c.timeout(); }) {
-      if (comm_) return 2 * std::chrono::duration_cast<std::chrono::milliseconds>(comm_->timeout()) + std::chrono::seconds(1);
+      if (comm_) d = 2 * std::chrono::duration_cast<std::chrono::milliseconds>(comm_->timeout()) + std::chrono::seconds(1);
     }
-    return std::chrono::milliseconds(0);
+    // A peer computing longer than the longest step deadline is killed by its own: waiting
+    // twice that, and a second for its death to reach us, waits for nobody alive.
+    if (longest_step_.count() > 0) {
+      const auto bound = 2 * longest_step_ + std::chrono::seconds(1);
+      d = d.count() > 0 ? std::min(d, bound) : bound;
+    }
+    return d;
   }
 
   void fail(std::string_view what, const error& e) {
@@ -546,6 +555,7 @@ class elastic_group final : public group_hook {
   // the checkpointer's copier thread hands it snapshots (keep), after it exists.
   std::unique_ptr<detail::peer_replicas> replicas_;
   std::optional<detail::flight_recorder> flight_;  // the training thread's: it issues the collectives
+  std::chrono::milliseconds longest_step_{0};  // the loop's longest automatic step deadline (0: none)
   std::uint64_t collectives_ = 0;   // entered in this round
   detail::last_collective latest_;  // this rank's newest collective in this round
   std::jthread reaper_;  // destroys a retired communicator

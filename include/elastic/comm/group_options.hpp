@@ -18,7 +18,8 @@ struct group_options {
   /// How often the watcher thread looks for departures and newcomers (store reads: three).
   std::chrono::milliseconds poll_interval{std::chrono::milliseconds(50)};
   /// Each collective runs in a timer scope of this length (0: twice the communicator's timeout
-  /// plus a second when it has one, else none): a process stuck past it is killed.
+  /// plus a second when it has one, else none; under a loop's automatic step timeouts, at most
+  /// twice the longest step deadline plus a second): a process stuck past it is killed.
   std::chrono::milliseconds collective_deadline{0};
   /// Partitioned state (state::add_partitioned) under a training_loop: at every snapshot each
   /// rank's slices are also sent, in the background, to this many ring successors, which keep

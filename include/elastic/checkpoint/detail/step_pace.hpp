@@ -60,6 +60,12 @@ class step_pace {
     return deadlines_ ? deadlines_->deadline(checkpoint_) : std::chrono::milliseconds(0);
   }
 
+  /// The longest step deadline now (checkpoint steps' are the longest; 0: none): a collective
+  /// in a step waits for nobody alive past twice it (group_hook::longest_step).
+  [[nodiscard]] std::chrono::milliseconds longest() const {
+    return deadlines_ ? deadlines_->deadline(true) : std::chrono::milliseconds(0);
+  }
+
   /// This rank enters (true) or leaves (false) a collective: the wait is not its compute.
   void collective(bool inside) noexcept {
     const std::int64_t now = internal::monotonic_ns();
