@@ -13,7 +13,9 @@ work="$(mktemp -d)"
 trap 'if [ -n "${pid:-}" ]; then kill -KILL "$pid" 2>/dev/null || true; fi; rm -rf "$work"' EXIT
 launcher=("$run" --nproc-per-node 3 --min-ranks 2 --max-restarts 5 --step-timeout 2 --grace 10 --quiet
           --log-dir "$work/logs")
-trainer=("$train" --steps 300 --every 20 --step-sleep-ms 5 "$@")
+# 600 steps: the hung worker is killed at its 2 s deadline while the others go on without it,
+# and the SIGTERM must still find the run going after that (300 steps were done first at times).
+trainer=("$train" --steps 600 --every 20 --step-sleep-ms 5 "$@")
 # The weights of the run that finished (logs are appended across runs, and the rank that was the
 # group's rank 0 at a preemption may be any slot: its "preempted" line can come later in file order).
 crc() { grep -h "^finished at step .* weights crc32c" "$work/logs/$1"/rank-*.log | tail -1 | awk '{print $NF}'; }
