@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "support/catch.hpp"
+#include "support/launched_run.hpp"
 #include "support/process.hpp"
 
 #include <elastic/checkpoint/detail/step_deadlines.hpp>
@@ -21,7 +22,6 @@
 
 namespace ck = elastic::checkpoint;
 using namespace std::chrono_literals;
-using elastic::test::child_process;
 
 namespace {
 
@@ -31,32 +31,19 @@ ck::auto_timeout_options rule_options() {
   return o;
 }
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
 double number(const std::string& line, const char* field) {
   return elastic::internal::json::parse(line).at(field).as_double();
 }
 
-/// elastic-run (no --step-timeout) on `program`, run id `run`, its files under `dir`; waits for
-/// it and returns its exit code.
-int run_launcher(const elastic::test::temp_dir& dir, const std::string& run, std::vector<std::string> options,
-                 std::vector<std::string> program) {
-  std::vector<std::string> argv{"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>\"$ELASTIC_TEST_ERR\"", ELASTIC_RUN_TOOL,
-                                "--run-id", run, "--log-dir", dir.path()};
-  argv.insert(argv.end(), options.begin(), options.end());
-  argv.push_back("--");
-  argv.insert(argv.end(), program.begin(), program.end());
-  auto proc = child_process::spawn(argv, {{"ELASTIC_TEST_ERR", dir.file("launcher.err")}});
-  while (proc.read_line(50ms)) {
-  }
-  const auto code = proc.exit_code(240s);
-  return code ? *code : -1;
-}
-
-std::string run_name(const char* base) { return std::string(base) + "-" + std::to_string(::getpid()); }
+#if defined(ELASTIC_RUN_TOOL)
+/// elastic-run (no --step-timeout) on `program`, waited for (4 minutes at most).
+struct launched : elastic::test::launched_run {
+  int code;
+  launched(const char* id, const std::vector<std::string>& options, const std::vector<std::string>& program)
+      : launched_run(ELASTIC_RUN_TOOL, id, options, program), code(finish(240s)) {}
+  [[nodiscard]] std::string events_file() const { return dir.path() + "/" + run + "/events.jsonl"; }
+};
+#endif
 
 }  // namespace
 
@@ -120,14 +107,14 @@ TEST_CASE("the rule: the floor and the ceiling bound it, and warm-up steps are n
 #if defined(ELASTIC_RUN_TOOL)
 TEST_CASE("under elastic-run without --step-timeout, a hung step is killed within 10x the observed step time") {
   elastic::test::temp_dir dir;
-  const std::string run = run_name("auto-hang");
+  const char* id = "auto-hang";
   // 40 ms steps +-50 %, checkpoints every 25 steps; step 120 hangs. No restarts: the kill ends it.
-  const int code = run_launcher(dir, run, {"--nproc-per-node", "1", "--max-restarts", "0"},
+  launched l(id, {"--nproc-per-node", "1", "--max-restarts", "0"},
                                 {ELASTIC_TRAIN_WORKER, dir.file("ckpt"), "400", "25", "--sleep-us", "40000", "--jitter",
                                  "0.5", "--hang-at", "120"});
-  INFO(read_text(dir.file("launcher.err")));
-  CHECK(code != 0);
-  const std::string events = dir.path() + "/" + run + "/events.jsonl";
+  INFO(l.err());
+  CHECK(l.code != 0);
+  const std::string events = l.events_file();
   const auto updates = elastic::test::events_named(events, "timeouts_updated");
   const auto kills = elastic::test::events_named(events, "watchdog_kill");
   REQUIRE_FALSE(updates.empty());
@@ -139,22 +126,22 @@ TEST_CASE("under elastic-run without --step-timeout, a hung step is killed withi
   const double p50 = number(updates.back(), "p50_ms"), limit = number(kills.front(), "limit_ms");
   CHECK(p50 >= 20);
   CHECK(limit <= 10 * p50);
-  CHECK(read_text(dir.path() + "/" + run + "/rank-0.log").find("hang 120") != std::string::npos);
+  CHECK(l.log(0).find("hang 120") != std::string::npos);
 }
 
 TEST_CASE("under elastic-run without --step-timeout, steps varying +-50 % and checkpoint steps 20x slower are never killed") {
   elastic::test::temp_dir dir;
-  const std::string run = run_name("auto-healthy");
+  const char* id = "auto-healthy";
   std::string slow_phase;
   SECTION("the step after each snapshot is slow") { slow_phase = "0"; }
   SECTION("the step that ends in a snapshot is slow") { slow_phase = "24"; }
   // 20 ms steps +-50 %, every 25th 20x slower (400 ms), 250 steps.
-  const int code = run_launcher(dir, run, {"--nproc-per-node", "1", "--max-restarts", "0"},
+  launched l(id, {"--nproc-per-node", "1", "--max-restarts", "0"},
                                 {ELASTIC_TRAIN_WORKER, dir.file("ckpt"), "250", "25", "--sleep-us", "20000", "--jitter",
                                  "0.5", "--slow-every", slow_phase, "20"});
-  INFO(read_text(dir.file("launcher.err")));
-  CHECK(code == 0);
-  const std::string events = dir.path() + "/" + run + "/events.jsonl";
+  INFO(l.err());
+  CHECK(l.code == 0);
+  const std::string events = l.events_file();
   CHECK(elastic::test::events_named(events, "watchdog_kill").empty());
   const auto updates = elastic::test::events_named(events, "timeouts_updated");
   REQUIRE_FALSE(updates.empty());
@@ -167,13 +154,13 @@ TEST_CASE("under elastic-run without --step-timeout, steps varying +-50 % and ch
 #if defined(ELASTIC_RUN_TOOL) && defined(ELASTIC_DIGITS_TRAIN)
 TEST_CASE("in a 4-rank group the deadlines are agreed, and only the rank that hangs is killed, not those waiting for it") {
   elastic::test::temp_dir dir;
-  const std::string run = run_name("auto-group");
-  const int code = run_launcher(dir, run, {"--nproc-per-node", "4", "--min-ranks", "2", "--max-restarts", "3"},
+  const char* id = "auto-group";
+  launched l(id, {"--nproc-per-node", "4", "--min-ranks", "2", "--max-restarts", "3"},
                                 {ELASTIC_DIGITS_TRAIN, "--steps", "150", "--every", "25", "--step-sleep-ms", "20",
                                  "--ckpt", dir.file("ckpt"), "--hang-rank", "1", "--hang-at", "100"});
-  INFO(read_text(dir.file("launcher.err")));
-  CHECK(code == 0);
-  const std::string events = dir.path() + "/" + run + "/events.jsonl";
+  INFO(l.err());
+  CHECK(l.code == 0);
+  const std::string events = l.events_file();
   const auto kills = elastic::test::events_named(events, "watchdog_kill");
   REQUIRE(kills.size() == 1);
   CHECK(kills.front().find("\"target_rank\":1") != std::string::npos);
@@ -193,20 +180,20 @@ TEST_CASE("in a 4-rank group the deadlines are agreed, and only the rank that ha
 #if defined(ELASTIC_RUN_TOOL) && defined(ELASTIC_DIGITS_TRAIN)
 TEST_CASE("a rank whose compute is 3x the others' is reported as a straggler, and with --evict-stragglers restarted") {
   elastic::test::temp_dir dir;
-  const std::string run = run_name("straggler");
+  const char* id = "straggler";
   bool evict = false;
   SECTION("reported") {}
   SECTION("evicted") { evict = true; }
   std::vector<std::string> options{"--nproc-per-node", "4", "--min-ranks", "2", "--max-restarts", "3"};
   if (evict) options.push_back("--evict-stragglers");
   // Worker 2 sleeps 3 x 20 ms in each step of its first life: its own compute, not a wait.
-  const int code = run_launcher(dir, run, options,
+  launched l(id, options,
                                 {ELASTIC_DIGITS_TRAIN, "--steps", "200", "--every", "50", "--step-sleep-ms", "20",
                                  "--ckpt", dir.file("ckpt"), "--slow-rank", "2", "--slow-factor", "3"});
-  const std::string err = read_text(dir.file("launcher.err"));
+  const std::string err = l.err();
   INFO(err);
-  CHECK(code == 0);
-  const std::string events = dir.path() + "/" + run + "/events.jsonl";
+  CHECK(l.code == 0);
+  const std::string events = l.events_file();
   const auto found = elastic::test::events_named(events, "straggler");
   REQUIRE_FALSE(found.empty());
   INFO(found.front());

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "support/catch.hpp"
+#include "support/launched_run.hpp"
 #include "support/process.hpp"
 
 #include <elastic/comm/detail/flight_culprit.hpp>
@@ -81,11 +82,6 @@ struct recording_child {
 };
 
 std::string run_name(const char* base) { return std::string(base) + "-" + std::to_string(::getpid()); }
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
 
 /// The flight objects of run `run` in /dev/shm.
 std::vector<std::string> flight_objects(const std::string& run) {
@@ -295,25 +291,20 @@ TEST_CASE("through the store, the next round names the rank that wrote nothing w
 
 #if defined(ELASTIC_RUN_TOOL) && defined(ELASTIC_DIGITS_TRAIN)
 TEST_CASE("under elastic-run, a 4-rank group where one rank hangs before collective #k names that rank") {
-  using elastic::test::child_process;
   elastic::test::temp_dir dir;
-  const std::string run = run_name("fr-hang");
   // Worker 1 hangs in step 40 before its allreduce; the others wait in it until their collective
   // timeout (1 s: a third of the step timeout), then the watchdog kills worker 1 at 3 s.
-  auto proc = child_process::spawn({"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>\"$ELASTIC_TEST_ERR\"", ELASTIC_RUN_TOOL,
-                                    "--run-id", run, "--log-dir", dir.path(), "--nproc-per-node", "4", "--min-ranks",
-                                    "2", "--max-restarts", "3", "--step-timeout", "3", "--", ELASTIC_DIGITS_TRAIN,
-                                    "--steps", "60", "--every", "25", "--step-sleep-ms", "15", "--ckpt",
-                                    dir.file("ckpt"), "--hang-rank", "1", "--hang-at", "40"},
-                                   {{"ELASTIC_TEST_ERR", dir.file("launcher.err")}});
-  while (proc.read_line(50ms)) {
-  }
-  const auto code = proc.exit_code(120s);
-  const std::string err = read_text(dir.file("launcher.err"));
+  elastic::test::launched_run l(ELASTIC_RUN_TOOL, "fr-hang",
+                                {"--nproc-per-node", "4", "--min-ranks", "2", "--max-restarts", "3", "--step-timeout", "3"},
+                                {ELASTIC_DIGITS_TRAIN, "--steps", "60", "--every", "25", "--step-sleep-ms", "15", "--ckpt",
+                                 dir.file("ckpt"), "--hang-rank", "1", "--hang-at", "40"});
+  const int code = l.finish(120s);
+  const std::string err = l.err();
+  const std::string& run = l.run;
   INFO(err);
-  REQUIRE(code);
-  CHECK(*code == 0);
-  const auto found = elastic::test::events_named(dir.path() + "/" + run + "/events.jsonl", "group_culprit");
+  REQUIRE(code >= 0);
+  CHECK(code == 0);
+  const auto found = elastic::test::events_named(l.dir.path() + "/" + run + "/events.jsonl", "group_culprit");
   REQUIRE_FALSE(found.empty());
   INFO(found.front());
   CHECK(found.front().find("\"culprits\":\"1\"") != std::string::npos);
