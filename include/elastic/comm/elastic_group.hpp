@@ -263,26 +263,24 @@ class elastic_group final : public group_hook {
     if (d.count() > 0) scope = elastic::expires(d, what);
     const bool pause = d.count() > 0 && link_.collective;  // this scope guards the wait, not the step's
     if (pause) link_.collective(true);
-    if (flight_) flight_->enter(what, bytes);
+    // One clock read on each side serves both records: the ring and the store's report.
     latest_ = {++collectives_, what, detail::flight_outcome::inside, internal::monotonic_ns(), 0};
-    bool ok = true;
+    if (flight_) flight_->enter(what, bytes, latest_.entered_ns);
+    const auto left = [&](bool ok) {
+      latest_.outcome = ok ? detail::flight_outcome::done : detail::flight_outcome::failed;
+      latest_.left_ns = internal::monotonic_ns();
+      if (flight_) flight_->leave(ok, latest_.left_ns);
+      scope.leave();
+      if (pause) link_.collective(false);
+    };
     try {
       f(*comm_);
     } catch (const error& e) {
-      ok = false;
-      latest_.outcome = detail::flight_outcome::failed;
-      latest_.left_ns = internal::monotonic_ns();
-      if (flight_) flight_->leave(false);
-      scope.leave();
-      if (pause) link_.collective(false);
+      left(false);
       fail(what, e);
       return false;
     }
-    latest_.outcome = detail::flight_outcome::done;
-    latest_.left_ns = internal::monotonic_ns();
-    if (flight_) flight_->leave(ok);
-    scope.leave();
-    if (pause) link_.collective(false);
+    left(true);
     return true;
   }
 

@@ -172,8 +172,9 @@ class flight_recorder {
     next_ = 0;
   }
 
-  /// Collective #k of the round begins: `op` (its first 16 bytes kept) over `bytes`.
-  void enter(std::string_view op, std::uint64_t bytes) noexcept {
+  /// Collective #k of the round begins at `now_ns` (CLOCK_MONOTONIC): `op` (its first 16 bytes
+  /// kept) over `bytes`.
+  void enter(std::string_view op, std::uint64_t bytes, std::int64_t now_ns = internal::monotonic_ns()) noexcept {
     const std::uint64_t k = ++next_;
     auto& s = map_.slot(area_, k);
     s.index.store(0, std::memory_order_relaxed);
@@ -189,18 +190,18 @@ class flight_recorder {
     s.bytes.store(bytes, timer::detail::field_store);
     s.left_ns.store(0, timer::detail::field_store);
     s.outcome.store(static_cast<std::uint64_t>(flight_outcome::inside), timer::detail::field_store);
-    s.entered_ns.store(internal::monotonic_ns(), timer::detail::field_store);
+    s.entered_ns.store(now_ns, timer::detail::field_store);
     s.index.store(k, std::memory_order_release);
     map_.head().entered.store(k, std::memory_order_release);
   }
 
   /// The collective entered last ends (`ok`: it completed).
-  void leave(bool ok) noexcept {
+  void leave(bool ok, std::int64_t now_ns = internal::monotonic_ns()) noexcept {
     if (next_ == 0) return;
     auto& s = map_.slot(area_, next_);
     s.index.store(0, std::memory_order_relaxed);
     timer::detail::seqlock_write_fence();
-    s.left_ns.store(internal::monotonic_ns(), timer::detail::field_store);
+    s.left_ns.store(now_ns, timer::detail::field_store);
     s.outcome.store(static_cast<std::uint64_t>(ok ? flight_outcome::done : flight_outcome::failed),
                     timer::detail::field_store);
     s.index.store(next_, std::memory_order_release);
