@@ -23,21 +23,16 @@
 #include "agent/options.hpp"
 #include "agent/run_timeline.hpp"
 #include "support/catch.hpp"
+#include "support/launched_run.hpp"
 #include "support/process.hpp"
 
 namespace {
 
 using namespace std::chrono_literals;
 using elastic::test::child_process;
+using elastic::test::slurp;
 using elastic::test::temp_dir;
 namespace tl = elastic::agent::timeline;
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 std::size_t count(const std::string& text, const std::string& what) {
   std::size_t n = 0;
