@@ -116,6 +116,51 @@ TEST_CASE("whoever hosts the watchdog is told of each kill on the watchdog's thr
   CHECK(h.wd.stats().signals == 1);
 }
 
+TEST_CASE("a scope with a warning is warned of once at its first expiry and killed only at its second") {
+  std::mutex mu;
+  std::vector<std::pair<pid_t, double>> warned;  // pid, held ms when told
+  elastic::timer::watchdog_options o;
+  o.on_warning = [&](const elastic::timer::watchdog_warning_report& r) {
+    std::lock_guard lk(mu);
+    warned.emplace_back(r.pid, std::chrono::duration<double, std::milli>(r.held).count());
+  };
+  hosted h(o);
+  auto w = h.worker("warned", {"150", "1500"}, {{"ELASTIC_RANK", "2"}});
+  REQUIRE(w.read_line() == "entered");
+  const auto warnings = elastic::test::wait_for_events(h.events, "watchdog_warning", 1, 5s);
+  REQUIRE(warnings.size() == 1);
+  CHECK(warnings[0].find("\"target_pid\":" + std::to_string(w.pid())) != std::string::npos);
+  CHECK(warnings[0].find("\"scope\":\"warned-step\"") != std::string::npos);
+  CHECK(warnings[0].find("\"target_rank\":2") != std::string::npos);
+  CHECK(warnings[0].find("\"limit_ms\":1500") != std::string::npos);
+  CHECK(elastic::test::events_named(h.events, "watchdog_kill").empty());  // warned, not signalled
+  CHECK(::kill(w.pid(), 0) == 0);
+  REQUIRE(w.killed_by(SIGKILL, 10s));
+  const auto kills = elastic::test::wait_for_events(h.events, "watchdog_kill", 1, 5s);
+  REQUIRE(kills.size() == 1);
+  CHECK(kills[0].find("\"limit_ms\":1500") != std::string::npos);
+  CHECK(elastic::test::events_named(h.events, "watchdog_warning").size() == 1);  // once
+  std::lock_guard lk(mu);
+  REQUIRE(warned.size() == 1);
+  CHECK(warned[0].first == w.pid());
+  CHECK(warned[0].second >= 150.0);
+  CHECK(h.wd.stats().warnings == 1);
+}
+
+TEST_CASE("extending a scope with a warning moves its warning as far as its deadline") {
+  hosted h;
+  // Warned at 300 ms, killed at 3 s; extended at 100 ms to 5 s from then: warned at ~2.4 s.
+  auto w = h.worker("warned", {"300", "3000", "100", "5000"});
+  REQUIRE(w.read_line() == "entered");
+  REQUIRE(w.read_line() == "extended");
+  std::this_thread::sleep_for(1s);
+  CHECK(elastic::test::events_named(h.events, "watchdog_warning").empty());
+  const auto warnings = elastic::test::wait_for_events(h.events, "watchdog_warning", 1, 10s);
+  REQUIRE(warnings.size() == 1);
+  CHECK(elastic::test::events_named(h.events, "watchdog_kill").empty());
+  REQUIRE(w.killed_by(SIGKILL, 15s));
+}
+
 TEST_CASE("scopes that end in time kill nothing") {
   hosted h;
   auto w = h.worker("churn", {"2", "2000"});

@@ -33,7 +33,8 @@ inline bool is_warning(std::string_view event) noexcept {
   constexpr std::string_view endings[] = {"_failed",     "_failure",    "_refused",  "_error",       "_exceeded",
                                           "_full",       "_lost",       "_timeout",  "_unavailable", "_unagreed",
                                           "_unacknowledged", "_skipped", "_quarantined", "_unwatched", "_kill",
-                                          "_escalate",   "_crash_loop", "_departure", "_interrupted", "_stack"};
+                                          "_escalate",   "_crash_loop", "_departure", "_interrupted", "_stack",
+                                          "_warning",    "_raised"};
   for (const auto e : endings)
     if (event.ends_with(e)) return true;
   return false;

@@ -161,6 +161,17 @@ int main(int argc, char** argv) {
     say(g.watched() ? "entered" : "unwatched");
     hang();
   }
+  if (mode == "warned") {  // WARN_MS KILL_MS [EXTEND_AFTER_MS EXTEND_BY_MS]: a scope with two expiries
+    auto g = elastic::expires_after_warning(std::chrono::milliseconds(arg(3)), std::chrono::milliseconds(arg(4)),
+                                            "warned-step");
+    say(g.watched() ? "entered" : "unwatched");
+    if (argc > 6) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(arg(5)));
+      g.extend(std::chrono::milliseconds(arg(6)));
+      say("extended");
+    }
+    hang();
+  }
   if (mode == "ignore-abrt") {
     std::signal(SIGABRT, [](int) { static const char m[] = "got SIGABRT\n"; (void)!::write(1, m, sizeof m - 1); });
     auto g = elastic::expires(std::chrono::milliseconds(arg(3)), "stubborn", SIGABRT);

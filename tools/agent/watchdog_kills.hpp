@@ -17,6 +17,8 @@
 #include <vector>
 
 #include "process_tree.hpp"
+#include <fmt/format.h>
+
 #include <elastic/internal/unique_fd.hpp>
 #include <elastic/timer/stack_dump.hpp>
 #include <elastic/timer/watchdog.hpp>
@@ -52,12 +54,26 @@ class watchdog_kills {
 
   /// A dump the watchdog took before its signal: kept for the loop, which is woken (wake_fd()).
   /// Called before the signal, so the loop has it before it reaps the worker.
-  void add_stack(const timer::stack_dump& d) {
+  void add_stack(const timer::stack_dump& d) { queue(d.pid, timer::to_text(d)); }
+
+  /// A scope past its warning (the first expiry of an automatic deadline): a line for the
+  /// worker's log, queued as a dump is, so it comes before a later kill's.
+  void add_warning(const timer::watchdog_warning_report& r) {
+    const auto s = [](std::chrono::nanoseconds d) { return std::chrono::duration<double>(d).count(); };
+    queue(r.pid, fmt::format("elastic-run: watchdog: {}pid {} (thread {}): scope '{}' still open after {:.3f} s, past "
+                             "its warning at {:.3f} s; nothing is done until {:.3f} s, when it is killed if still "
+                             "open (watchdog_warning)\n",
+                             r.rank >= 0 ? fmt::format("rank {}, ", r.rank) : std::string(), r.pid, r.tid, r.scope,
+                             s(r.held), s(r.warn), s(r.limit)));
+  }
+
+ private:
+  void queue(pid_t pid, std::string text) {
     stack_text s;
-    s.pid = d.pid;
+    s.pid = pid;
     detail::proc_info info;
-    s.group = detail::read_proc_info(d.pid, info) ? info.pgid : 0;
-    s.text = timer::to_text(d);
+    s.group = detail::read_proc_info(pid, info) ? info.pgid : 0;
+    s.text = std::move(text);
     {
       std::lock_guard lk(mu_);
       stacks_.push_back(std::move(s));
@@ -66,7 +82,9 @@ class watchdog_kills {
     (void)!::write(wake_.get(), &one, sizeof one);
   }
 
-  /// The dumps not yet written, oldest first; clears the wake-up.
+
+ public:
+  /// The dumps (and warnings) not yet written, oldest first; clears the wake-up.
   [[nodiscard]] std::vector<stack_text> take_stacks() {
     std::uint64_t count = 0;
     (void)!::read(wake_.get(), &count, sizeof count);

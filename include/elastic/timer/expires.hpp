@@ -12,9 +12,11 @@
 // futex wake), so short deadlines are enforced as promptly as long ones.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <limits>
 #include <string_view>
 
 #include <elastic/internal/clock.hpp>
@@ -33,7 +35,9 @@ class [[nodiscard]] scope {
 
   /// Enters a scope that expires `timeout_ns` from now. `signal` 0 means the watchdog's default
   /// (SIGKILL unless it was configured otherwise). Names longer than 31 bytes are truncated.
-  scope(std::int64_t timeout_ns, std::string_view name, int signal) noexcept {
+  /// `warn_ns` in (0, timeout_ns): the watchdog first warns (a `watchdog_warning` event, no
+  /// signal) when the scope is still open that long from now; 0: no warning.
+  scope(std::int64_t timeout_ns, std::string_view name, int signal, std::int64_t warn_ns = 0) noexcept {
     client* c = client::current();
     if (c == nullptr) return;
     detail::thread_binding& b = detail::this_thread();
@@ -46,6 +50,13 @@ class [[nodiscard]] scope {
     }
     const std::int64_t now = internal::monotonic_ns();
     const std::int64_t deadline = internal::deadline_after(now, timeout_ns);
+    // The lead of the warning before the deadline, whole milliseconds (at least 1 when asked for).
+    std::uint32_t lead_ms = 0;
+    if (warn_ns > 0 && warn_ns < timeout_ns) {
+      const std::int64_t lead = (timeout_ns - warn_ns + 999'999) / 1'000'000;
+      lead_ms = static_cast<std::uint32_t>(std::min<std::int64_t>(lead, std::numeric_limits<std::uint32_t>::max()));
+    }
+    const std::int64_t first = lead_ms != 0 ? deadline - static_cast<std::int64_t>(lead_ms) * 1'000'000 : deadline;
     detail::scope_entry& e = b.held->scopes[b.depth];
     const std::uint64_t g = ++b.generation;
     // Pairs with the acquire fence in read_entry(): a reader that sees any field written below
@@ -55,6 +66,7 @@ class [[nodiscard]] scope {
     e.deadline_ns.store(deadline, detail::field_store);
     e.entered_ns.store(now, detail::field_store);
     e.signal.store(signal, detail::field_store);
+    e.warn_lead_ms.store(lead_ms, detail::field_store);
     detail::store_name(e, name);
     e.generation.store(g, std::memory_order_release);
     b.held->head.depth.store(++b.depth, std::memory_order_release);
@@ -62,7 +74,7 @@ class [[nodiscard]] scope {
     slot_ = b.held;
     generation_ = g;
     index_ = b.depth - 1;
-    if (deadline < b.header->next_wake_ns.load(std::memory_order_relaxed)) [[unlikely]] {
+    if (first < b.header->next_wake_ns.load(std::memory_order_relaxed)) [[unlikely]] {
       internal::futex_ring(b.header->doorbell);
     }
   }
@@ -92,7 +104,8 @@ class [[nodiscard]] scope {
   [[nodiscard]] bool watched() const noexcept { return slot_ != nullptr; }
 
   /// Pushes the deadline to `d` from now, never earlier than it already is: a heartbeat for a
-  /// long loop. No effect on an unwatched scope.
+  /// long loop. A warning keeps its lead before the deadline, so it moves as much. No effect on
+  /// an unwatched scope.
   template <class Rep, class Period>
   void extend(std::chrono::duration<Rep, Period> d) noexcept {
     if (slot_ == nullptr) return;
@@ -109,6 +122,15 @@ class [[nodiscard]] scope {
     if (slot_ == nullptr) return std::chrono::nanoseconds(0);
     return std::chrono::nanoseconds(slot_->scopes[index_].deadline_ns.load(std::memory_order_relaxed) -
                                     internal::monotonic_ns());
+  }
+
+  /// Time left before the warning (before the deadline when the scope has none; negative once
+  /// it has passed); zero for an unwatched scope.
+  [[nodiscard]] std::chrono::nanoseconds until_warning() const noexcept {
+    if (slot_ == nullptr) return std::chrono::nanoseconds(0);
+    const auto& e = slot_->scopes[index_];
+    const std::int64_t lead = static_cast<std::int64_t>(e.warn_lead_ms.load(std::memory_order_relaxed)) * 1'000'000;
+    return std::chrono::nanoseconds(e.deadline_ns.load(std::memory_order_relaxed) - lead - internal::monotonic_ns());
   }
 
   /// Ends the scope now (as its destructor would).
@@ -153,8 +175,21 @@ template <class Rep, class Period>
   return scope(internal::saturating_ns(timeout), name, signal);
 }
 
+/// A timer scope with two expiries: still open after `warn_after`, the watchdog warns (a
+/// `watchdog_warning` event and, under elastic-run, a line in the rank's log) and signals
+/// nothing; still open after `timeout`, it signals as expires() does. For deadlines that are a
+/// guess: a slow step is told of long before a hung one is killed. A `warn_after` of zero or
+/// not below `timeout` gives no warning.
+template <class Rep1, class Period1, class Rep2, class Period2>
+[[nodiscard]] scope expires_after_warning(std::chrono::duration<Rep1, Period1> warn_after,
+                                          std::chrono::duration<Rep2, Period2> timeout, std::string_view name = {},
+                                          int signal = 0) noexcept {
+  return scope(internal::saturating_ns(timeout), name, signal, internal::saturating_ns(warn_after));
+}
+
 }  // namespace elastic::inline v1::timer
 
 namespace elastic::inline v1 {
 using timer::expires;
+using timer::expires_after_warning;
 }  // namespace elastic::inline v1

@@ -33,6 +33,18 @@ struct watchdog_kill_report {
   std::chrono::nanoseconds late{0};    ///< from the deadline to the signal
 };
 
+/// A scope still open past its warning (expires_after_warning): what `watchdog_warning` logs.
+/// Nothing was signalled; the process is signalled at `limit` if the scope is still open then.
+struct watchdog_warning_report {
+  pid_t pid = 0;
+  pid_t tid = 0;
+  int rank = -1;                       ///< -1: the process declared none
+  std::string_view scope;              ///< valid during the call only
+  std::chrono::nanoseconds warn{0};    ///< when the warning was due, from the scope's entry
+  std::chrono::nanoseconds limit{0};   ///< when it is signalled, from the scope's entry
+  std::chrono::nanoseconds held{0};    ///< how long the scope had been open when warned of
+};
+
 /// How a watchdog is set up. Only `name` is required.
 struct watchdog_options {
   std::string name{};  ///< segment name: what workers find in ELASTIC_WATCHDOG
@@ -58,6 +70,9 @@ struct watchdog_options {
   /// hosts the watchdog (elastic-run) learns of its kills without reading its events back. Keep
   /// it short and thread-safe; what it throws is dropped.
   std::function<void(const watchdog_kill_report&)> on_kill{};
+  /// Called on the scanning thread after each `watchdog_warning` (a scope past its warning, not
+  /// yet its deadline): elastic-run writes it into the rank's log. Same rules as on_kill.
+  std::function<void(const watchdog_warning_report&)> on_warning{};
   /// Before signalling a process whose scope expired, capture the stack of each of its threads
   /// from outside it (ptrace; function names and file:line where the build has libdw) and log
   /// it: a `watchdog_stack` event, then on_stack. The signal waits for it stack_dump_limit at
@@ -102,6 +117,7 @@ struct watchdog_stats {
   std::uint64_t reclaimed = 0;    ///< slots freed after their process died
   std::int64_t max_late_ns = 0;   ///< worst delay from a deadline to its signal
   std::uint64_t refused = 0;      ///< signals not sent: the process was not a client
+  std::uint64_t warnings = 0;     ///< scopes warned of (expires_after_warning), once each
 };
 
 /// What one scan saw.

@@ -18,6 +18,13 @@
 // (with the fences of a sequence lock) and trusts the fields only if both reads match. A scope's
 // deadline may also change while live (extend()); it is one atomic word, so either value is
 // consistent with the rest of the entry.
+//
+// Warnings: an entry whose `warn_lead_ms` is non-zero asks the watchdog to warn (an event, no
+// signal) once its deadline is that close, and to kill only at the deadline itself: the two
+// expiries of an automatic step deadline (a heuristic warns before it kills). The lead is
+// relative to the deadline, so extend() moves the warning with it. The field was `reserved`
+// (always 0) before warnings existed: older writers never ask for one and older watchdogs
+// ignore it, so the layout version did not change.
 #pragma once
 
 #include <atomic>
@@ -50,7 +57,7 @@ struct alignas(64) scope_entry {
   std::atomic<std::int64_t> deadline_ns;  ///< CLOCK_MONOTONIC
   std::atomic<std::int64_t> entered_ns;   ///< CLOCK_MONOTONIC when the scope began
   std::atomic<std::int32_t> signal;       ///< 0: the watchdog's default
-  std::atomic<std::uint32_t> reserved;
+  std::atomic<std::uint32_t> warn_lead_ms;  ///< warn this long before the deadline; 0: no warning
   std::atomic<std::uint64_t> name[scope_name_bytes / 8];  ///< NUL-padded, truncated
 };
 static_assert(sizeof(scope_entry) == 64);
@@ -149,7 +156,15 @@ struct entry_snapshot {
   std::int64_t deadline_ns = 0;
   std::int64_t entered_ns = 0;
   std::int32_t signal = 0;
+  std::uint32_t warn_lead_ms = 0;
   char name[scope_name_bytes] = {};
+
+  /// When the watchdog warns about this scope (CLOCK_MONOTONIC); the deadline when it asks for no
+  /// warning or its lead reaches back past its entry.
+  [[nodiscard]] std::int64_t warn_ns() const noexcept {
+    const std::int64_t at = deadline_ns - static_cast<std::int64_t>(warn_lead_ms) * 1'000'000;
+    return warn_lead_ms == 0 || at <= entered_ns ? deadline_ns : at;
+  }
 };
 
 /// Reads `e` if it is live and not being rewritten. Returns false for a free entry or one that
@@ -160,6 +175,7 @@ inline bool read_entry(const scope_entry& e, entry_snapshot& out) noexcept {
   out.deadline_ns = e.deadline_ns.load(field_load);
   out.entered_ns = e.entered_ns.load(field_load);
   out.signal = e.signal.load(field_load);
+  out.warn_lead_ms = e.warn_lead_ms.load(field_load);
   for (std::size_t i = 0; i < scope_name_bytes / 8; ++i) {
     std::uint64_t w = e.name[i].load(field_load);
     std::memcpy(out.name + 8 * i, &w, 8);
