@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstddef>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,9 @@ struct launch_options {
   /// --step-timeout was given (0 included): otherwise the workers' loops set their own deadlines
   /// from observed step times (ELASTIC_AUTO_TIMEOUT=1).
   bool step_timeout_given = false;
+  /// The least an automatic step deadline gives a step before the kill (exported as
+  /// ELASTIC_AUTO_KILL_FLOOR); nothing: the library's default (5 minutes).
+  std::optional<std::chrono::milliseconds> auto_kill_floor{};
   bool evict_stragglers = false;  ///< exported as ELASTIC_EVICT_STRAGGLERS=1
   std::chrono::milliseconds grace{std::chrono::seconds(25)};  ///< SIGTERM to SIGKILL
   bool stack_dump = true;           ///< the stacks of a hung worker into its log before the watchdog kills it

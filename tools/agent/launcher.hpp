@@ -255,6 +255,7 @@ class launcher {
     wo.stack_dump = opts_.stack_dump;
     wo.stack_dump_limit = opts_.stack_dump_limit;
     wo.on_stack = [this](const timer::stack_dump& d) { watchdog_kills_.add_stack(d); };
+    wo.on_warning = [this](const timer::watchdog_warning_report& r) { watchdog_kills_.add_warning(r); };
     watchdog_ = std::make_unique<timer::watchdog>(std::move(wo));
   }
 
@@ -271,7 +272,11 @@ class launcher {
   }
 
   std::vector<std::string> environment(const slot& s) const {
-    return worker_environment(opts_, {.index = s.index, .starts = s.starts, .participant = participant(s), .watchdog = watchdog_name_});
+    return worker_environment(opts_, {.index = s.index,
+                                      .starts = s.starts,
+                                      .evictions = s.evictions,
+                                      .participant = participant(s),
+                                      .watchdog = watchdog_name_});
   }
 
   /// The launcher's own message, on its stderr (never blocking).
@@ -619,6 +624,16 @@ class launcher {
     }
     if (code == exit_preempted) {
       tempfail(s, how);
+      return;
+    }
+    if (!signaled && seen_.evicted(pid) && s.evictions < opts_.max_restarts) {
+      // Its loop left the group as a persistent straggler (straggler_evicted): not a failure. The
+      // library stops evicting once a slot comes back no faster; the bound is for older workers.
+      ++s.evictions;
+      say(fmt::format("worker {} (pid {}) left its group as a straggler: restarting it (eviction {} of this slot, "
+                      "not counted against --max-restarts)",
+                      s.index, pid, s.evictions));
+      restart(s, std::chrono::milliseconds(0));
       return;
     }
     ++report_.failures;

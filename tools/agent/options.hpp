@@ -159,10 +159,16 @@ inline void add_failure_options(CLI::App& app, raw_flags& f, launch_options& o) 
         o.step_timeout = *detail::to_seconds(v);
         o.step_timeout_given = true;
       });
+  app.add_option("--auto-kill-floor", "without --step-timeout: the least time a step is given before the watchdog "
+                                      "kills it, in seconds (exported as ELASTIC_AUTO_KILL_FLOOR; default 300). A step "
+                                      "past its automatic deadline is only warned of until max(10 x that deadline, S)")
+      ->check(detail::seconds())
+      ->each([&](const std::string& v) { o.auto_kill_floor = *detail::to_seconds(v); });
   app.add_flag("--evict-stragglers", o.evict_stragglers,
-               "a worker whose own compute (its step less its waits in collectives) stays 1.5x the group's median "
-               "is dropped from the group and restarted (by default stragglers are only reported: straggler events "
-               "and the summary)");
+               "a worker whose own compute (its step less its waits in collectives) stays 1.5x the group's median, "
+               "at two ranks in turn (its slowness followed it across a change of rank), is dropped from the group "
+               "and restarted; evictions are not failures, and stop once an evicted slot comes back no faster (by "
+               "default stragglers are only reported: straggler events and the summary)");
   app.add_flag_callback("--no-stack-dump", [&] { o.stack_dump = false; },
                         "kill a hung worker at once: no stack dump first (by default the watchdog stops it, writes the "
                         "stack of each of its threads into its log and a watchdog_stack event, then kills it)");

@@ -108,7 +108,9 @@ class run_events {
   /// Each straggler a group reported, as a summary line.
   [[nodiscard]] const std::vector<std::string>& stragglers() const noexcept { return stragglers_; }
   /// Workers that left their group as stragglers (--evict-stragglers).
-  [[nodiscard]] std::size_t stragglers_evicted() const noexcept { return evicted_; }
+  [[nodiscard]] std::size_t stragglers_evicted() const noexcept { return evicted_pids_.size(); }
+  /// Whether process `pid` left its group as a straggler (its exit is then not a failure).
+  [[nodiscard]] bool evicted(pid_t pid) const { return evicted_pids_.count(pid) != 0; }
   /// When a group was training again after a rebuild (seconds since the epoch), sorted.
   [[nodiscard]] std::vector<double> resumed() const {
     auto r = resumed_;
@@ -151,7 +153,7 @@ class run_events {
                                           j.at("straggler_rank").as_int64(), j.at("compute_ms").as_double(),
                                           j.at("ratio").as_double(), j.at("step").as_int64()));
       } else if (ev == "straggler_evicted") {
-        ++evicted_;
+        evicted_pids_.insert(static_cast<pid_t>(j.at("pid").as_int64()));
       } else if (ev == "group_failure") {
         collective_failures_.push_back(static_cast<pid_t>(j.at("pid").as_int64()));
       }
@@ -172,7 +174,7 @@ class run_events {
   std::vector<double> resumed_;
   std::vector<pid_t> collective_failures_;
   std::vector<std::string> stragglers_;
-  std::size_t evicted_ = 0;
+  std::set<pid_t> evicted_pids_;
 };
 
 }  // namespace elastic::agent

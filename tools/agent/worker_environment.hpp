@@ -34,6 +34,7 @@ namespace elastic::agent {
 struct worker_identity {
   std::size_t index = 0;       ///< the slot: local rank, and the first guess of the rank
   std::size_t starts = 0;      ///< lives before this one (ELASTIC_RESTART_COUNT)
+  std::size_t evictions = 0;   ///< of those, ended as evicted stragglers (ELASTIC_SLOT_EVICTIONS)
   std::string participant;     ///< participant_id(): also the guardian's mark
   std::string watchdog;        ///< the segment name of the launcher's watchdog
 };
@@ -48,7 +49,7 @@ inline constexpr std::string_view contract_prefixes[] = {
     "ELASTIC_MAX_NODES=",    "ELASTIC_PARTICIPANT_ID=", "ELASTIC_STEP_TIMEOUT=", "ELASTIC_GRACE=",
     "RANK=",                 "WORLD_SIZE=",            "LOCAL_RANK=",            "LOCAL_WORLD_SIZE=",
     "MASTER_ADDR=",          "MASTER_PORT=",           "ELASTIC_HOST_ADDR=",     "ELASTIC_FLIGHT_RECORDER=",
-    "ELASTIC_AUTO_TIMEOUT=",    "ELASTIC_EVICT_STRAGGLERS="};
+    "ELASTIC_AUTO_TIMEOUT=",    "ELASTIC_EVICT_STRAGGLERS=", "ELASTIC_AUTO_KILL_FLOOR=", "ELASTIC_SLOT_EVICTIONS="};
 
 /// The launcher's environment without the contract's variables.
 inline std::vector<std::string> inherited_environment() {
@@ -95,7 +96,9 @@ inline std::vector<std::string> worker_environment(const launch_options& o, cons
   set("ELASTIC_FLIGHT_RECORDER", "1");
   if (o.step_timeout.count() > 0) set("ELASTIC_STEP_TIMEOUT", fmt::format("{:.3f}", o.step_timeout.count() / 1e3));
   if (!o.step_timeout_given) set("ELASTIC_AUTO_TIMEOUT", "1");
+  if (o.auto_kill_floor) set("ELASTIC_AUTO_KILL_FLOOR", fmt::format("{:.3f}", o.auto_kill_floor->count() / 1e3));
   if (o.evict_stragglers) set("ELASTIC_EVICT_STRAGGLERS", "1");
+  set("ELASTIC_SLOT_EVICTIONS", std::to_string(w.evictions));
   set("ELASTIC_GRACE", fmt::format("{:.3f}", o.grace.count() / 1e3));
   set("RANK", std::to_string(w.index));
   set("WORLD_SIZE", std::to_string(world));

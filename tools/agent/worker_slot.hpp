@@ -29,6 +29,7 @@ struct worker_slot {
   worker_process proc;
   std::unique_ptr<log_pump> log;
   std::size_t starts = 0;
+  std::size_t evictions = 0;      ///< lives that ended as evicted stragglers (not failures)
   bool done = false;
   int last_code = -1;             ///< exit code, or -signal
   pid_t draining_group = 0;       ///< a group whose leader exited during the grace, still running

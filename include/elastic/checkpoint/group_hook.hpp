@@ -27,7 +27,8 @@ struct loop_link {
   std::function<void()> settle;  ///< waits until no snapshot copy still reads the state
   /// Around each collective that has a deadline of its own (true on entry, false on return):
   /// the loop's automatic step deadline does not run while this rank waits for its peers, so a
-  /// rank that never enters is the one killed, not the ranks waiting for it. Empty: nothing.
+  /// rank that never enters is the one killed, not the ranks waiting for it (whose wait the
+  /// communicator's timeout bounds, and the collective's deadline after it). Empty: nothing.
   std::function<void(bool inside)> collective;
 };
 
@@ -97,10 +98,6 @@ class group_hook {
     return std::vector<double>(values.begin(), values.end());
   }
 
-  /// The longest any rank of the round may compute in the step now running (the loop's agreed
-  /// automatic deadlines; 0: none, or between steps): a rank waiting in a collective of the step
-  /// longer than that, with a margin, waits for nobody alive, so the group may bound it so.
-  virtual void longest_step(std::chrono::milliseconds /*d*/) {}
 
  protected:
   group_hook() = default;

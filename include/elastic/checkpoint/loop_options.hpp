@@ -31,17 +31,27 @@ constexpr std::string_view to_string(loop_reason r) noexcept {
 }
 
 /// Step deadlines derived from observed step times (detail/step_deadlines.hpp has the rule).
+/// A guess can be wrong, so it has two expiries: past the first (the warning) the watchdog only
+/// warns; it kills at the second, many times later and never before `kill_floor`.
 struct auto_timeout_options {
   /// Nothing: on when ELASTIC_AUTO_TIMEOUT=1, which elastic-run sets when --step-timeout is not
   /// given. Never with a step_timeout (or ELASTIC_STEP_TIMEOUT): a number given wins.
   std::optional<bool> enabled{};
-  std::uint32_t warmup_steps = 10;  ///< steps of a life not observed (compilation, caches, connects)
+  std::uint32_t warmup_steps = 10;  ///< steps of a life not observed nor warned of (compilation, caches, connects)
+  std::uint32_t rebuild_steps = 3;  ///< the same after each rebuild of the group (loaders re-shard, caches refill)
   std::uint32_t min_samples = 20;   ///< ordinary steps observed before there is a deadline
   std::uint32_t window = 200;       ///< newest steps of each kind the rule looks at
   std::uint32_t update_every = 25;  ///< steps between recomputations (agreed by a group's ranks)
-  double multiple = 5;              ///< deadline = max(multiple x p99, 2 x max) of the window
-  std::chrono::milliseconds floor{std::chrono::milliseconds(100)};
-  std::chrono::milliseconds ceiling{std::chrono::minutes(30)};
+  double multiple = 5;              ///< warning = max(multiple x p99, 2 x max) of the window
+  std::chrono::milliseconds floor{std::chrono::milliseconds(100)};  ///< of the warning
+  std::chrono::milliseconds ceiling{std::chrono::minutes(30)};      ///< of the warning
+  /// kill = max(kill_multiple x warning, kill_floor): a step is killed only that much later.
+  double kill_multiple = 10;
+  /// The least time an automatic deadline gives a step before the kill. Nothing:
+  /// ELASTIC_AUTO_KILL_FLOOR (seconds, elastic-run --auto-kill-floor), else 5 minutes: shorter
+  /// than the 10-30 minutes PyTorch's process groups wait, long enough for an evaluation pass, a
+  /// save or a data stall that nobody marked (README, "Step deadlines that set themselves").
+  std::optional<std::chrono::milliseconds> kill_floor{};
 };
 
 struct loop_options {

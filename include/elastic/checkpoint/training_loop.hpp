@@ -78,14 +78,43 @@ class training_loop {
     /// The fence before the optimizer update: an in-flight snapshot must have copied the
     /// state first. CUDA: the wait is queued on `stream`, the host does not block.
     void before_update(checkpoint::stream_handle stream = nullptr) { loop_->ckpt_.before_update(stream); }
-    /// Pushes this step's timer deadline further (a heartbeat for long steps).
-    void extend(std::chrono::milliseconds d) {
-      if (loop_->scope_) loop_->scope_->extend(d);
-    }
+    /// Pushes this step's timer deadline further (a heartbeat for long steps): to at least `d`
+    /// from now. Under automatic deadlines it moves the warning to at least `d` from now and
+    /// keeps the kill as far after the warning as before. The ranks waiting for this one in a
+    /// collective are never killed for it (their wait is bounded by their communicator's timeout,
+    /// after which they rebuild without this rank).
+    void extend(std::chrono::milliseconds d) { loop_->extend_step(d); }
+
+    /// A region of the step with no deadline, not observed: an evaluation pass, a save of the
+    /// user's own, any work whose length says nothing about a hang. While the returned guard
+    /// lives the step's deadline (automatic, or a step_timeout) is paused, with the time it had
+    /// left kept; a step that had such a region is neither observed by the automatic deadlines
+    /// nor compared for stragglers. At the top of the body it covers the whole step. Peers that
+    /// wait for this rank in a collective still give up at their communicator's timeout.
+    [[nodiscard]] auto unbounded() { return unbounded_region(loop_); }
 
    private:
     friend class training_loop;
     explicit step_context(training_loop* l) noexcept : loop_(l) {}
+    training_loop* loop_;
+  };
+
+  /// What step_context::unbounded() returns: the step's deadline is paused while it lives.
+  class [[nodiscard]] unbounded_region {
+   public:
+    explicit unbounded_region(training_loop* l) : loop_(l) {
+      loop_->pause_step(true);
+      if (loop_->pace_) loop_->pace_->unbounded();
+    }
+    unbounded_region(unbounded_region&& o) noexcept : loop_(std::exchange(o.loop_, nullptr)) {}
+    unbounded_region(const unbounded_region&) = delete;
+    unbounded_region& operator=(const unbounded_region&) = delete;
+    unbounded_region& operator=(unbounded_region&&) = delete;
+    ~unbounded_region() {
+      if (loop_) loop_->pause_step(false);
+    }
+
+   private:
     training_loop* loop_;
   };
 
@@ -205,32 +234,54 @@ class training_loop {
       if (sharded_group_ && opts_.group->generation() != generation_) follow_group();
     }
     step_started_ = std::chrono::steady_clock::now();
-    auto limit = opts_.step_timeout;
+    checkpoint::detail::step_limits limits{.warn = {}, .kill = opts_.step_timeout};
+    step_auto_ = false;
+    pauses_ = 0;
+    paused_ = false;
     if (pace_) {
-      if (opts_.group) opts_.group->longest_step(pace_->longest());  // this step's collectives only
       const auto own = pace_->begin(next_, last_snapshot_step_, policy_.interval(), snapshot_at_ == next_,
                                     opts_.group ? opts_.group->generation() : 0);
-      if (limit.count() == 0) limit = own;
+      if (limits.kill.count() == 0) {
+        limits = own;
+        step_auto_ = true;
+      }
     }
-    if (limit.count() > 0) scope_.emplace(elastic::expires(limit, "step"));
+    step_margin_ = limits.warn.count() > 0 ? limits.kill - limits.warn : std::chrono::milliseconds(0);
+    if (limits.kill.count() > 0) scope_.emplace(step_scope(limits.warn, limits.kill));
     return true;
+  }
+
+  /// The step's timer scope: killed at `kill`, warned of first at `warn` (0: no warning).
+  static timer::scope step_scope(std::chrono::nanoseconds warn, std::chrono::nanoseconds kill) {
+    kill = std::max(kill, std::chrono::nanoseconds(std::chrono::milliseconds(1)));
+    if (warn.count() > 0 && warn < kill) return elastic::expires_after_warning(warn, kill, "step");
+    return elastic::expires(kill, "step");
   }
 
   /// The automatic step deadline counts this rank's own time: paused while it waits in a
   /// collective (whose own deadline guards the wait), resumed with the time it had left.
   void in_collective(bool inside);
 
+  /// Pauses (true) or resumes (false) the step's deadline; pauses nest (an unbounded region,
+  /// a collective inside it). Resumed with the time each expiry had left.
+  void pause_step(bool pause);
+
+  /// step_context::extend().
+  void extend_step(std::chrono::milliseconds d);
+
   /// Ends the current step; false when the loop is over.
   bool end_step() {
     scope_.reset();
     paused_ = false;
-    if (pace_ && opts_.group) opts_.group->longest_step(std::chrono::milliseconds(0));  // not a resync's
+    pauses_ = 0;
     if (opts_.group && opts_.group->step_failed()) return redo_failed_step();
     ++next_;
     const auto now = std::chrono::steady_clock::now();
     if (pace_) {
-      const auto slow = pace_->end(next_, std::chrono::duration<double>(now - step_started_).count(), opts_.group);
-      if (*opts_.evict_stragglers && std::find(slow.begin(), slow.end(), opts_.group->rank()) != slow.end()) evict();
+      const auto slow =
+          pace_->end(next_, std::chrono::duration<double>(now - step_started_).count(), opts_.group, *opts_.evict_stragglers);
+      for (const auto& f : slow)
+        if (f.evict && f.rank == opts_.group->rank()) evict();
     }
     policy_.on_step(std::chrono::duration<double>(now - step_started_).count(), [&] {
       const auto st = ckpt_.stats();
@@ -434,8 +485,14 @@ class training_loop {
   std::uint64_t generation_ = 0;  // the group's generation the checkpointer follows
   std::optional<checkpoint::detail::step_pace> pace_;  // automatic deadlines, stragglers
   std::optional<std::uint64_t> snapshot_at_;  // the step this rank snapshotted at last
-  bool paused_ = false;                       // the step's deadline waits out a collective
-  std::chrono::milliseconds paused_left_{0};
+  // The step's deadline: paused (scope_ empty) while pauses_ > 0, with the time each expiry had
+  // left; whether it is automatic (extend() moves its warning), and its kill's margin past the
+  // warning.
+  std::uint32_t pauses_ = 0;
+  bool paused_ = false;
+  std::chrono::nanoseconds paused_kill_{0}, paused_warn_{0};
+  bool step_auto_ = false;
+  std::chrono::milliseconds step_margin_{0};
 };
 
 }  // namespace elastic::inline v1::checkpoint

@@ -32,7 +32,8 @@
 //   for the bootstrap, connecting the communicator) ends the wait with errc::interrupted
 //   within 100 ms: training_loop then exits 75 with the newest committed checkpoint standing.
 // Rank 0's state travels by the communicator (detail/state_resync.hpp). A collective is wrapped
-// in a timer scope: a process stuck inside one past twice its timeout is killed by the watchdog.
+// in a timer scope: a process stuck inside one past twice its communicator's timeout (plus a
+// second) is killed by the watchdog; the ranks waiting for it gave up at the timeout itself.
 #pragma once
 
 #include <algorithm>
@@ -215,8 +216,6 @@ class elastic_group final : public group_hook {
     return all;
   }
 
-  void longest_step(std::chrono::milliseconds d) override { longest_step_ = d; }
-
   [[nodiscard]] bool step_failed() const noexcept override { return failed(); }
   [[nodiscard]] bool writes_checkpoints() const noexcept override { return comm_ && rank() == 0; }
 
@@ -297,19 +296,28 @@ class elastic_group final : public group_hook {
     }
   }
 
-  std::chrono::milliseconds deadline() const {
-    if (opts_.collective_deadline.count() > 0) return opts_.collective_deadline;
-    std::chrono::milliseconds d{0};
+  /// A collective's watchdog deadline, ordered after the communicator's own timeout: a rank
+  /// waiting for a peer that hangs gives up at that timeout (the collective fails, the group
+  /// rebuilds without the peer) and is never killed for it; only a rank stuck inside the
+  /// collective itself, whose timeout cannot fire, is still there at the deadline. So it is
+  /// twice the timeout plus a second, whatever the step deadlines are (a peer's warm-up, an
+  /// extended or unbounded step, a slow first step after a rebuild are waited for up to the
+  /// timeout, never killed for), and a collective_deadline given below that is raised to it.
+  std::chrono::milliseconds deadline() {
+    std::chrono::milliseconds floor{0};
     if constexpr (requires(const Comm& c) { c.timeout(); }) {
-      if (comm_) d = 2 * std::chrono::duration_cast<std::chrono::milliseconds>(comm_->timeout()) + std::chrono::seconds(1);
+      if (comm_) floor = 2 * std::chrono::duration_cast<std::chrono::milliseconds>(comm_->timeout()) + std::chrono::seconds(1);
     }
-    // A peer computing longer than the longest step deadline is killed by its own: waiting
-    // twice that, and a second for its death to reach us, waits for nobody alive.
-    if (longest_step_.count() > 0) {
-      const auto bound = 2 * longest_step_ + std::chrono::seconds(1);
-      d = d.count() > 0 ? std::min(d, bound) : bound;
+    const auto given = opts_.collective_deadline;
+    if (given.count() > 0 && given < floor && !deadline_raised_) {
+      deadline_raised_ = true;
+      events_.emit("collective_deadline_raised",
+                   {{"collective_deadline_ms", static_cast<std::int64_t>(given.count())},
+                    {"raised_to_ms", static_cast<std::int64_t>(floor.count())},
+                    {"reason", "below twice the communicator's timeout plus a second: the ranks waiting for a hung "
+                               "peer would be killed before their communicator gives up on it"}});
     }
-    return d;
+    return std::max(given, floor);
   }
 
   void fail(std::string_view what, const error& e) {
@@ -553,7 +561,7 @@ class elastic_group final : public group_hook {
   // the checkpointer's copier thread hands it snapshots (keep), after it exists.
   std::unique_ptr<detail::peer_replicas> replicas_;
   std::optional<detail::flight_recorder> flight_;  // the training thread's: it issues the collectives
-  std::chrono::milliseconds longest_step_{0};  // the loop's longest automatic step deadline (0: none)
+  bool deadline_raised_ = false;  // collective_deadline_raised was said
   std::uint64_t collectives_ = 0;   // entered in this round
   detail::last_collective latest_;  // this rank's newest collective in this round
   std::jthread reaper_;  // destroys a retired communicator

@@ -17,9 +17,11 @@ struct group_options {
   rendezvous::rendezvous_options rendezvous{};  ///< run id, min/max ranks, join and heartbeat timeouts
   /// How often the watcher thread looks for departures and newcomers (store reads: three).
   std::chrono::milliseconds poll_interval{std::chrono::milliseconds(50)};
-  /// Each collective runs in a timer scope of this length (0: twice the communicator's timeout
-  /// plus a second when it has one, else none; under a loop's automatic step timeouts, at most
-  /// twice the longest step deadline plus a second): a process stuck past it is killed.
+  /// Each collective runs in a timer scope of this length: a process stuck past it is killed.
+  /// Never below twice the communicator's timeout plus a second (the default; none for a
+  /// communicator without a timeout): ranks waiting for a hung peer give up at that timeout and
+  /// rebuild, and must not be killed first. A value below is raised (collective_deadline_raised).
+  /// Other ranks' step deadlines play no part.
   std::chrono::milliseconds collective_deadline{0};
   /// Partitioned state (state::add_partitioned) under a training_loop: at every snapshot each
   /// rank's slices are also sent, in the background, to this many ring successors, which keep

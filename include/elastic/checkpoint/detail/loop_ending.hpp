@@ -42,20 +42,45 @@ inline void training_loop::start_pace() {
   if (!*opts_.auto_timeout.enabled && !compare) return;
   std::optional<detail::straggler_options> so;
   if (compare) so = detail::straggler_options{opts_.straggler_threshold, 2};
-  pace_.emplace(opts_.auto_timeout, *opts_.auto_timeout.enabled, so, events_);
+  const bool slot_evicted = compare && internal::env_int("ELASTIC_SLOT_EVICTIONS", 0, 1'000'000'000).value_or(0) > 0;
+  pace_.emplace(opts_.auto_timeout, *opts_.auto_timeout.enabled, so, events_, slot_evicted);
 }
 
 inline void training_loop::in_collective(bool inside) {
   pace_->collective(inside);
   if (opts_.step_timeout.count() > 0) return;  // a step timeout given is the whole step's, waits included
-  if (inside && scope_) {
-    paused_left_ = std::chrono::duration_cast<std::chrono::milliseconds>(scope_->remaining());
+  pause_step(inside);
+}
+
+inline void training_loop::pause_step(bool pause) {
+  if (pause) {
+    if (pauses_++ != 0 || !scope_) return;
+    paused_kill_ = scope_->remaining();
+    const auto warn = scope_->until_warning();
+    paused_warn_ = warn < paused_kill_ && warn.count() > 0 ? warn : std::chrono::nanoseconds(0);  // passed: warned
     scope_.reset();
     paused_ = true;
-  } else if (!inside && paused_) {
+  } else if (pauses_ > 0 && --pauses_ == 0 && paused_) {
     paused_ = false;
-    scope_.emplace(elastic::expires(std::max(paused_left_, std::chrono::milliseconds(1)), "step"));
+    scope_.emplace(step_scope(paused_warn_, paused_kill_));
   }
+}
+
+inline void training_loop::extend_step(std::chrono::milliseconds d) {
+  const std::chrono::nanoseconds want(d);
+  if (paused_) {  // extended from within a pause: what the step gets when it resumes
+    paused_warn_ = step_auto_ ? std::max(paused_warn_, want) : paused_warn_;
+    paused_kill_ = std::max(paused_kill_, step_auto_ ? paused_warn_ + step_margin_ : want);
+    return;
+  }
+  if (!scope_) return;
+  if (!step_auto_) {
+    scope_->extend(d);
+    return;
+  }
+  const auto warn = std::max(scope_->until_warning(), want);
+  const auto kill = std::max(scope_->remaining(), warn + std::chrono::nanoseconds(step_margin_));
+  scope_.emplace(step_scope(warn, kill));
 }
 
 inline void training_loop::evict() {
@@ -63,8 +88,8 @@ inline void training_loop::evict() {
   events_.emit("straggler_evicted", {{"step", next_}, {"round", opts_.group->epoch()}});
   reason_ = loop_reason::stopped;  // no final checkpoint: the group goes on without this rank
   throw error(errc::aborted, fmt::format("training_loop: rank {} was a straggler (its compute persistently at least {}x "
-                                         "the group's median) and leaves the group (evict_stragglers): restart it, on "
-                                         "a healthier device if it has one",
+                                         "the group's median, at two ranks in turn) and leaves the group "
+                                         "(evict_stragglers): restart it, on a healthier device if it has one",
                                          rank, opts_.straggler_threshold));
 }
 

@@ -38,6 +38,13 @@ inline void resolve_auto_timeout(loop_options& o) {
   if (a.update_every < 1) bad("update_every must be at least 1 step");
   if (!(a.multiple >= 1.5 && a.multiple <= 1000)) bad("multiple must be 1.5 to 1000");
   if (a.floor.count() < 1 || a.ceiling < a.floor) bad("floor must be at least 1 ms and ceiling at least floor");
+  if (!(a.kill_multiple >= 1 && a.kill_multiple <= 1e6)) bad("kill_multiple must be 1 to 1e6");
+  if (!a.kill_floor) {
+    a.kill_floor = internal::env_seconds_in("ELASTIC_AUTO_KILL_FLOOR", std::chrono::milliseconds(1),
+                                            std::chrono::hours(24 * 7), "the warning's own deadline")
+                       .value_or(std::chrono::minutes(5));
+  }
+  if (a.kill_floor->count() < 0) bad("kill_floor must not be negative");
 }
 
 /// Options with what the environment fills in, every value checked.

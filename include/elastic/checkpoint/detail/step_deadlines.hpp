@@ -1,17 +1,21 @@
 // Step deadlines that set themselves (loop_options::auto_timeout): from the step times a loop
-// observes, the deadline its step scope gets, so that a hang is caught in a few step times
-// without the user guessing a number, and a healthy step is not killed.
+// observes, the two expiries its step scope gets: a warning a few step times out, so that a hang
+// is told of without the user guessing a number, and a kill much later, so that a healthy step
+// that was merely slow (an evaluation pass, a save, a data stall nobody marked) is never killed.
 //
 // The rule, and why:
-// - The first `warmup_steps` steps of a life, and the first two after each rebuild of the
-//   group, are not observed: they compile kernels, fill caches, connect communicators.
+// - The first `warmup_steps` steps of a life, and the first `rebuild_steps` after each rebuild
+//   of the group, are not observed and not warned of: they compile kernels, fill caches,
+//   connect communicators, re-shard their data. They keep the kill (at least the kill floor).
 // - Steps are of two kinds. A checkpoint step is one whose end takes a snapshot, or whose
 //   before_update() waits for the copy of the previous step's snapshot (the step after it);
 //   users also do their own saving there. They may be many times slower than the others, so they
 //   are observed apart and get their own deadline; until two snapshots' worth have been
 //   observed they get only the ceiling.
-// - Over the newest `window` steps of a kind: deadline = max(multiple x p99, 2 x max), clamped
-//   to [floor, ceiling]. A multiple of a high percentile ignores the odd outlier that a max
+// - Over the newest `window` steps of a kind: warning = max(multiple x p99, 2 x max), clamped
+//   to [floor, ceiling]; kill = max(kill_multiple x warning, kill_floor). A hung rank is told of
+//   at the warning (watchdog_warning, its rank log) and killed at the kill; the group does not
+//   wait for it meanwhile: its peers' collectives time out and they rebuild without it. A multiple of a high percentile ignores the odd outlier that a max
 //   alone would chase (NVRx uses max x 5); twice the max keeps a step as slow as the slowest
 //   seen safe. With step times varying +-50 % around t, p99 ~ 1.5 t: the deadline is ~7.5 t,
 //   inside 10 t.
@@ -63,13 +67,21 @@ struct step_deadline_figures {
   double checkpoint = 0;
 };
 
+/// The two expiries of a step (0 ms: none).
+struct step_limits {
+  std::chrono::milliseconds warn{0};
+  std::chrono::milliseconds kill{0};
+};
+
 class step_deadlines {
  public:
   explicit step_deadlines(const auto_timeout_options& o)
       : o_(o), ordinary_(o.window), checkpoint_(o.window), skip_(o.warmup_steps) {}
 
-  /// The next `n` steps are not observed (a rebuilt group's first steps).
+  /// The next `n` steps are not observed nor warned of (a rebuilt group's first steps).
   void skip(std::uint32_t n) noexcept { skip_ = std::max(skip_, n); }
+  /// Whether the next step is one of those.
+  [[nodiscard]] bool warming_up() const noexcept { return skip_ > 0; }
 
   /// A step of `seconds` ended (`checkpoint`: of that kind).
   void observe(double seconds, bool checkpoint) {
@@ -101,6 +113,17 @@ class step_deadlines {
     double s = checkpoint ? agreed_.checkpoint : agreed_.ordinary;
     if (checkpoint && s == 0 && agreed_.ordinary > 0) s = seconds(o_.ceiling);
     return std::chrono::milliseconds(static_cast<std::int64_t>(std::ceil(s * 1e3)));
+  }
+
+  /// Both expiries of the next step of this kind: nothing before a deadline exists; no warning
+  /// while warming up.
+  [[nodiscard]] step_limits limits(bool checkpoint) const {
+    const auto warn = deadline(checkpoint);
+    if (warn.count() == 0) return {};
+    const auto scaled = std::chrono::milliseconds(
+        static_cast<std::int64_t>(std::ceil(static_cast<double>(warn.count()) * o_.kill_multiple)));
+    const auto kill = std::max({scaled, o_.kill_floor.value_or(std::chrono::milliseconds(0)), warn});
+    return {warming_up() ? std::chrono::milliseconds(0) : warn, kill};
   }
 
   [[nodiscard]] const step_window& ordinary() const noexcept { return ordinary_; }

@@ -1,4 +1,4 @@
-// A training_loop's pace: the automatic step timeout (loop_options::auto_timeout; the rule is
+// A training_loop's pace: the automatic step deadlines (loop_options::auto_timeout; the rule is
 // step_deadlines.hpp) and the straggler watch (straggler_watch.hpp). Which kind each step is,
 // how long this rank computed in it (its step less its waits in collectives), and every
 // `update_every` steps one exchange through the group (group_hook::gather) that gives every
@@ -32,22 +32,23 @@ namespace elastic::inline v1::checkpoint::detail {
 
 class step_pace {
  public:
-  /// `deadlines`: the automatic step timeout is on; `stragglers`: ranks are compared.
+  /// `deadlines`: the automatic step timeout is on; `stragglers`: ranks are compared;
+  /// `slot_evicted`: this process's worker slot was restarted after an eviction.
   step_pace(const auto_timeout_options& o, bool deadlines, std::optional<straggler_options> stragglers,
-            event_log events)
+            event_log events, bool slot_evicted = false)
       : o_(o), events_(std::move(events)) {
     if (deadlines) deadlines_.emplace(o);
-    if (stragglers) stragglers_.emplace(*stragglers);
+    if (stragglers) stragglers_.emplace(*stragglers, slot_evicted);
   }
 
-  /// The deadline of step `step` about to run (0 ms: none). `last_snapshot`: the step of the
+  /// The expiries of step `step` about to run (0 ms: none). `last_snapshot`: the step of the
   /// newest snapshot (or the restored step); `interval`: snapshots every that many steps (0:
   /// not by count); `took_snapshot`: this rank snapshotted at the end of the step before;
   /// `generation`: the group's (a new one: its first steps are not observed, ranks are new).
-  std::chrono::milliseconds begin(std::uint64_t step, std::uint64_t last_snapshot, std::uint64_t interval,
-                                  bool took_snapshot, std::uint64_t generation) {
+  step_limits begin(std::uint64_t step, std::uint64_t last_snapshot, std::uint64_t interval, bool took_snapshot,
+                    std::uint64_t generation) {
     if (generation != generation_) {
-      if (generation_ != 0 && deadlines_) deadlines_->skip(2);
+      if (generation_ != 0 && deadlines_) deadlines_->skip(o_.rebuild_steps);
       if (stragglers_) stragglers_->reset();
       generation_ = generation;
     }
@@ -57,14 +58,13 @@ class step_pace {
       checkpoint_ = checkpoint_ || phase == 0 || phase == 1 || phase + 1 == interval;
     }
     waited_ns_ = 0;
-    return deadlines_ ? deadlines_->deadline(checkpoint_) : std::chrono::milliseconds(0);
+    unbounded_ = false;
+    return deadlines_ ? deadlines_->limits(checkpoint_) : step_limits{};
   }
 
-  /// The longest step deadline now (checkpoint steps' are the longest; 0: none): a collective
-  /// in a step waits for nobody alive past twice it (group_hook::longest_step).
-  [[nodiscard]] std::chrono::milliseconds longest() const {
-    return deadlines_ ? deadlines_->deadline(true) : std::chrono::milliseconds(0);
-  }
+  /// The step now running had an unbounded region (training_loop::step_context::unbounded):
+  /// it is neither observed for the deadlines nor compared for stragglers.
+  void unbounded() noexcept { unbounded_ = true; }
 
   /// This rank enters (true) or leaves (false) a collective: the wait is not its compute.
   void collective(bool inside) noexcept {
@@ -78,13 +78,16 @@ class step_pace {
   }
 
   /// The step begun last ended after `seconds` (`completed` steps in all now). Returns the
-  /// ranks found persistent stragglers at this step's exchange (empty between exchanges).
-  std::vector<int> end(std::uint64_t completed, double seconds, group_hook* group) {
-    if (deadlines_) deadlines_->observe(seconds, checkpoint_);
-    if (stragglers_ && !checkpoint_) stragglers_->observe(std::max(0.0, seconds - static_cast<double>(waited_ns_) / 1e9));
+  /// persistent stragglers found at this step's exchange (empty between exchanges); `evicting`:
+  /// evictions are on.
+  std::vector<straggler_finding> end(std::uint64_t completed, double seconds, group_hook* group, bool evicting) {
+    if (deadlines_ && !unbounded_) deadlines_->observe(seconds, checkpoint_);
+    if (stragglers_ && !checkpoint_ && !unbounded_) stragglers_->observe(std::max(0.0, seconds - static_cast<double>(waited_ns_) / 1e9));
     if (completed % o_.update_every != 0) return {};
     const auto mine = deadlines_ ? deadlines_->propose() : step_deadline_figures{};
-    const std::vector<double> values{mine.ordinary, mine.checkpoint, stragglers_ ? stragglers_->take_mean() : 0.0};
+    const int rank = group ? group->rank() : 0;
+    const std::vector<double> values{mine.ordinary, mine.checkpoint, stragglers_ ? stragglers_->take_mean() : 0.0,
+                                     stragglers_ ? stragglers_->flags(rank) : 0.0};
     std::vector<double> all = values;
     const int ranks = group ? group->size() : 1;
     if (group && ranks > 1) {
@@ -93,15 +96,16 @@ class step_pace {
       all = std::move(*got);
     }
     step_deadline_figures agreed{};
-    std::vector<double> means;
+    std::vector<double> means, flags;
     for (std::size_t k = 0; k < all.size(); k += values.size()) {
       agreed.ordinary = std::max(agreed.ordinary, all[k]);
       agreed.checkpoint = std::max(agreed.checkpoint, all[k + 1]);
       means.push_back(all[k + 2]);
+      flags.push_back(all[k + 3]);
     }
     if (deadlines_) apply(completed, agreed, ranks);
     if (!stragglers_) return {};
-    return stragglers_->compare(completed, means, !group || group->rank() == 0, events_);
+    return stragglers_->compare(completed, means, flags, rank, rank == 0, evicting, events_);
   }
 
  private:
@@ -130,6 +134,7 @@ class step_pace {
   std::optional<straggler_watch> stragglers_;
   std::uint64_t generation_ = 0;
   bool checkpoint_ = false;       // the kind of the step begun last
+  bool unbounded_ = false;        // it had an unbounded region
   std::int64_t entered_ns_ = 0;   // in a collective since (0: not in one)
   std::int64_t waited_ns_ = 0;    // in collectives during this step
 };
