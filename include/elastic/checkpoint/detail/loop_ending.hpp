@@ -85,7 +85,7 @@ inline void training_loop::extend_step(std::chrono::milliseconds d) {
 
 inline void training_loop::evict() {
   const int rank = opts_.group->rank();
-  events_.emit("straggler_evicted", {{"step", next_}, {"round", opts_.group->epoch()}});
+  events_.emit("straggler_evicted", {{"step", next_}, {"round", opts_.group->epoch()}, {"group_rank", rank}});
   reason_ = loop_reason::stopped;  // no final checkpoint: the group goes on without this rank
   throw error(errc::aborted, fmt::format("training_loop: rank {} was a straggler (its compute persistently at least {}x "
                                          "the group's median, at two ranks in turn) and leaves the group "
