@@ -323,8 +323,9 @@ int main(int argc, char** argv) {
     go.rendezvous.heartbeat_timeout = 2s;
     go.rendezvous.last_call_timeout = 500ms;
     if (go.rendezvous.run_id.empty() && !elastic::env_string("ELASTIC_RUN_ID")) go.rendezvous.run_id = "digits";
-    // A collective must give up on a hung peer before this rank's own step deadline does, or
-    // the watchdog kills the waiting ranks together with the hung one.
+    // How long a rank waits in a collective for a peer before the group rebuilds without it
+    // (the library orders the watchdog's deadlines after it, so waiting ranks are never killed):
+    // with a --step-timeout, a third of it, so a hang costs the group no more than its kill.
     const auto collective_timeout = cfg.step_timeout.count() > 0
                                         ? std::max(std::chrono::milliseconds(200), cfg.step_timeout / 3)
                                         : std::chrono::milliseconds(10s);

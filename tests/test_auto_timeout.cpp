@@ -157,7 +157,7 @@ TEST_CASE("stragglers: slowness that follows its process to another rank is evic
   slow.reset();
   flags.assign(3, 0.0);
   flags[1] = slow.flags(1);
-  CHECK(flags[1] == ck::detail::slow_at_another_rank);
+  CHECK(static_cast<unsigned>(flags[1]) == ck::detail::slow_at_another_rank);
   std::vector<ck::detail::straggler_finding> found;
   for (int k = 0; k < 2; ++k) found = slow.compare(100 + 25 * k, std::vector<double>{0.01, 0.03, 0.01}, flags, 1, false, true, log);
   REQUIRE(found.size() == 1);

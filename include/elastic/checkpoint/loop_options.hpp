@@ -60,7 +60,8 @@ struct loop_options {
   std::uint64_t every_steps = 0;             ///< checkpoint every N steps (0: not by count)
   std::chrono::seconds every_seconds{0};     ///< and/or every S seconds (0: not by time)
   std::size_t keep_last = 3;                 ///< committed checkpoints kept
-  /// Each step runs in a timer scope of this; 0: ELASTIC_STEP_TIMEOUT (seconds, set by
+  /// Each step runs in a timer scope of this (in a group: this rank's own work; its waits in
+  /// collectives are bounded by the communicator's timeout instead); 0: ELASTIC_STEP_TIMEOUT (seconds, set by
   /// elastic-run --step-timeout: 0 for none, or 0.001 to 1e6), else none. With a step timeout
   /// and ELASTIC_WATCHDOG set, the constructor attaches to that watchdog and throws if it cannot
   /// (a timeout that nobody enforces is a silent hang); ELASTIC_WATCHDOG unset: unwatched.

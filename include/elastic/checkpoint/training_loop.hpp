@@ -156,7 +156,7 @@ class training_loop {
     start_pace();
     if (sharded_group_) {
       attach_group();
-    } else if (opts_.group && pace_) {
+    } else if (opts_.group) {
       opts_.group->attach({.restore = {}, .settle = {}, .collective = [this](bool inside) { in_collective(inside); }});
     }
     if (opts_.handle_signals) signals_.emplace();

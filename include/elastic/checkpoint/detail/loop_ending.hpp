@@ -32,8 +32,7 @@ inline void training_loop::attach_group() {
                              return m ? std::optional<std::uint64_t>(m->step) : std::nullopt;
                            },
                        .settle = [this] { ckpt_.wait_copied(); },
-                       .collective = pace_ ? std::function<void(bool)>([this](bool inside) { in_collective(inside); })
-                                           : std::function<void(bool)>()});
+                       .collective = [this](bool inside) { in_collective(inside); }});
   ckpt_.on_copied([g = opts_.group](const staged_snapshot& s) { g->snapshot_copied(s); });
 }
 
@@ -46,9 +45,11 @@ inline void training_loop::start_pace() {
   pace_.emplace(opts_.auto_timeout, *opts_.auto_timeout.enabled, so, events_, slot_evicted);
 }
 
+// A step timeout, given or automatic, bounds this rank's own work: its waits for the others are
+// bounded by the communicator's timeout and the collective's deadline after it, so a rank waiting
+// for a hung peer is never the one killed.
 inline void training_loop::in_collective(bool inside) {
-  pace_->collective(inside);
-  if (opts_.step_timeout.count() > 0) return;  // a step timeout given is the whole step's, waits included
+  if (pace_) pace_->collective(inside);
   pause_step(inside);
 }
 
