@@ -75,19 +75,29 @@ child_process spawn_tool(const std::vector<std::string>& args, const std::string
 
 /// elastic-run with its logs under `dir`, run id `run` (made unique), then `args` (options,
 /// "--", program). Its stderr goes to err(), and to the test's stderr when it has ended.
+/// `wrapper` (e.g. unshare and its options) runs elastic-run when given.
 struct launch {
   temp_dir dir;
   std::string run;
   child_process proc;
   std::vector<std::string> console;
 
-  launch(const std::string& run_id, std::vector<std::string> options, std::vector<std::string> program)
+  launch(const std::string& run_id, std::vector<std::string> options, std::vector<std::string> program,
+         const std::vector<std::string>& wrapper = {})
       : run(unique_run(run_id)) {
     std::vector<std::string> argv{"--run-id", run, "--log-dir", dir.path()};
     argv.insert(argv.end(), options.begin(), options.end());
     argv.push_back("--");
     argv.insert(argv.end(), program.begin(), program.end());
-    proc = spawn_tool(argv, dir.file("launcher.err"));
+    if (wrapper.empty()) {
+      proc = spawn_tool(argv, dir.file("launcher.err"));
+    } else {
+      std::vector<std::string> wrapped{"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>>\"$ELASTIC_TEST_ERR\""};
+      wrapped.insert(wrapped.end(), wrapper.begin(), wrapper.end());
+      wrapped.push_back(ELASTIC_RUN_TOOL);
+      wrapped.insert(wrapped.end(), argv.begin(), argv.end());
+      proc = child_process::spawn(wrapped, {{"ELASTIC_TEST_ERR", dir.file("launcher.err")}});
+    }
   }
   std::string log(int slot) const { return slurp(dir.path() + "/" + run + "/rank-" + std::to_string(slot) + ".log"); }
   std::string events() const { return slurp(dir.path() + "/" + run + "/events.jsonl"); }
@@ -943,6 +953,65 @@ TEST_CASE("launchers of one run may share a store given with --rdzv on one host"
   CHECK(a.finish() == 0);
   CHECK(b.finish() == 0);
   elastic::rendezvous::shm_store::remove(store);
+}
+
+namespace {
+
+/// unshare(1) running its command as pid 1 of a new pid namespace (with its own /proc), killed
+/// with unshare; the test ends as skipped where that is not permitted (not root, no unshare).
+std::vector<std::string> own_pid_namespace() {
+  if (::geteuid() != 0) elastic::test::skip_test("needs root to make pid namespaces");
+  std::string tool;
+  for (const char* p : {"/usr/bin/unshare", "/bin/unshare", "/usr/sbin/unshare"})
+    if (tool.empty() && ::access(p, X_OK) == 0) tool = p;
+  if (tool.empty()) elastic::test::skip_test("no unshare(1) (util-linux)");
+  const std::vector<std::string> unshare{tool, "--pid", "--fork", "--mount-proc", "--kill-child"};
+  std::vector<std::string> probe = unshare;
+  probe.push_back("/bin/true");
+  auto p = child_process::spawn(probe);
+  if (p.exit_code(20s) != 0) elastic::test::skip_test("unshare --pid --fork --mount-proc is not permitted here");
+  return unshare;
+}
+
+}  // namespace
+
+TEST_CASE("two launchers of one run in separate pid namespaces of one host get distinct participant ids and form one group") {
+  // Containers that share the host's name and /dev/shm but not its pids: both launchers are pid
+  // 1 in their own namespace.
+  const auto wrapper = own_pid_namespace();
+  const std::string store = elastic::test::unique_name("agentpidns");
+  const std::string run = unique_run("pidns");
+  const std::vector<std::string> options{"--nproc-per-node", "1", "--max-restarts", "0", "--rdzv", "shm://" + store};
+  const std::vector<std::string> program{ELASTIC_RDZV_WORKER, store, run, "2", "2", "-", "once"};
+  launch a("pidns", options, program, wrapper);
+  launch b("pidns", options, program, wrapper);
+  const int code_a = a.finish(60s), code_b = b.finish(60s);
+  elastic::rendezvous::shm_store::remove(store);
+  INFO(a.log(0) << b.log(0));
+  CHECK(code_a == 0);
+  CHECK(code_b == 0);
+  // One round of two, both in it, each under an id of its own: "round 1 rank R world W members A,B ...".
+  struct seen {
+    std::string rank, world, members;
+  };
+  std::vector<seen> rounds;
+  for (auto* l : {&a, &b}) {
+    const std::string log = l->log(0);
+    const auto at = log.find("round 1 ");
+    REQUIRE(at != std::string::npos);
+    std::istringstream in(log.substr(at, log.find('\n', at) - at));
+    std::string word, round;
+    seen r;
+    in >> word >> round >> word >> r.rank >> word >> r.world >> word >> r.members;
+    rounds.push_back(r);
+  }
+  CHECK(rounds[0].world == "2");
+  CHECK(rounds[0].members == rounds[1].members);
+  CHECK(rounds[0].rank != rounds[1].rank);
+  const std::string members = rounds[0].members;
+  const auto comma = members.find(',');
+  REQUIRE(comma != std::string::npos);
+  CHECK(members.substr(0, comma) != members.substr(comma + 1));
 }
 
 TEST_CASE("a SIGKILLed launcher leaves no worker and nothing in /dev/shm, wrapped and escaped workers included") {
