@@ -26,6 +26,7 @@
 #include <vector>
 
 #include <elastic/internal/process.hpp>
+#include <elastic/rendezvous/run_keys.hpp>
 #include <elastic/rendezvous/shm_store.hpp>
 
 #include "agent/options.hpp"  // tools/agent: the parser, tested as a function too
@@ -73,6 +74,11 @@ child_process spawn_tool(const std::vector<std::string>& args, const std::string
   return child_process::spawn_as(uid, gid, argv, {{"ELASTIC_TEST_ERR", err_file}});
 }
 
+/// A run id used as it is, not made unique (the name is what a test is about).
+struct exact_id {
+  std::string name;
+};
+
 /// elastic-run with its logs under `dir`, run id `run` (made unique), then `args` (options,
 /// "--", program). Its stderr goes to err(), and to the test's stderr when it has ended.
 /// `wrapper` (e.g. unshare and its options) runs elastic-run when given.
@@ -85,6 +91,13 @@ struct launch {
   launch(const std::string& run_id, std::vector<std::string> options, std::vector<std::string> program,
          const std::vector<std::string>& wrapper = {})
       : run(unique_run(run_id)) {
+    start(options, program, wrapper);
+  }
+  launch(exact_id id, std::vector<std::string> options, std::vector<std::string> program) : run(std::move(id.name)) {
+    start(options, program, {});
+  }
+  void start(const std::vector<std::string>& options, const std::vector<std::string>& program,
+             const std::vector<std::string>& wrapper) {
     std::vector<std::string> argv{"--run-id", run, "--log-dir", dir.path()};
     argv.insert(argv.end(), options.begin(), options.end());
     argv.push_back("--");
@@ -954,6 +967,53 @@ TEST_CASE("launchers of one run may share a store given with --rdzv on one host"
   CHECK(b.finish() == 0);
   elastic::rendezvous::shm_store::remove(store);
 }
+
+namespace {
+
+/// Runs named like the store's own keys share the store at `url` (opened by the test as `s`):
+/// "runs", the parent of the registrations until they moved, and "config" and "round", whose
+/// registrations were then keys of the run named "runs". Each forms its group, the store lists
+/// exactly them as live, and each finishes, removing its keys.
+void runs_named_like_store_keys_share_it(const std::string& url, elastic::rendezvous::store& s) {
+  const std::vector<std::string> options{"--nproc-per-node", "1", "--max-restarts", "0", "--rdzv", url};
+  auto program = [&](const std::string& run, const char* life_ms) {
+    return std::vector<std::string>{ELASTIC_RDZV_WORKER, url, run, "1", "1", "-", "stay", "--life", life_ms};
+  };
+  launch config(exact_id{"config"}, options, program("config", "5000"));
+  launch round(exact_id{"round"}, options, program("round", "5000"));
+  REQUIRE(eventually([&] { return contains(config.log(0), "round 1 ") && contains(round.log(0), "round 1 "); }, 30s));
+  launch runs(exact_id{"runs"}, options, program("runs", "1000"));
+  REQUIRE(eventually([&] { return contains(runs.log(0), "round 1 ") || contains(runs.log(0), "error "); }, 30s));
+  const auto live = elastic::rendezvous::live_runs(s, "/elastic");
+  const int code_runs = runs.finish(60s), code_config = config.finish(60s), code_round = round.finish(60s);
+  INFO(runs.log(0) << config.log(0) << round.log(0));
+  CHECK(contains(runs.log(0), "round 1 rank 0 world 1"));
+  CHECK(live == std::vector<std::string>{"config", "round", "runs"});
+  CHECK(code_runs == 0);
+  CHECK(code_config == 0);
+  CHECK(code_round == 0);
+  for (auto* l : {&runs, &config, &round}) CHECK(contains(l->events(), "\"event\":\"run_keys_removed\""));
+  for (const char* run : {"config", "round", "runs"}) CHECK(s.list(std::string("/elastic/") + run + "/").empty());
+}
+
+}  // namespace
+
+TEST_CASE("runs named runs, config and round share an shm store: each forms its group and finishes") {
+  const std::string store = elastic::test::unique_name("agentnames");
+  {
+    elastic::rendezvous::shm_store s(store);
+    runs_named_like_store_keys_share_it("shm://" + store, s);
+  }
+  elastic::rendezvous::shm_store::remove(store);
+}
+
+#if defined(ELASTIC_ETCD_SERVER) && defined(ELASTIC_GROUP_WORKER)
+TEST_CASE("runs named runs, config and round share an etcd: each forms its group and finishes") {
+  elastic::test::etcd_server etcd;
+  elastic::rendezvous::etcd_store s(etcd.url());
+  runs_named_like_store_keys_share_it(etcd.url(), s);
+}
+#endif
 
 namespace {
 
