@@ -26,6 +26,7 @@
 #include <vector>
 
 #include <elastic/internal/process.hpp>
+#include <elastic/rendezvous/run_keys.hpp>
 #include <elastic/rendezvous/shm_store.hpp>
 
 #include "agent/options.hpp"  // tools/agent: the parser, tested as a function too
@@ -73,21 +74,43 @@ child_process spawn_tool(const std::vector<std::string>& args, const std::string
   return child_process::spawn_as(uid, gid, argv, {{"ELASTIC_TEST_ERR", err_file}});
 }
 
+/// A run id used as it is, not made unique (the name is what a test is about).
+struct exact_id {
+  std::string name;
+};
+
 /// elastic-run with its logs under `dir`, run id `run` (made unique), then `args` (options,
 /// "--", program). Its stderr goes to err(), and to the test's stderr when it has ended.
+/// `wrapper` (e.g. unshare and its options) runs elastic-run when given.
 struct launch {
   temp_dir dir;
   std::string run;
   child_process proc;
   std::vector<std::string> console;
 
-  launch(const std::string& run_id, std::vector<std::string> options, std::vector<std::string> program)
+  launch(const std::string& run_id, std::vector<std::string> options, std::vector<std::string> program,
+         const std::vector<std::string>& wrapper = {})
       : run(unique_run(run_id)) {
+    start(options, program, wrapper);
+  }
+  launch(exact_id id, std::vector<std::string> options, std::vector<std::string> program) : run(std::move(id.name)) {
+    start(options, program, {});
+  }
+  void start(const std::vector<std::string>& options, const std::vector<std::string>& program,
+             const std::vector<std::string>& wrapper) {
     std::vector<std::string> argv{"--run-id", run, "--log-dir", dir.path()};
     argv.insert(argv.end(), options.begin(), options.end());
     argv.push_back("--");
     argv.insert(argv.end(), program.begin(), program.end());
-    proc = spawn_tool(argv, dir.file("launcher.err"));
+    if (wrapper.empty()) {
+      proc = spawn_tool(argv, dir.file("launcher.err"));
+    } else {
+      std::vector<std::string> wrapped{"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>>\"$ELASTIC_TEST_ERR\""};
+      wrapped.insert(wrapped.end(), wrapper.begin(), wrapper.end());
+      wrapped.push_back(ELASTIC_RUN_TOOL);
+      wrapped.insert(wrapped.end(), argv.begin(), argv.end());
+      proc = child_process::spawn(wrapped, {{"ELASTIC_TEST_ERR", dir.file("launcher.err")}});
+    }
   }
   std::string log(int slot) const { return slurp(dir.path() + "/" + run + "/rank-" + std::to_string(slot) + ".log"); }
   std::string events() const { return slurp(dir.path() + "/" + run + "/events.jsonl"); }
@@ -943,6 +966,112 @@ TEST_CASE("launchers of one run may share a store given with --rdzv on one host"
   CHECK(a.finish() == 0);
   CHECK(b.finish() == 0);
   elastic::rendezvous::shm_store::remove(store);
+}
+
+namespace {
+
+/// Runs named like the store's own keys share the store at `url` (opened by the test as `s`):
+/// "runs", the parent of the registrations until they moved, and "config" and "round", whose
+/// registrations were then keys of the run named "runs". Each forms its group, the store lists
+/// exactly them as live, and each finishes, removing its keys.
+void runs_named_like_store_keys_share_it(const std::string& url, elastic::rendezvous::store& s) {
+  const std::vector<std::string> options{"--nproc-per-node", "1", "--max-restarts", "0", "--rdzv", url};
+  auto program = [&](const std::string& run, const char* life_ms) {
+    return std::vector<std::string>{ELASTIC_RDZV_WORKER, url, run, "1", "1", "-", "stay", "--life", life_ms};
+  };
+  launch config(exact_id{"config"}, options, program("config", "5000"));
+  launch round(exact_id{"round"}, options, program("round", "5000"));
+  REQUIRE(eventually([&] { return contains(config.log(0), "round 1 ") && contains(round.log(0), "round 1 "); }, 30s));
+  launch runs(exact_id{"runs"}, options, program("runs", "1000"));
+  REQUIRE(eventually([&] { return contains(runs.log(0), "round 1 ") || contains(runs.log(0), "error "); }, 30s));
+  const auto live = elastic::rendezvous::live_runs(s, "/elastic");
+  const int code_runs = runs.finish(60s), code_config = config.finish(60s), code_round = round.finish(60s);
+  INFO(runs.log(0) << config.log(0) << round.log(0));
+  CHECK(contains(runs.log(0), "round 1 rank 0 world 1"));
+  CHECK(live == std::vector<std::string>{"config", "round", "runs"});
+  CHECK(code_runs == 0);
+  CHECK(code_config == 0);
+  CHECK(code_round == 0);
+  for (auto* l : {&runs, &config, &round}) CHECK(contains(l->events(), "\"event\":\"run_keys_removed\""));
+  for (const char* run : {"config", "round", "runs"}) CHECK(s.list(std::string("/elastic/") + run + "/").empty());
+}
+
+}  // namespace
+
+TEST_CASE("runs named runs, config and round share an shm store: each forms its group and finishes") {
+  const std::string store = elastic::test::unique_name("agentnames");
+  {
+    elastic::rendezvous::shm_store s(store);
+    runs_named_like_store_keys_share_it("shm://" + store, s);
+  }
+  elastic::rendezvous::shm_store::remove(store);
+}
+
+#if defined(ELASTIC_ETCD_SERVER) && defined(ELASTIC_GROUP_WORKER)
+TEST_CASE("runs named runs, config and round share an etcd: each forms its group and finishes") {
+  elastic::test::etcd_server etcd;
+  elastic::rendezvous::etcd_store s(etcd.url());
+  runs_named_like_store_keys_share_it(etcd.url(), s);
+}
+#endif
+
+namespace {
+
+/// unshare(1) running its command as pid 1 of a new pid namespace (with its own /proc), killed
+/// with unshare; the test ends as skipped where that is not permitted (not root, no unshare).
+std::vector<std::string> own_pid_namespace() {
+  if (::geteuid() != 0) elastic::test::skip_test("needs root to make pid namespaces");
+  std::string tool;
+  for (const char* p : {"/usr/bin/unshare", "/bin/unshare", "/usr/sbin/unshare"})
+    if (tool.empty() && ::access(p, X_OK) == 0) tool = p;
+  if (tool.empty()) elastic::test::skip_test("no unshare(1) (util-linux)");
+  const std::vector<std::string> unshare{tool, "--pid", "--fork", "--mount-proc", "--kill-child"};
+  std::vector<std::string> probe = unshare;
+  probe.push_back("/bin/true");
+  auto p = child_process::spawn(probe);
+  if (p.exit_code(20s) != 0) elastic::test::skip_test("unshare --pid --fork --mount-proc is not permitted here");
+  return unshare;
+}
+
+}  // namespace
+
+TEST_CASE("two launchers of one run in separate pid namespaces of one host get distinct participant ids and form one group") {
+  // Containers that share the host's name and /dev/shm but not its pids: both launchers are pid
+  // 1 in their own namespace.
+  const auto wrapper = own_pid_namespace();
+  const std::string store = elastic::test::unique_name("agentpidns");
+  const std::string run = unique_run("pidns");
+  const std::vector<std::string> options{"--nproc-per-node", "1", "--max-restarts", "0", "--rdzv", "shm://" + store};
+  const std::vector<std::string> program{ELASTIC_RDZV_WORKER, store, run, "2", "2", "-", "once"};
+  launch a("pidns", options, program, wrapper);
+  launch b("pidns", options, program, wrapper);
+  const int code_a = a.finish(60s), code_b = b.finish(60s);
+  elastic::rendezvous::shm_store::remove(store);
+  INFO(a.log(0) << b.log(0));
+  CHECK(code_a == 0);
+  CHECK(code_b == 0);
+  // One round of two, both in it, each under an id of its own: "round 1 rank R world W members A,B ...".
+  struct seen {
+    std::string rank, world, members;
+  };
+  std::vector<seen> rounds;
+  for (auto* l : {&a, &b}) {
+    const std::string log = l->log(0);
+    const auto at = log.find("round 1 ");
+    REQUIRE(at != std::string::npos);
+    std::istringstream in(log.substr(at, log.find('\n', at) - at));
+    std::string word, round;
+    seen r;
+    in >> word >> round >> word >> r.rank >> word >> r.world >> word >> r.members;
+    rounds.push_back(r);
+  }
+  CHECK(rounds[0].world == "2");
+  CHECK(rounds[0].members == rounds[1].members);
+  CHECK(rounds[0].rank != rounds[1].rank);
+  const std::string members = rounds[0].members;
+  const auto comma = members.find(',');
+  REQUIRE(comma != std::string::npos);
+  CHECK(members.substr(0, comma) != members.substr(comma + 1));
 }
 
 TEST_CASE("a SIGKILLed launcher leaves no worker and nothing in /dev/shm, wrapped and escaped workers included") {

@@ -3,6 +3,7 @@
 // fails, standalone ranks that must stop at the same step, and settings that are malformed.
 #include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
@@ -17,6 +18,7 @@
 #include <elastic/checkpoint.hpp>
 
 #include "support/catch.hpp"
+#include "support/other_user.hpp"
 #include "support/process.hpp"
 
 using namespace std::chrono_literals;
@@ -293,7 +295,7 @@ TEST_CASE("proposals left by a killed incarnation are stale: the next incarnatio
   ::stat("/proc/self/ns/pid", &st);
   for (int r : {0, 1}) {
     std::ofstream(dir + "/.final-000000000000/rank-" + std::to_string(r))
-        << "7 preempted " << host << " " << st.st_ino << " " << gone.pid() << " 12345";
+        << "7 preempted " << host << " " << st.st_ino << " " << gone.pid() << " 12345 unlocked";
   }
   auto r0 = rank_of_two(0, dir, events, {"--steps", "120"});
   auto r1 = rank_of_two(1, dir, events, {"--steps", "120"});
@@ -307,6 +309,58 @@ TEST_CASE("proposals left by a killed incarnation are stale: the next incarnatio
   CHECK(r0.exit_code() == 0);
   CHECK(r1.exit_code() == 0);
   CHECK(newest_step(dir) == 120);
+}
+
+TEST_CASE("a proposal left by a killed incarnation in another pid namespace is ignored: the ranks end at one committed step") {
+  if (::geteuid() != 0) elastic::test::skip_test("needs root to make pid namespaces");
+  if (::access("/usr/bin/unshare", X_OK) != 0) elastic::test::skip_test("no /usr/bin/unshare (util-linux)");
+  temp_dir tmp;
+  const auto dir = tmp.file("ckpt"), events = tmp.file("events.jsonl");
+  const std::string stale = dir + "/.final-000000000000/rank-1";
+  {
+    // The killed incarnation: its rank 1 ran in a container of its own (pid namespace), got the
+    // notice, proposed its step and was SIGKILLed while waiting for its rank 0.
+    std::vector<std::string> argv{"/usr/bin/unshare", "--pid", "--fork", "--mount-proc", "--kill-child",
+                                  ELASTIC_PREEMPT_WORKER, "--dir", dir, "--rank", "1", "--world", "2", "--every",
+                                  "0", "--sleep-us", "1000"};
+    child_process old = child_process::spawn(argv, {{"ELASTIC_EVENTS", events}, {"ELASTIC_GRACE", "60"}});
+    const auto first = old.read_line(60s);
+    if (!first || first->rfind("start ", 0) != 0) elastic::test::skip_test("unshare --pid is not permitted here");
+    std::this_thread::sleep_for(300ms);
+    // Its pid here: unshare's child (pid 1 in its namespace).
+    long rank_pid = 0;
+    std::ifstream("/proc/" + std::to_string(old.pid()) + "/task/" + std::to_string(old.pid()) + "/children") >> rank_pid;
+    REQUIRE(rank_pid > 0);
+    ::kill(static_cast<pid_t>(rank_pid), SIGTERM);
+    const auto until = std::chrono::steady_clock::now() + 30s;
+    while (!std::filesystem::exists(stale) && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(5ms);
+    REQUIRE(std::filesystem::exists(stale));
+    old.kill(SIGKILL);  // unshare, and with it (--kill-child) the rank
+    REQUIRE(old.wait_for(10s));
+  }
+  std::string left;
+  std::getline(std::ifstream(stale), left);
+  INFO("stale proposal: " << left);
+  // This incarnation's rank 0 starts first and trains a while before its rank 1 starts (and
+  // removes its own leftover): rank 0 must not take the stale proposal for its peer's.
+  auto r0 = rank_of_two(0, dir, events, {}, {{"ELASTIC_GRACE", "60"}});
+  REQUIRE(r0.line("start ") == "start 0");
+  std::this_thread::sleep_for(500ms);
+  auto r1 = rank_of_two(1, dir, events, {}, {{"ELASTIC_GRACE", "60"}});
+  REQUIRE(r1.line("start ") == "start 0");
+  std::this_thread::sleep_for(300ms);
+  r0.proc.kill(SIGTERM);
+  r1.proc.kill(SIGTERM);
+  const auto e0 = r0.end(), e1 = r1.end();
+  INFO(r0.transcript() << r1.transcript());
+  REQUIRE(e0);
+  REQUIRE(e1);
+  CHECK(e0->reason == "preempted");
+  CHECK(e1->reason == "preempted");
+  CHECK(e0->step == e1->step);
+  CHECK(r0.exit_code() == elastic::exit_preempted);
+  CHECK(r1.exit_code() == elastic::exit_preempted);
+  CHECK(newest_step(dir) == e0->step);
 }
 
 #if defined(ELASTIC_RUN_TOOL)

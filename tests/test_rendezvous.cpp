@@ -475,7 +475,7 @@ TEST_CASE("runs share a store, each under its own keys; one alone names the live
   CHECK(rdzv::live_runs(t.s, "/elastic") == std::vector<std::string>{"job", "job-b"});
   for (auto& [k, v] : t.s.list("")) {
     INFO(k);
-    CHECK((k.starts_with("/elastic/job/") || k.starts_with("/elastic/job-b/") || k.starts_with("/elastic/runs/")));
+    CHECK((k.starts_with("/elastic/job/") || k.starts_with("/elastic/job-b/") || k.starts_with("/elastic/.runs/")));
   }
 
   // A participant whose run id nobody else uses waits alone; its timeout says who is here.

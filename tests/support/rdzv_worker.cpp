@@ -3,6 +3,7 @@
 //
 //   rdzv_worker STORE RUN MIN MAX ID MODE [--hb MS] [--hb-timeout MS] [--last-call MS]
 //                                         [--join-timeout MS] [--poll MS] [--life MS]
+//     STORE  an shm store's name, or a store URL (shm://NAME, etcd://HOST:PORT)
 //     ID     the participant id, or - for the default (HOST:PID:RANDOM)
 //     MODE   once: join one round, report it, leave (exit 0)
 //            stay: join, then poll every --poll MS; on a change report it and form the next
@@ -17,11 +18,13 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <thread>
 
 #include <elastic/checkpoint/preemption.hpp>
+#include <elastic/rendezvous/open_store.hpp>
 #include <elastic/rendezvous/rendezvous.hpp>
 #include <elastic/rendezvous/shm_store.hpp>
 
@@ -76,8 +79,11 @@ int main(int argc, char** argv) {
   auto boot = [](const rdzv::round_info& r) { return fmt::format("boot:{}:{}", r.leader, r.round); };
   try {
     const elastic::preemption_handler notices;  // SIGTERM: a notice the rendezvous honours
-    rdzv::shm_store store(argv[1]);
-    rdzv::rendezvous rv(store, o);
+    const std::string_view where = argv[1];
+    std::unique_ptr<rdzv::store> store;
+    if (where.find("://") != std::string_view::npos) store = rdzv::open_store(where);
+    else store = std::make_unique<rdzv::shm_store>(argv[1]);
+    rdzv::rendezvous rv(*store, o);
     say(round_line(rv.join(boot)));
     if (mode == "once") return 0;
     const auto until = std::chrono::steady_clock::now() + life;

@@ -60,7 +60,7 @@ struct guardian_state {
   std::size_t group_count = 0;
   char names[guardian_max_names][guardian_max_name + 1];
   std::size_t name_count = 0;
-  const char* marker = nullptr;  // "ELASTIC_PARTICIPANT_ID=host.PID:"
+  const char* marker = nullptr;  // "ELASTIC_PARTICIPANT_ID=HOST[@NS].PID:", launcher_identity.hpp
   std::size_t marker_len = 0;
 
   void command(char* line) noexcept {
@@ -233,7 +233,8 @@ class guardian {
   guardian() = default;
 
   /// Forks the guardian. `marker` is the environment entry prefix that marks this launcher's
-  /// descendants ("ELASTIC_PARTICIPANT_ID=host.PID:"). Call before any thread is started.
+  /// descendants ("ELASTIC_PARTICIPANT_ID=HOST[@NS].PID:", launcher_identity.hpp). Call before
+  /// any thread is started.
   static guardian start(std::string marker) {
     int p[2];
     if (::pipe2(p, O_CLOEXEC) != 0) throw os_error("cannot make the guardian's pipe");

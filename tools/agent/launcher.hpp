@@ -52,6 +52,7 @@
 #include "guardian.hpp"
 #include "log_pump.hpp"
 #include "options.hpp"
+#include "launcher_identity.hpp"
 #include "notice_signals.hpp"
 #include "process_tree.hpp"
 #include "run_events.hpp"
@@ -64,7 +65,6 @@
 #include "worker_process.hpp"
 #include "worker_slot.hpp"
 #include <elastic/internal/file.hpp>
-#include <elastic/internal/host_name.hpp>
 #include <elastic/internal/private_dir.hpp>
 #include <elastic/internal/process.hpp>
 #include <elastic/internal/shm_object.hpp>
@@ -100,7 +100,6 @@ class launcher {
     const bool own_default_store = opts_.rdzv.empty();
     if (own_default_store) opts_.rdzv = "shm://elastic-" + opts_.run_id;
     const auto url = rendezvous::parse_store_url(opts_.rdzv);  // a bad URL fails before anything starts
-    host_ = elastic::internal::host_name_for_ids();
     note_inherited_children();
     // First, before any thread exists: the signal mask (inherited by every thread) and the
     // guardian (single-threaded, holding no lock of ours).
@@ -214,7 +213,7 @@ class launcher {
     signals_ = detail::launcher_signals(opts_.preempt_signals);
     ::signal(SIGPIPE, SIG_IGN);
     ::pthread_sigmask(SIG_BLOCK, &signals_, nullptr);
-    guardian_ = guardian::start(fmt::format("ELASTIC_PARTICIPANT_ID={}.{}:", host_, ::getpid()));
+    guardian_ = guardian::start(self_.mark());
     // Orphans of the workers (a wrapper's trainers, what escaped with setsid) become ours.
     ::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
     sigfd_ = elastic::internal::unique_fd(::signalfd(-1, &signals_, SFD_CLOEXEC | SFD_NONBLOCK));
@@ -244,7 +243,7 @@ class launcher {
 
   /// Per launcher: two launchers of a run may share a host (and /dev/shm) with --rdzv.
   void start_watchdog() {
-    watchdog_name_ = fmt::format("elastic-{}-{}", opts_.run_id, ::getpid());
+    watchdog_name_ = self_.watchdog_name(opts_.run_id);
     watchdog_object_.own(timer::detail::shm_object_name(watchdog_name_), &guardian_);
     timer::watchdog_options wo;
     wo.name = watchdog_name_;
@@ -261,7 +260,7 @@ class launcher {
 
   enum class ending { none, preempted, failed, crash_loop };
 
-  std::string participant(const slot& s) const { return participant_id(host_, ::getpid(), s.index); }
+  std::string participant(const slot& s) const { return self_.participant(s.index); }
 
   std::string join_command() const { return fmt::format("{}", fmt::join(opts_.command, " ")); }
 
@@ -756,7 +755,7 @@ class launcher {
   /// processes that escaped with setsid and carry our mark), for at most a few seconds.
   void end_processes() noexcept {
     const pid_t self = ::getpid();
-    const std::string mark = fmt::format("ELASTIC_PARTICIPANT_ID={}.{}:", host_, self);
+    const std::string mark = self_.mark();
     const auto until = clock::now() + std::chrono::seconds(3);
     for (;;) {
       // Reap what ended (orphans of ours), then look for what still runs.
@@ -862,7 +861,7 @@ class launcher {
   // Declared in the order they are made; destroyed in reverse (workers first, guardian last).
   launch_options opts_;
   clock::time_point started_;
-  std::string host_;
+  launcher_identity self_ = launcher_identity::of_this_process();  ///< what our ids name us by
   std::vector<pid_t> inherited_children_;  ///< children from before we started: not ours to end
   sigset_t signals_{};
   guardian guardian_;

@@ -1,9 +1,9 @@
 // Which row of a run timeline each event belongs on. A worker's events carry its pid and its
 // group rank, and the rank changes as the group rebuilds, so lanes are worker slots: a launcher's
 // worker_start/worker_restart names the slot of each worker pid, and a rendezvous participant id
-// (HOST.LAUNCHER_PID:SLOT) names the slot of a trainer a wrapper script started. Launchers of one
-// host share its lanes across retries; a second launcher on a host while another still runs
-// (several "hosts" on one machine) gets lanes of its own.
+// (HOST[@NS].LAUNCHER_PID:SLOT, launcher_identity.hpp) names the slot of a trainer a wrapper
+// script started. Launchers of one host share its lanes across retries; a second launcher on a
+// host while another still runs (several "hosts" on one machine) gets lanes of its own.
 #pragma once
 
 #include <cstddef>
@@ -175,7 +175,7 @@ class lane_map {
     return l;
   }
 
-  /// HOST.LAUNCHER_PID:SLOT of a rendezvous event: the slot of a process no worker_start named.
+  /// HOST[@NS].LAUNCHER_PID:SLOT of a rendezvous event: the slot of a process no worker_start named.
   void map_participant(const event& e, const std::string& participant) {
     if (pids_.count({e.host, e.pid}) != 0) return;
     const auto dot = participant.rfind('.');

@@ -35,7 +35,7 @@ struct worker_identity {
   std::size_t index = 0;       ///< the slot: local rank, and the first guess of the rank
   std::size_t starts = 0;      ///< lives before this one (ELASTIC_RESTART_COUNT)
   std::size_t evictions = 0;   ///< of those, ended as evicted stragglers (ELASTIC_SLOT_EVICTIONS)
-  std::string participant;     ///< participant_id(): also the guardian's mark
+  std::string participant;     ///< launcher_identity::participant(): also the guardian's mark
   std::string watchdog;        ///< the segment name of the launcher's watchdog
 };
 
@@ -65,12 +65,6 @@ inline std::vector<std::string> inherited_environment() {
 }
 
 }  // namespace detail
-
-/// "HOST.LAUNCHER_PID:SLOT": a worker's participant id in the rendezvous, and (its prefix up to
-/// ':') the guardian's mark of this launcher's descendants (guardian.hpp): keep the format.
-inline std::string participant_id(std::string_view host, pid_t launcher_pid, std::size_t slot) {
-  return fmt::format("{}.{}:{}", host, launcher_pid, slot);
-}
 
 /// The environment of worker `w` of the run `o` describes.
 inline std::vector<std::string> worker_environment(const launch_options& o, const worker_identity& w) {

@@ -164,16 +164,24 @@ class private_dir {
   /// process (never an existing one), fsync, renameat, fsync of this directory. Readers see the
   /// old file or the whole new one.
   void write_atomic(const std::string& name, std::string_view content) const {
+    write_atomic_kept(name, content, [](int) {});
+  }
+
+  /// As write_atomic, and returns the new file, still open for writing; `before_rename` is
+  /// called with its descriptor before the file appears under `name` (to take a lock that no
+  /// reader of `name` may find missing).
+  template <class F>
+  unique_fd write_atomic_kept(const std::string& name, std::string_view content, F&& before_rename) const {
     const std::string tmp = ".tmp." + name + "." + std::to_string(::getpid());
-    {
-      auto fd = create_file(tmp);
-      pwrite_all(fd.get(), content.data(), content.size(), 0, *this / tmp);
-      fsync_fd(fd.get(), *this / tmp);
-    }
-    if (::renameat(fd(), tmp.c_str(), fd(), name.c_str()) != 0) {
+    auto fd = create_file(tmp);
+    pwrite_all(fd.get(), content.data(), content.size(), 0, *this / tmp);
+    fsync_fd(fd.get(), *this / tmp);
+    before_rename(fd.get());
+    if (::renameat(this->fd(), tmp.c_str(), this->fd(), name.c_str()) != 0) {
       throw os_error("cannot rename " + (*this / tmp).string() + " to " + (*this / name).string());
     }
     sync();
+    return fd;
   }
 
  private:

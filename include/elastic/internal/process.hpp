@@ -61,6 +61,17 @@ inline proc_stat read_proc_stat(pid_t pid) noexcept {
 /// Start time of a process (see proc_stat), or 0 when it does not exist.
 inline std::uint64_t process_start_time(pid_t pid) noexcept { return read_proc_stat(pid).start_time; }
 
+/// The inode of this process's pid namespace, or 0 when it cannot be known (no /proc): a pid
+/// (and a pid with its start time) names one process only within one pid namespace.
+inline std::uint64_t pid_namespace() noexcept {
+  struct stat st {};
+  return ::stat("/proc/self/ns/pid", &st) == 0 ? static_cast<std::uint64_t>(st.st_ino) : 0;
+}
+
+/// The inode of the host's own (initial) pid namespace: a constant of the kernel
+/// (PROC_PID_INIT_INO), the same on every host.
+inline constexpr std::uint64_t initial_pid_namespace = 0xEFFFFFFCu;
+
 /// True when the process that started at `start_time` (0: any process with this pid) still
 /// runs. Zombies count as gone: they have finished and only wait to be reaped.
 inline bool process_alive(pid_t pid, std::uint64_t start_time) noexcept {

@@ -3,11 +3,12 @@
 //
 // Keys, under P = `<key_prefix>/<run_id>` (every participant of a run derives the same ones):
 //
-//   <key_prefix>/runs/<run_id>  the run's registration (run_keys.hpp). Leased: it lives as
+//   <key_prefix>/.runs/<run_id> the run's registration (run_keys.hpp). Leased: it lives as
 //                             long as one participant of the run does (each re-creates it while
 //                             alive). Many runs share a store, each under its own P; a
 //                             participant whose run id nobody else uses waits alone, and its
-//                             join timeout names the runs that are live in the store.
+//                             join timeout names the runs that are live in the store. No run id
+//                             starts with '.', so no P is ever the registrations' prefix.
 //   P/config                  "min_nodes=M max_nodes=N" (min_ranks, max_ranks: the wire names
 //                             predate the rename and stay), written once: a participant that
 //                             declares other bounds is refused (mismatch).

@@ -1,6 +1,12 @@
 // Where a run lives in a store, so that many runs share one (an etcd serving a cluster): every
 // key of run R is under `<key_prefix>/R/`, and while R has a live participant its registration
-// `<key_prefix>/runs/R` (leased) says so. A finished run's keys can be removed in one call.
+// `<key_prefix>/.runs/R` (leased) says so. A finished run's keys can be removed in one call.
+//
+// No run id can reach the registrations, nor a registration another run's keys: a run id never
+// starts with '.' (valid_run_id) and never holds '/', so `<key_prefix>/R/` is never
+// `<key_prefix>/.runs/`. (They were under `<key_prefix>/runs/`, which is the key prefix of a run
+// named "runs": runs named "config" or "round" registered over its own keys, and removing its
+// keys removed every registration.)
 #pragma once
 
 #include <cstddef>
@@ -29,7 +35,7 @@ inline std::string alive_key(std::string_view key_prefix, std::string_view run_i
 
 /// The registration of run `run_id`: present (leased) while one of its participants lives.
 inline std::string run_key(std::string_view key_prefix, std::string_view run_id) {
-  return fmt::format("{}/runs/{}", key_prefix, run_id);
+  return fmt::format("{}/.runs/{}", key_prefix, run_id);
 }
 
 /// The runs with a live participant in the store, by run id, in order.

@@ -76,12 +76,6 @@ struct store_lease {
   std::uint64_t owner_pidns;  // inode of its pid namespace; 0: unknown
 };
 
-/// The inode of this process's pid namespace: pids mean the same thing only within one.
-inline std::uint64_t pid_namespace() noexcept {
-  struct stat st {};
-  return ::stat("/proc/self/ns/pid", &st) == 0 ? static_cast<std::uint64_t>(st.st_ino) : 0;
-}
-
 struct store_header {
   std::atomic<std::uint64_t> magic;  // written last
   std::uint32_t layout_version;
@@ -418,7 +412,7 @@ class shm_store final : public store {
   std::string name_;
   detail::bip::shared_memory_object shm_;
   detail::bip::mapped_region region_;
-  std::uint64_t pidns_ = detail::pid_namespace();
+  std::uint64_t pidns_ = internal::pid_namespace();
   std::int64_t owners_checked_ns_ = 0;  // guarded by the store's lock
 };
 

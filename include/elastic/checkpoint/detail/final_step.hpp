@@ -8,10 +8,12 @@
 //
 // Files, in DIR/.final-<S>/ (S: the step this incarnation resumed at, 12 digits, so that an
 // incarnation does not read the files of one that resumed elsewhere):
-//   rank-<r>   "<step> <reason> <host> <pidns> <pid> <start time>": rank r stopped training
-//              after <step> steps for <reason> (preempted, stopped, finished, or joined: it
-//              saw another rank's proposal). Made under a temporary name and renamed, so a
-//              reader never sees half of one.
+//   rank-<r>   "<step> <reason> <host> <pidns> <pid> <start time> <lock>": rank r stopped
+//              training after <step> steps for <reason> (preempted, stopped, finished, or
+//              joined: it saw another rank's proposal). Made under a temporary name and
+//              renamed, so a reader never sees half of one. <lock> is "locked" when the writer
+//              holds an open-file-description write lock on it for as long as it lives (taken
+//              before the rename), "unlocked" where the file system refused the lock.
 //   ack-<r>    the same identity: rank r has read every proposal and its final part is durable.
 //
 // The protocol (training_loop drives it):
@@ -30,8 +32,11 @@
 // that is dead or hung makes the others wait until then, and the previous step stands.
 //
 // Stale files: a killed incarnation that resumed at the same step leaves its proposals behind.
-// One whose process is on this host (same host name and pid namespace) and no longer alive is
-// stale and ignored. An incarnation's processes stay alive until every ack is in, so the live
+// A proposal of this host (same host name) is live while its lock is held: the kernel drops
+// the lock when its process dies, in whatever pid namespace (a container of its own) it ran, so
+// the proposals of another, dead incarnation on this host are ignored, however recent. Without
+// the lock (a file system that refused it) a proposal of this host and pid namespace is live
+// while its process is. An incarnation's processes stay alive until every ack is in, so the live
 // incarnation's proposals never look stale. Liveness cannot be checked across hosts: there a
 // proposal counts until it is older than `stale_after`. Each rank also removes its own leftover
 // files when it starts (nobody else of its incarnation writes those names).
@@ -118,7 +123,16 @@ class final_step_agreement {
   /// Writes this rank's proposal: it stopped after `step` steps for `reason`.
   void propose(std::uint64_t step, std::string_view reason) {
     ns_ = open_namespace(true);
-    write_atomic(proposal_name(rank_), fmt::format("{} {} {}", step, reason, identity_));
+    const std::string name = proposal_name(rank_), text = fmt::format("{} {} {}", step, reason, identity_);
+    proposal_ = ns_->write_atomic_kept(name, text + " locked", [&](int fd) {
+      // Taken before the rename, so the lock is there as soon as the name is. A file system that
+      // refuses it is told in the file: readers then check the process instead.
+      if (take_lock(fd)) return;
+      const std::string unlocked = text + " unlocked";
+      if (::ftruncate(fd, 0) != 0) throw os_error("cannot rewrite " + (path() / name).string());
+      internal::pwrite_all(fd, unlocked.data(), unlocked.size(), 0, path() / name);
+      internal::fsync_fd(fd, path() / name);
+    });
   }
 
   /// The decision once every rank's live proposal is there; nothing when `deadline` passes
@@ -185,6 +199,25 @@ class final_step_agreement {
 
   static std::string proposal_name(int r) { return "rank-" + std::to_string(r); }
 
+  /// An open-file-description write lock on all of `fd`'s file: held until the descriptor is
+  /// closed, which the kernel does when the process dies however it dies.
+  static bool take_lock(int fd) noexcept {
+    struct flock l {};
+    l.l_type = F_WRLCK;
+    l.l_whence = SEEK_SET;
+    return ::fcntl(fd, F_OFD_SETLK, &l) == 0;
+  }
+
+  /// Whether some open file description (of any process on this host) holds a lock on `fd`'s
+  /// file; nothing when the file system cannot say.
+  static std::optional<bool> lock_held(int fd) noexcept {
+    struct flock l {};
+    l.l_type = F_RDLCK;
+    l.l_whence = SEEK_SET;
+    if (::fcntl(fd, F_OFD_GETLK, &l) != 0) return std::nullopt;
+    return l.l_type != F_UNLCK;
+  }
+
   /// Whether the namespace we hold open has been removed (by rank 0, after the last ack).
   bool removed() const noexcept {
     struct stat st {};
@@ -195,13 +228,8 @@ class final_step_agreement {
   /// "<host> <pid namespace> <pid> <start time>": who wrote a file, checkable on its host.
   static std::string make_identity() {
     const pid_t pid = ::getpid();
-    return fmt::format("{} {} {} {}", internal::host_name_for_ids(), pid_namespace(), pid,
+    return fmt::format("{} {} {} {}", internal::host_name_for_ids(), internal::pid_namespace(), pid,
                        internal::process_start_time(pid));
-  }
-
-  static std::uint64_t pid_namespace() noexcept {
-    struct stat st {};
-    return ::stat("/proc/self/ns/pid", &st) == 0 ? static_cast<std::uint64_t>(st.st_ino) : 0;
   }
 
   std::optional<internal::private_dir> open_namespace(bool create) const {
@@ -271,8 +299,9 @@ class final_step_agreement {
                                          bool proposal) const {
     std::string text;
     struct stat st {};
+    internal::unique_fd fd;
     try {
-      auto fd = d.open_file(name, O_RDONLY);
+      fd = d.open_file(name, O_RDONLY);
       if (::fstat(fd.get(), &st) != 0) return std::nullopt;
       char buf[512];
       const ssize_t n = ::pread(fd.get(), buf, sizeof buf - 1, 0);
@@ -281,10 +310,11 @@ class final_step_agreement {
     } catch (const error&) {
       return std::nullopt;  // gone since the listing, or not a file of ours: not a proposal
     }
-    // proposal: "<step> <reason> " then the identity; ack: the identity alone.
+    // proposal: "<step> <reason> " then the identity, then "locked"/"unlocked"; ack: the
+    // identity alone.
     final_proposal p;
     const auto fields = split_fields(text);
-    if (!fields || fields->size() != (proposal ? 6u : 4u)) return std::nullopt;
+    if (!fields || fields->size() != (proposal ? 7u : 4u)) return std::nullopt;
     const std::string_view* id = fields->data() + (proposal ? 2 : 0);  // host pidns pid start
     const auto step = proposal ? parse_count((*fields)[0]) : std::optional<std::uint64_t>(0);
     const auto pidns = parse_count(id[1]), start = parse_count(id[3]);
@@ -297,13 +327,20 @@ class final_step_agreement {
     // Acks are read only once every rank's live proposal was seen: each rank had started by
     // then and removed its own leftovers, so every ack there is of this incarnation, and one
     // whose rank has exited since (it saw every ack) still counts.
-    if (proposal && !live(host, *pidns, static_cast<pid_t>(*pid), *start, st)) return std::nullopt;
+    if (proposal && (*fields)[6] != "locked" && (*fields)[6] != "unlocked") return std::nullopt;
+    const bool locked = proposal && (*fields)[6] == "locked";
+    if (proposal && !live(host, *pidns, static_cast<pid_t>(*pid), *start, st, locked ? fd.get() : -1)) return std::nullopt;
     return p;
   }
 
-  bool live(std::string_view host, std::uint64_t pidns, pid_t pid, std::uint64_t start, const struct stat& st) const {
-    if (host == host_of(identity_) && pidns == pid_namespace() && pidns != 0) {
-      return internal::process_alive(pid, start);
+  /// Whether a proposal is of a live process. `lock_fd`: the file, when its writer locked it.
+  bool live(std::string_view host, std::uint64_t pidns, pid_t pid, std::uint64_t start, const struct stat& st,
+            int lock_fd) const {
+    if (host == host_of(identity_)) {
+      if (lock_fd >= 0) {
+        if (const auto held = lock_held(lock_fd)) return *held;
+      }
+      if (pidns == internal::pid_namespace() && pidns != 0) return internal::process_alive(pid, start);
     }
     const auto written = std::chrono::system_clock::time_point(std::chrono::duration_cast<std::chrono::system_clock::duration>(
         std::chrono::seconds(st.st_mtim.tv_sec) + std::chrono::nanoseconds(st.st_mtim.tv_nsec)));
@@ -339,6 +376,7 @@ class final_step_agreement {
 
   internal::private_dir parent_;
   std::optional<internal::private_dir> ns_;
+  internal::unique_fd proposal_;  // our proposal, open: its lock says we live
   std::string name_;
   int rank_;
   int world_size_;

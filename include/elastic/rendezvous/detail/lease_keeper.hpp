@@ -1,6 +1,6 @@
 // The heartbeat of a rendezvous participant: a background thread that renews the participant's
 // lease every heartbeat_interval (its alive key and join records live on it) and re-creates the
-// run's registration (<key_prefix>/runs/<run_id>, run_keys.hpp) under that lease. It notices
+// run's registration (<key_prefix>/.runs/<run_id>, run_keys.hpp) under that lease. It notices
 // when the store says the lease has expired (the group then counts us dead) and reports it
 // through lost().
 //
