@@ -39,6 +39,8 @@
 
 #include <elastic/elastic.hpp>
 
+#include "splitmix.hpp"
+
 namespace {
 
 using namespace std::chrono_literals;
@@ -107,12 +109,7 @@ void sleep_ms(double ms) {
   if (ms > 0) std::this_thread::sleep_for(std::chrono::microseconds(static_cast<long>(ms * 1e3)));
 }
 
-std::uint64_t splitmix(std::uint64_t& s) {
-  std::uint64_t z = (s += 0x9e3779b97f4a7c15ULL);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
+using elastic::test::splitmix;
 
 // The main thread, caught inside a collective: it never returns from this handler.
 void hang_here(int) {

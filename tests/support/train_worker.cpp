@@ -30,6 +30,8 @@
 #include <elastic/checkpoint.hpp>
 #include <elastic/internal/crc32c.hpp>
 
+#include "splitmix.hpp"
+
 namespace {
 
 struct loader {
@@ -44,12 +46,7 @@ void elastic_checkpoint(Archive& ar, loader& l) {
   ar(l.epoch, l.cursor, l.order, l.name);
 }
 
-std::uint64_t splitmix(std::uint64_t& s) {
-  std::uint64_t z = (s += 0x9e3779b97f4a7c15ULL);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
+using elastic::test::splitmix;
 
 }  // namespace
 
