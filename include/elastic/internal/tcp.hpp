@@ -60,7 +60,7 @@ inline std::pair<unique_fd, std::uint16_t> listen_on(const std::string& host) {
   std::string why = "no address";
   for (const addrinfo* a = list.get(); a != nullptr; a = a->ai_next) {
     unique_fd fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-    if (!fd || ::bind(fd.get(), a->ai_addr, a->ai_addrlen) != 0 || ::listen(fd.get(), 16) != 0) {
+    if (!fd || ::bind(fd.get(), a->ai_addr, a->ai_addrlen) != 0 || ::listen(fd.get(), SOMAXCONN) != 0) {
       why = std::strerror(errno);
       continue;
     }
