@@ -93,11 +93,14 @@ struct frame {
   }
 };
 
-/// Writes `f` to `to`'s listener, then closes; returns the one-byte answer (-1: none).
-int send_raw(const detail::peer_address& to, const frame& f) {
+/// Connects to `to`'s listener; `talk` (which may throw elastic::error) returns what to write
+/// last, then the connection is closed for writing; returns the one-byte answer (-1: none).
+template <class Talk>
+int exchange(const detail::peer_address& to, Talk talk) {
   const auto deadline = elastic::internal::tcp::clock::now() + 5s;
   auto fd = elastic::internal::tcp::connect_to(to.host, to.port, deadline);
   try {
+    const frame f = talk(fd.get(), deadline);
     elastic::internal::tcp::send_all(fd.get(), f.b.data(), f.b.size(), deadline, "test");
     ::shutdown(fd.get(), SHUT_WR);
     std::uint8_t a = 0;
@@ -108,35 +111,32 @@ int send_raw(const detail::peer_address& to, const frame& f) {
   }
 }
 
+/// Writes `f` to `to`'s listener, then closes; returns the one-byte answer (-1: none).
+int send_raw(const detail::peer_address& to, const frame& f) {
+  return exchange(to, [&](int, auto) { return f; });
+}
+
 /// Speaks the handshake to `to`'s listener with `key` (without checking the listener's proof,
 /// so that the listener's own checks are what the test sees), sends the header `head` and then
 /// `body`, then closes; returns the one-byte answer (-1: none).
 int send_as_member(const detail::peer_address& to, const detail::wire::group_key& key, const frame& head,
                    const frame& body) {
   namespace wire = detail::wire;
-  const auto deadline = elastic::internal::tcp::clock::now() + 5s;
-  auto fd = elastic::internal::tcp::connect_to(to.host, to.port, deadline);
-  try {
+  return exchange(to, [&](int fd, auto deadline) {
     const auto mine = wire::random<wire::nonce>();
     frame hello;
     hello.put(wire::magic).put(wire::version);
     for (auto b : mine) hello.put(b);
-    elastic::internal::tcp::send_all(fd.get(), hello.b.data(), hello.b.size(), deadline, "test");
+    elastic::internal::tcp::send_all(fd, hello.b.data(), hello.b.size(), deadline, "test");
     wire::nonce theirs{};
     wire::mac proof{};
-    elastic::internal::tcp::recv_all(fd.get(), theirs.data(), theirs.size(), deadline, "test");
-    elastic::internal::tcp::recv_all(fd.get(), proof.data(), proof.size(), deadline, "test");
+    elastic::internal::tcp::recv_all(fd, theirs.data(), theirs.size(), deadline, "test");
+    elastic::internal::tcp::recv_all(fd, proof.data(), proof.size(), deadline, "test");
     frame rest = head;
     for (auto b : wire::client_proof(key, mine, theirs, head.b)) rest.put(b);
     rest.b.insert(rest.b.end(), body.b.begin(), body.b.end());
-    elastic::internal::tcp::send_all(fd.get(), rest.b.data(), rest.b.size(), deadline, "test");
-    ::shutdown(fd.get(), SHUT_WR);
-    std::uint8_t a = 0;
-    elastic::internal::tcp::recv_all(fd.get(), &a, 1, deadline, "test");
-    return a;
-  } catch (const elastic::error&) {
-    return -1;
-  }
+    return rest;
+  });
 }
 
 }  // namespace
