@@ -430,6 +430,7 @@ TEST_CASE("a flood of refused connections is counted, and logged in a bounded nu
   const auto n = count_events(events, "replica_refused");
   INFO(n << " replica_refused events for " << flood << " refusals in " << intervals + 1 << " interval(s)");
   CHECK(n <= static_cast<std::size_t>(intervals) + 1);
+  CHECK(elastic::test::events_named(events, "replica_refused").at(0).find("\"peer\":\"127.0.0.1:") != std::string::npos);
   // Stopping logs what was left: every refusal is in some event's count.
   b.reset();
   std::ifstream in(events);

@@ -399,11 +399,13 @@ class peer_replicas {
       std::lock_guard lk(mu_);
       ++stats_.refused;
     }
+    auto peer = internal::tcp::peer_name(fd);
     {
       std::lock_guard lk(refusals_mu_);
       ++refusals_.count;
       refusals_.reason = why;
       refusals_.from = from;
+      refusals_.peer = std::move(peer);
     }
     log_refusals(false);
     const std::uint8_t no = 1;
@@ -417,7 +419,7 @@ class peer_replicas {
   /// passed since the last one (or `now_anyway`): a flood of strangers costs a line per interval.
   void log_refusals(bool now_anyway) {
     std::uint64_t count = 0;
-    std::string reason;
+    std::string reason, peer;
     std::int64_t from = -1;
     {
       std::lock_guard lk(refusals_mu_);
@@ -426,12 +428,14 @@ class peer_replicas {
       count = std::exchange(refusals_.count, 0);
       reason = std::move(refusals_.reason);
       from = refusals_.from;
+      peer = std::move(refusals_.peer);
       refusals_.last = now;
       refusals_.logged = true;
     }
     events_.emit("replica_refused", {{"count", count},
                                      {"reason", reason},
                                      {"from", from},
+                                     {"peer", peer},
                                      {"interval_s", static_cast<std::int64_t>(refusal_interval.count())}});
   }
 
@@ -574,7 +578,8 @@ class peer_replicas {
   struct {
     std::uint64_t count = 0;  // refusals not logged yet
     std::string reason;       // the last one's
-    std::int64_t from = -1;
+    std::int64_t from = -1;   // its rank, when it proved it is a member
+    std::string peer;         // its address
     internal::tcp::clock::time_point last{};
     bool logged = false;
   } refusals_;  // guarded by refusals_mu_
