@@ -254,8 +254,8 @@ void BM_recover_slice(benchmark::State& state, std::size_t mib) {
     r0 = std::make_unique<cd::peer_replicas>(s0->st, run, "127.0.0.1", 1, elastic::event_log());
     auto r1 = std::make_unique<cd::peer_replicas>(s1->st, run, "127.0.0.1", 1, elastic::event_log());
     const std::vector<cd::peer_address> peers{r0->address(), r1->address()};
-    r0->follow(0, 2, peers, r0->token());  // a group's ranks all take rank 0's token
-    r1->follow(1, 2, peers, r0->token());
+    r0->follow(0, 2, peers, r0->key());  // a group's ranks all take rank 0's key
+    r1->follow(1, 2, peers, r0->key());
     const staged snap0(s0->st), snap1(s1->st);
     r0->keep(snap0.at(snap_step));
     r1->keep(snap1.at(snap_step));
@@ -411,7 +411,7 @@ void BM_reshard_4_to_3(benchmark::State& state, std::size_t mib) {
           std::make_unique<cd::peer_replicas>(s[static_cast<std::size_t>(r)]->st, run, "127.0.0.1", 1, elastic::event_log());
       peers.push_back(reps[static_cast<std::size_t>(r)]->address());
     }
-    for (int r = 0; r < 4; ++r) reps[static_cast<std::size_t>(r)]->follow(r, 4, peers, reps[0]->token());
+    for (int r = 0; r < 4; ++r) reps[static_cast<std::size_t>(r)]->follow(r, 4, peers, reps[0]->key());
     for (int r = 0; r < 4; ++r) reps[static_cast<std::size_t>(r)]->keep(staged(s[static_cast<std::size_t>(r)]->st).at(snap_step));
     wait_for([&] { return std::all_of(reps.begin(), reps.end(), [](const auto& p) { return p->stats().received == 1; }); },
              "the replicas");
@@ -499,8 +499,8 @@ void BM_replication_cost(benchmark::State& state, std::size_t mib) {
   cd::peer_replicas r0(s0.st, run, "127.0.0.1", 1, elastic::event_log());
   cd::peer_replicas r1(s1.st, run, "127.0.0.1", 1, elastic::event_log());
   const std::vector<cd::peer_address> peers{r0.address(), r1.address()};
-  r0.follow(0, 2, peers, r0.token());
-  r1.follow(1, 2, peers, r0.token());
+  r0.follow(0, 2, peers, r0.key());
+  r1.follow(1, 2, peers, r0.key());
   const staged snap(s0.st);
   auto src = filled(slice_bytes), dst = filled(slice_bytes);
   std::uint64_t step = 0;

@@ -27,6 +27,7 @@
 #include <elastic/checkpoint/storage.hpp>
 #include <elastic/comm/gloo.hpp>
 #include <elastic/internal/clock.hpp>
+#include <elastic/internal/tcp.hpp>
 #include <elastic/rendezvous/shm_store.hpp>
 
 #include "support/catch.hpp"
@@ -292,22 +293,45 @@ bool resharded(const std::string& events, std::initializer_list<std::string_view
   return false;
 }
 
+/// `per_listener` TCP connections that say nothing to each of the 4 replica listeners whose
+/// `replica_listening` events are in `events` (waiting for them), held until destroyed.
+std::vector<elastic::internal::unique_fd> idle_connections(const std::string& events, int per_listener) {
+  const auto listening = elastic::test::wait_for_events(events, "replica_listening", 4, 30s);
+  REQUIRE(listening.size() >= 4);
+  std::vector<elastic::internal::unique_fd> idle;
+  for (const auto& e : listening) {
+    const auto h = e.find("\"host\":\""), p = e.find("\"port\":");
+    REQUIRE(h != std::string::npos);
+    REQUIRE(p != std::string::npos);
+    const auto host = e.substr(h + 8, e.find('"', h + 8) - h - 8);
+    const auto port = static_cast<std::uint16_t>(std::stoul(e.substr(p + 7)));
+    for (int i = 0; i < per_listener; ++i) {
+      idle.push_back(elastic::internal::tcp::connect_to(host, port, elastic::internal::tcp::clock::now() + 5s));
+    }
+  }
+  return idle;
+}
+
 /// 4 ranks with `replicas` successors holding each one's slices; `die` kill themselves
 /// together in step 25 (snapshots every 10 steps); the survivors finish, then as many ranks
-/// join again; every one ends with the weights and moments of an undisturbed run.
-void lose_ranks(const std::string& run, int replicas, std::vector<int> die, std::string& events) {
+/// join again; every one ends with the weights and moments of an undisturbed run. With `idle`,
+/// that many idle connections are held to every rank's replica listener from its start.
+void lose_ranks(const std::string& run, int replicas, std::vector<int> die, std::string& events, int idle = 0) {
   const std::uint64_t steps = 150;
   const auto common = with_shards(fast);
   const auto want = sharded_reference(common, steps);
   scratch s;
   fleet f(ELASTIC_GROUP_WORKER, s.url, run, common, s.events);
+  // Slower steps with idle connections: they are open before the first replica is sent.
   const std::vector<std::string> args{"--dir", s.ckpt, "--steps", std::to_string(steps), "--min", "2", "--max", "4",
-                                      "--step-sleep-ms", "10", "--replicas", std::to_string(replicas)};
+                                      "--step-sleep-ms", idle > 0 ? "40" : "10", "--replicas", std::to_string(replicas)};
   for (int i = 0; i < 4; ++i) {
     auto a = args;
     if (std::find(die.begin(), die.end(), i) != die.end()) a.insert(a.end(), {"--kill-self-at", "25"});
     f.start("w" + std::to_string(i), a);
   }
+  std::vector<elastic::internal::unique_fd> held;
+  if (idle > 0) held = idle_connections(s.events, idle);
   std::vector<std::size_t> alive;
   for (std::size_t i = 0; i < 4; ++i) {
     if (std::find(die.begin(), die.end(), static_cast<int>(i)) == die.end()) alive.push_back(i);
@@ -343,6 +367,15 @@ TEST_CASE("partitioned moments with peer replicas: 4 ranks lose one, take its sl
   CHECK_FALSE(resharded(events, {"\"from\":\"disk\""}));
   CHECK(resharded(events, {"\"world_after\":4", "\"from\":\"memory\"", "live@", "\"rolled_back\":false"}));
   CHECK(events.find("\"event\":\"replica_sent\"") != std::string::npos);
+}
+
+TEST_CASE("partitioned moments with peer replicas: idle connections held on every replica listener do not push a lost "
+          "slice to disk") {
+  std::string events;
+  lose_ranks("zero1-idle", 1, {2}, events, 16);
+  INFO(events);
+  CHECK(resharded(events, {"\"from\":\"memory\"", "replica@", "\"rolled_back\":true"}));
+  CHECK_FALSE(resharded(events, {"\"from\":\"disk\""}));
 }
 
 TEST_CASE("partitioned moments with one replica: a rank and its successor lost together reload from disk, and end "

@@ -479,7 +479,7 @@ class elastic_group final : public group_hook {
     if (replicas_) {
       // What came after the step the group goes on from is another history.
       replicas_->drop_after(static_cast<std::int64_t>(agreed->step));
-      replicas_->follow(rank(), size(), agreed->shards.peers, agreed->shards.token);
+      replicas_->follow(rank(), size(), agreed->shards.peers, agreed->shards.key);
     }
     detail::report_resync(events_, round(), size(), *agreed, last_, st.has_shards());
     return agreed->step;

@@ -3,6 +3,7 @@
 // a deadline, so that a peer that stops answering can stall a background thread at most that long.
 #pragma once
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -60,7 +61,7 @@ inline std::pair<unique_fd, std::uint16_t> listen_on(const std::string& host) {
   std::string why = "no address";
   for (const addrinfo* a = list.get(); a != nullptr; a = a->ai_next) {
     unique_fd fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-    if (!fd || ::bind(fd.get(), a->ai_addr, a->ai_addrlen) != 0 || ::listen(fd.get(), 16) != 0) {
+    if (!fd || ::bind(fd.get(), a->ai_addr, a->ai_addrlen) != 0 || ::listen(fd.get(), SOMAXCONN) != 0) {
       why = std::strerror(errno);
       continue;
     }
@@ -80,6 +81,25 @@ inline unique_fd accept_for(int listener, std::chrono::milliseconds wait) {
   if (::poll(&p, 1, static_cast<int>(wait.count())) <= 0) return {};
   unique_fd fd(::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
   return fd;
+}
+
+/// The address of the peer of the connected `fd` ("host:port", "[v6]:port"; "?" when unknown).
+inline std::string peer_name(int fd) {
+  sockaddr_storage a{};
+  socklen_t len = sizeof a;
+  char text[INET6_ADDRSTRLEN] = "?";
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) return "?";
+  if (a.ss_family == AF_INET) {
+    const auto* v4 = reinterpret_cast<const sockaddr_in*>(&a);
+    ::inet_ntop(AF_INET, &v4->sin_addr, text, sizeof text);
+    return fmt::format("{}:{}", text, ntohs(v4->sin_port));
+  }
+  if (a.ss_family == AF_INET6) {
+    const auto* v6 = reinterpret_cast<const sockaddr_in6*>(&a);
+    ::inet_ntop(AF_INET6, &v6->sin6_addr, text, sizeof text);
+    return fmt::format("[{}]:{}", text, ntohs(v6->sin6_port));
+  }
+  return "?";
 }
 
 /// Connects to `host`:`port` by `deadline` (errc::timeout, or errc::os_error saying why).

@@ -4,8 +4,13 @@
 // thread), the rank keeps a copy of its whole staged state in host memory (its "own image":
 // replicated entries and its slices), and a sender thread sends its slices of the partitioned
 // entries to its `copies` ring successors (rank+1, rank+2, ... of its world) over plain TCP,
-// where a listener thread keeps them as "replica images". None of this runs on the training
-// thread. The newest two snapshot steps are kept of each kind, so that a rank lost while its
+// where a listener keeps them as "replica images". None of this runs on the training thread.
+// The listener serves each connection on a thread of its own (at most max_connections at once):
+// a connection that has not proven it is of the group (detail/replica_wire.hpp: a challenge
+// and an HMAC keyed by the group's secret) within wire::handshake_time is dropped, and when the
+// slots are full the oldest such connection makes room, so idle or stray connections never keep
+// a member's replica out. Refusals are counted (replica_stats::refused) and logged at most once
+// per refusal_interval (`replica_refused`: how many, the last reason), never once a connection. The newest two snapshot steps are kept of each kind, so that a rank lost while its
 // newest replica was still on the wire leaves the step before it whole in memory. How a rebuild
 // uses them: detail/shard_resync.hpp; the wire and its checks: detail/replica_wire.hpp.
 #pragma once
@@ -15,6 +20,7 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <list>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -40,12 +46,18 @@
 #include <elastic/internal/crc32c.hpp>
 #include <elastic/internal/names.hpp>
 #include <elastic/internal/cuda.hpp>
+#include <elastic/internal/sha256.hpp>
 #include <elastic/internal/tcp.hpp>
 
 namespace elastic::inline v1::comm::detail {
 
 class peer_replicas {
  public:
+  /// Connections served at once; the listener refuses (or makes room among strangers) past it.
+  static constexpr std::size_t max_connections = 32;
+  /// At most one `replica_refused` event per interval, with the count of refusals in it.
+  static constexpr std::chrono::seconds refusal_interval{10};
+
   /// Listens on `host` for the replicas of the run `run_id`; `copies` successors receive this
   /// rank's slices. `st` is the group's state: its partitioned entries fix what a replica holds.
   peer_replicas(const checkpoint::state& st, std::string run_id, const std::string& host, int copies,
@@ -54,7 +66,7 @@ class peer_replicas {
         copies_(copies),
         events_(std::move(events)),
         pinned_(st.has_device_entries()),
-        token_(wire::random_token()) {
+        key_(wire::random<wire::group_key>()) {
     if (copies < 1) throw error(errc::invalid_argument, fmt::format("peer replicas: {} copies", copies));
     if (run_id_.size() > 4096) throw error(errc::invalid_argument, "peer replicas: run id over 4096 characters");
     for (std::size_t i = 0; i < st.entries().size(); ++i) {
@@ -69,29 +81,35 @@ class peer_replicas {
     auto [fd, port] = internal::tcp::listen_on(host);
     listener_fd_ = std::move(fd);
     self_ = {host, port};
+    events_.emit("replica_listening", {{"host", host}, {"port", port}});
     listener_ = std::jthread([this](std::stop_token stop) { listen_loop(stop); });
     sender_ = std::jthread([this](std::stop_token stop) { send_loop(stop); });
   }
 
   peer_replicas(const peer_replicas&) = delete;
   peer_replicas& operator=(const peer_replicas&) = delete;
-  /// Stops both threads; a transfer in flight is cut off (its connection shut down), not
-  /// waited for.
+  /// Stops every thread; a transfer in flight is cut off (its connection shut down), not
+  /// waited for. Refusals not yet logged are logged.
   ~peer_replicas() {
     listener_.request_stop();
     sender_.request_stop();
     cv_.notify_all();
-    std::lock_guard lk(active_mu_);
-    stopping_ = true;
-    for (const int fd : active_)
-      if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
+    {
+      std::lock_guard lk(conn_mu_);
+      stopping_ = true;
+      for (auto& c : conns_) ::shutdown(c.fd.get(), SHUT_RDWR);
+      if (sending_fd_ >= 0) ::shutdown(sending_fd_, SHUT_RDWR);
+    }
+    listener_.join();  // it joins the connections' threads on its way out
+    log_refusals(true);
   }
 
   [[nodiscard]] const peer_address& address() const noexcept { return self_; }
-  /// This rank's group token (its own until a resync gives it rank 0's).
-  [[nodiscard]] std::uint64_t token() const {
+  /// This rank's group key (its own until a resync gives it rank 0's): a secret, which only
+  /// the group's own communicator carries, never a replica connection.
+  [[nodiscard]] wire::group_key key() const {
     std::lock_guard lk(mu_);
-    return token_;
+    return key_;
   }
   [[nodiscard]] int copies() const noexcept { return copies_; }
   [[nodiscard]] replica_stats stats() const {
@@ -152,10 +170,10 @@ class peer_replicas {
   /// After a resync: this rank is `rank` of `world`, its peers listen at `peers` (by rank). The
   /// newest own image, when it is of this rank and world, goes to the successors (a newcomer
   /// among them lacks it).
-  void follow(int rank, int world, std::vector<peer_address> peers, std::uint64_t token) {
+  void follow(int rank, int world, std::vector<peer_address> peers, const wire::group_key& key) {
     {
       std::lock_guard lk(mu_);
-      if (token != 0) token_ = token;
+      if (!wire::is_zero(key)) key_ = key;
       rank_ = rank;
       world_ = world;
       peers_ = std::move(peers);
@@ -217,7 +235,8 @@ class peer_replicas {
     for (;;) {
       std::shared_ptr<const memory_image> img;
       std::vector<std::pair<int, peer_address>> to;
-      std::uint64_t gen = 0, token = 0;
+      std::uint64_t gen = 0;
+      wire::group_key key{};
       {
         std::unique_lock lk(mu_);
         cv_.wait(lk, stop, [&] {
@@ -229,7 +248,7 @@ class peer_replicas {
         if (stop.stop_requested()) return;
         img = own_.back();
         gen = generation_;
-        token = token_;
+        key = key_;
         const int n = std::min(copies_, world_ - 1);
         for (int j = 1; j <= n; ++j) {
           const int r = (rank_ + j) % world_;
@@ -238,40 +257,31 @@ class peer_replicas {
       }
       for (const auto& [r, addr] : to) {
         if (stop.stop_requested()) return;
-        send_one(*img, r, addr, token);
+        send_one(*img, r, addr, key);
       }
       done = img->key;
       done_generation = gen;
     }
   }
 
-  void send_one(const memory_image& img, int to, const peer_address& addr, std::uint64_t token) {
+  void send_one(const memory_image& img, int to, const peer_address& addr, const wire::group_key& key) {
     const auto t0 = internal::tcp::clock::now();
     std::uint64_t bytes = 0;
     std::vector<std::span<const std::byte>> slices;
+    std::vector<std::uint64_t> sizes;
     for (const std::size_t i : part_index_) {  // the own image holds every entry; these are the slices
       if (i >= img.sizes.size()) return;       // an image of a state laid out otherwise: not ours to send
       slices.push_back(img.bytes(i));
+      sizes.push_back(img.sizes[i]);
       bytes += img.sizes[i];
     }
     try {
-      std::vector<std::byte> head;
-      wire::put(head, wire::magic);
-      wire::put(head, wire::version);
-      wire::put(head, static_cast<std::uint32_t>(run_id_.size()));
-      head.insert(head.end(), reinterpret_cast<const std::byte*>(run_id_.data()),
-                  reinterpret_cast<const std::byte*>(run_id_.data()) + run_id_.size());
-      wire::put(head, token);
-      wire::put(head, img.key.rank);
-      wire::put(head, img.key.world);
-      wire::put(head, img.key.step);
-      wire::put(head, static_cast<std::uint32_t>(slices.size()));
-      for (const auto& s : slices) wire::put(head, static_cast<std::uint64_t>(s.size()));
+      const auto head = wire::header(run_id_, img.key.rank, img.key.world, img.key.step, sizes);
       const auto deadline = t0 + wire::transfer_time(bytes);
       const std::string what = fmt::format("replica of step {} to rank {} at {}:{}", img.key.step, to, addr.host, addr.port);
       auto fd = internal::tcp::connect_to(addr.host, addr.port, std::min(deadline, t0 + std::chrono::seconds(10)));
-      const active_connection on(*this, 1, fd.get());
-      internal::tcp::send_all(fd.get(), head.data(), head.size(), deadline, what);
+      const sending on(*this, fd.get());
+      wire::client_handshake(fd.get(), key, run_id_, head, deadline, what);
       std::uint32_t crc = 0;
       for (const auto& s : slices) {
         internal::tcp::send_all(fd.get(), s.data(), s.size(), deadline, what);
@@ -300,42 +310,104 @@ class peer_replicas {
 
   // ---- the listener ----
 
+  /// One accepted connection, served by its own thread. The listener thread alone adds and
+  /// erases them; conn_mu_ guards the flags and the shutdown of `fd` (only while it is open).
+  struct connection {
+    internal::unique_fd fd;
+    internal::tcp::clock::time_point since;
+    bool member = false;   // proved it holds the group's key
+    bool dropped = false;  // shut down to make room for a newer connection
+    std::atomic<bool> done{false};
+    std::jthread thread;  // last: it stops before the fields it uses go away
+  };
+
   void listen_loop(std::stop_token stop) {
-    if (pinned_) internal::cuda::adopt_device(device_);
     while (!stop.stop_requested()) {
+      reap(false);
+      log_refusals(false);
       auto fd = internal::tcp::accept_for(listener_fd_.get(), std::chrono::milliseconds(100));
       if (!fd) continue;
-      const active_connection on(*this, 0, fd.get());
-      receive_one(fd.get());
+      {
+        std::lock_guard lk(conn_mu_);
+        if (stopping_) break;
+        if (conns_.size() < max_connections || make_room()) {
+          auto& c = conns_.emplace_back();
+          c.fd = std::move(fd);
+          c.since = internal::tcp::clock::now();
+          c.thread = std::jthread([this, &c] {
+            serve(c);
+            c.done.store(true, std::memory_order_release);
+          });
+          continue;
+        }
+      }
+      refuse(fd.get(), fmt::format("{} connections at once, all of them members' transfers", max_connections), -1);
     }
+    reap(true);
   }
 
-  /// The connection a thread (0: listener, 1: sender) is on, for the destructor to cut off.
-  class active_connection {
+  /// Joins and closes the connections that are done (all of them with `all`, once stopping).
+  void reap(bool all) {
+    std::list<connection> over;
+    {
+      std::lock_guard lk(conn_mu_);
+      for (auto it = conns_.begin(); it != conns_.end();) {
+        auto next = std::next(it);
+        if (all || it->done.load(std::memory_order_acquire)) over.splice(over.end(), conns_, it);
+        it = next;
+      }
+    }
+    // Joined outside conn_mu_: a connection's thread takes it on its way.
+  }
+
+  /// With conn_mu_ held: shuts down the oldest connection that has not proven it is a member,
+  /// if any (its thread then ends and counts the refusal).
+  bool make_room() {
+    connection* oldest = nullptr;
+    for (auto& c : conns_) {
+      if (c.member || c.dropped || c.done.load(std::memory_order_acquire)) continue;
+      if (!oldest || c.since < oldest->since) oldest = &c;
+    }
+    if (!oldest) return false;
+    oldest->dropped = true;
+    ::shutdown(oldest->fd.get(), SHUT_RDWR);
+    return true;
+  }
+
+  /// The connection a sender is on, for the destructor to cut off.
+  class sending {
    public:
-    active_connection(peer_replicas& r, int which, int fd) : r_(r), which_(which) {
-      std::lock_guard lk(r_.active_mu_);
-      r_.active_[which_] = fd;
+    sending(peer_replicas& r, int fd) : r_(r) {
+      std::lock_guard lk(r_.conn_mu_);
+      r_.sending_fd_ = fd;
       if (r_.stopping_) ::shutdown(fd, SHUT_RDWR);  // the destructor has been through already
     }
-    active_connection(const active_connection&) = delete;
-    active_connection& operator=(const active_connection&) = delete;
-    ~active_connection() {
-      std::lock_guard lk(r_.active_mu_);
-      r_.active_[which_] = -1;
+    sending(const sending&) = delete;
+    sending& operator=(const sending&) = delete;
+    ~sending() {
+      std::lock_guard lk(r_.conn_mu_);
+      r_.sending_fd_ = -1;
     }
 
    private:
     peer_replicas& r_;
-    int which_;
   };
 
+  /// Counts a refusal (logged by log_refusals) and answers 1 when the peer still listens.
   void refuse(int fd, const std::string& why, std::int64_t from) {
     {
       std::lock_guard lk(mu_);
       ++stats_.refused;
     }
-    events_.emit("replica_refused", {{"from", from}, {"reason", why}});
+    auto peer = internal::tcp::peer_name(fd);
+    {
+      std::lock_guard lk(refusals_mu_);
+      ++refusals_.count;
+      refusals_.reason = why;
+      refusals_.from = from;
+      refusals_.peer = std::move(peer);
+    }
+    log_refusals(false);
     const std::uint8_t no = 1;
     try {
       internal::tcp::send_all(fd, &no, 1, internal::tcp::clock::now() + std::chrono::seconds(1), "replica answer");
@@ -343,49 +415,97 @@ class peer_replicas {
     }
   }
 
-  void receive_one(int fd) {
+  /// One `replica_refused` event for the refusals not logged yet, when refusal_interval has
+  /// passed since the last one (or `now_anyway`): a flood of strangers costs a line per interval.
+  void log_refusals(bool now_anyway) {
+    std::uint64_t count = 0;
+    std::string reason, peer;
     std::int64_t from = -1;
+    {
+      std::lock_guard lk(refusals_mu_);
+      const auto now = internal::tcp::clock::now();
+      if (refusals_.count == 0 || (!now_anyway && refusals_.logged && now - refusals_.last < refusal_interval)) return;
+      count = std::exchange(refusals_.count, 0);
+      reason = std::move(refusals_.reason);
+      from = refusals_.from;
+      peer = std::move(refusals_.peer);
+      refusals_.last = now;
+      refusals_.logged = true;
+    }
+    events_.emit("replica_refused", {{"count", count},
+                                     {"reason", reason},
+                                     {"from", from},
+                                     {"peer", peer},
+                                     {"interval_s", static_cast<std::int64_t>(refusal_interval.count())}});
+  }
+
+  void serve(connection& c) {
+    const int fd = c.fd.get();
+    std::int64_t from = -1;
+    bool member = false;
     try {
-      auto deadline = internal::tcp::clock::now() + std::chrono::seconds(10);
+      auto deadline = internal::tcp::clock::now() + wire::handshake_time;
       if (wire::get<std::uint32_t>(fd, deadline) != wire::magic) return refuse(fd, "not a replica (bad magic)", from);
       if (const auto v = wire::get<std::uint32_t>(fd, deadline); v != wire::version) {
         return refuse(fd, fmt::format("replica format version {}, this build reads {}", v, wire::version), from);
       }
-      const auto id_len = wire::get<std::uint32_t>(fd, deadline);
+      wire::nonce theirs{};
+      internal::tcp::recv_all(fd, theirs.data(), theirs.size(), deadline, "replica hello");
+      const auto mine = wire::random<wire::nonce>();
+      const auto key = this->key();
+      const auto proof = wire::server_proof(key, theirs, mine, run_id_);
+      internal::tcp::send_all(fd, mine.data(), mine.size(), deadline, "replica challenge");
+      internal::tcp::send_all(fd, proof.data(), proof.size(), deadline, "replica challenge");
+      // The header, kept as it came for the client's MAC; bounded before anything is allocated.
+      std::vector<std::byte> head;
+      const auto id_len = wire::get<std::uint32_t>(fd, deadline, &head);
       if (id_len != run_id_.size()) return refuse(fd, "another run (run id length differs)", from);
       std::string id(id_len, '\0');
       internal::tcp::recv_all(fd, id.data(), id.size(), deadline, "replica header");
-      if (id != run_id_) return refuse(fd, "another run ('" + internal::printable(std::string_view(id).substr(0, 64)) + "')", from);
-      if (wire::get<std::uint64_t>(fd, deadline) != token()) {
-        return refuse(fd, "another group of this run id (its token differs: another job on this host?)", from);
-      }
-      image_key key;
-      key.rank = from = wire::get<std::int64_t>(fd, deadline);
-      key.world = wire::get<std::int64_t>(fd, deadline);
-      key.step = wire::get<std::int64_t>(fd, deadline);
-      if (key.world < 1 || key.world > (1 << 20) || key.rank < 0 || key.rank >= key.world || key.step < 0) {
-        return refuse(fd, fmt::format("impossible rank {} of {} at step {}", key.rank, key.world, key.step), from);
-      }
-      const auto n = wire::get<std::uint32_t>(fd, deadline);
+      head.insert(head.end(), reinterpret_cast<const std::byte*>(id.data()),
+                  reinterpret_cast<const std::byte*>(id.data()) + id.size());
+      image_key k;
+      k.rank = wire::get<std::int64_t>(fd, deadline, &head);
+      k.world = wire::get<std::int64_t>(fd, deadline, &head);
+      k.step = wire::get<std::int64_t>(fd, deadline, &head);
+      const auto n = wire::get<std::uint32_t>(fd, deadline, &head);
       if (n != parts_.size()) {
         return refuse(fd, fmt::format("{} partitioned entries sent, this state has {}", n, parts_.size()), from);
       }
-      const auto expected = slice_sizes(key.rank, key.world);
-      if (!expected) return refuse(fd, fmt::format("the partition refuses a world of {}", key.world), from);
+      std::vector<std::uint64_t> sizes;
+      for (std::uint32_t i = 0; i < n; ++i) sizes.push_back(wire::get<std::uint64_t>(fd, deadline, &head));
+      wire::mac answer{};
+      internal::tcp::recv_all(fd, answer.data(), answer.size(), deadline, "replica answer to the challenge");
+      if (!internal::equal_in_constant_time(answer, wire::client_proof(key, theirs, mine, head))) {
+        return refuse(fd, "not of this group: its answer to the challenge is wrong (another job, or a stranger)", from);
+      }
+      member = true;
+      {
+        std::lock_guard lk(conn_mu_);
+        c.member = true;
+      }
+      if (id != run_id_) return refuse(fd, "another run ('" + internal::printable(std::string_view(id).substr(0, 64)) + "')", from);
+      from = k.rank;
+      if (k.world < 1 || k.world > (1 << 20) || k.rank < 0 || k.rank >= k.world || k.step < 0) {
+        return refuse(fd, fmt::format("impossible rank {} of {} at step {}", k.rank, k.world, k.step), from);
+      }
+      const auto expected = slice_sizes(k.rank, k.world);
+      if (!expected) return refuse(fd, fmt::format("the partition refuses a world of {}", k.world), from);
       auto img = std::make_shared<memory_image>();
-      img->key = key;
+      img->key = k;
       std::size_t total = 0;
       for (std::uint32_t i = 0; i < n; ++i) {
-        const auto size = wire::get<std::uint64_t>(fd, deadline);
-        if (size != (*expected)[i]) {
-          return refuse(fd, fmt::format("entry '{}': {} bytes sent, rank {} of {} holds {}", parts_[i].name, size,
-                                        key.rank, key.world, (*expected)[i]),
+        if (sizes[i] != (*expected)[i]) {
+          return refuse(fd, fmt::format("entry '{}': {} bytes sent, rank {} of {} holds {}", parts_[i].name, sizes[i],
+                                        k.rank, k.world, (*expected)[i]),
                         from);
         }
         img->offsets.push_back(total);
-        img->sizes.push_back(static_cast<std::size_t>(size));
-        total += static_cast<std::size_t>((size + 63) / 64 * 64);
+        img->sizes.push_back(static_cast<std::size_t>(sizes[i]));
+        total += static_cast<std::size_t>((sizes[i] + 63) / 64 * 64);
       }
+      // Pinned images are allocated and freed here: this thread makes the state's device its own.
+      if (pinned_) internal::cuda::adopt_device(device_);
       if (std::lock_guard lk(mu_); spare_.size() == total) img->memory = std::move(spare_);  // a held one's
       if (img->memory.size() != total) img->memory = checkpoint::detail::host_memory(total, pinned_);
       deadline = internal::tcp::clock::now() + wire::transfer_time(total);
@@ -400,11 +520,24 @@ class peer_replicas {
       const std::uint8_t yes = 0;
       internal::tcp::send_all(fd, &yes, 1, deadline, "replica answer");
     } catch (const std::exception& e) {
-      // A sender that died or stalled mid-way: whatever arrived is dropped, never kept.
+      if (!member) {
+        // A stranger that stalled, closed, or was dropped to make room: a refusal like any other.
+        bool dropped = false;
+        {
+          std::lock_guard lk(conn_mu_);
+          dropped = c.dropped;
+        }
+        return refuse(fd,
+                      dropped ? fmt::format("dropped to make room: {} connections at once, this one had not proven "
+                                            "it is of the group",
+                                            max_connections)
+                              : fmt::format("no valid handshake within {} s: {}", wire::handshake_time.count(), e.what()),
+                      from);
+      }
+      // A member that died or stalled mid-way: whatever arrived is dropped, never kept.
       events_.emit("replica_receive_failed", {{"from", from}, {"reason", e.what()}});
     }
   }
-
 
   /// Keeps a replica: of each rank's, the images of the newest two steps held.
   void hold(std::shared_ptr<memory_image> img) {
@@ -427,7 +560,7 @@ class peer_replicas {
   event_log events_;
   bool pinned_ = false;  // the state has device entries: images are pinned, on device_
   int device_ = 0;
-  std::uint64_t token_ = 0;  // guarded by mu_ after construction
+  wire::group_key key_{};  // guarded by mu_ after construction
   std::vector<part_shape> parts_;
   std::vector<std::size_t> part_index_;  // each partitioned entry's index in the state
   internal::unique_fd listener_fd_;
@@ -441,9 +574,19 @@ class peer_replicas {
   std::vector<peer_address> peers_;
   std::uint64_t generation_ = 0;
   replica_stats stats_;
-  std::mutex active_mu_;     // guards active_: a descriptor is shut down only while it is open
-  int active_[2] = {-1, -1};  // the listener's and the sender's connection now
-  bool stopping_ = false;     // guarded by active_mu_: the destructor has cut the connections off
+  std::mutex refusals_mu_;
+  struct {
+    std::uint64_t count = 0;  // refusals not logged yet
+    std::string reason;       // the last one's
+    std::int64_t from = -1;   // its rank, when it proved it is a member
+    std::string peer;         // its address
+    internal::tcp::clock::time_point last{};
+    bool logged = false;
+  } refusals_;  // guarded by refusals_mu_
+  std::mutex conn_mu_;  // guards conns_' flags, sending_fd_, stopping_: a descriptor is shut down only while open
+  std::list<connection> conns_;  // served now; only the listener thread adds or erases
+  int sending_fd_ = -1;          // the sender's connection now
+  bool stopping_ = false;        // the destructor has cut the connections off
   std::jthread listener_, sender_;  // last: they stop before the members they use go away
 };
 

@@ -327,7 +327,7 @@ struct sharded {
   int world_before = 0;      ///< the world whose slices were moved (0: none, from disk)
   std::string sources;       ///< where each old slice came from: "live@0,replica@2,..." (empty: disk)
   std::vector<peer_address> peers;  ///< every rank's replica listener, by new rank
-  std::uint64_t token = 0;          ///< rank 0's replica token, which every rank takes
+  wire::group_key key{};            ///< rank 0's replica key, which every rank takes
 };
 
 /// Makes every rank hold its slice of the partitioned state: at `step` (rank 0's) from the live
@@ -346,14 +346,14 @@ std::optional<sharded> resync_shards(Run& run, int rank, int world, std::int64_t
     images = replicas->images();  // pinned until the move is done
     for (const auto& i : images) mine.images.push_back(i->key);
     mine.address = replicas->address();
-    mine.token = replicas->token();
+    mine.key = replicas->key();
   }
   const auto all = exchange_holdings<Comm>(run, rank, world, mine);
   if (!all) return std::nullopt;
   sharded out;
   out.step = step;
   for (const auto& a : *all) out.peers.push_back(a.address);
-  out.token = (*all)[0].token;
+  out.key = (*all)[0].key;
   auto plan = plan_live(*all, step);
   if (!plan) plan = plan_memory(*all);
   if (plan) {
