@@ -62,7 +62,8 @@ struct event_set {
 inline bool counted_only(std::string_view name) {
   static constexpr std::string_view names[] = {
       "checkpoint_part", "checkpoint_removed", "replica_sent",  "checkpoint_policy", "loop_start",
-      "loop_resynced",   "watchdog_reclaim",   "watchdog_priority", "final_step_agreed", "rendezvous_departure"};
+      "loop_resynced",   "watchdog_reclaim",   "watchdog_priority", "final_step_agreed", "rendezvous_departure",
+      "replica_listening"};
   return std::find(std::begin(names), std::end(names), name) != std::end(names);
 }
 

@@ -107,7 +107,7 @@ class model_builder {
     } else if (n == "worker_start_failed" || n == "worker_backoff" || n == "worker_grace_exceeded") {
       slot_event(e);
     } else if (n == "watchdog_kill" || n == "watchdog_stack" || n == "watchdog_escalate" ||
-               n == "watchdog_refused" || n == "watchdog_kill_failed") {
+               n == "watchdog_refused" || n == "watchdog_kill_failed" || n == "watchdog_warning") {
       watchdog_event(e);
     } else if (n == "rendezvous_round_closed") {
       rounds_.closed(e);
@@ -295,6 +295,13 @@ class model_builder {
                                                          any_field(e.fields, "threads"), target),
                stacks_.ref_of(e));
       stacks_.place(e, row);
+    } else if (e.name == "watchdog_warning") {
+      add_mark(e, row, mark_kind::warning, scope,
+               fmt::format("watchdog_warning: scope '{}' still open after {}, past its warning at {}; killed at {} "
+                           "if still open",
+                           scope, ms_text(number_field(e.fields, "held_ms").value_or(0)),
+                           ms_text(number_field(e.fields, "warn_ms").value_or(0)),
+                           ms_text(number_field(e.fields, "limit_ms").value_or(0))));
     } else {
       add_mark(e, row, mark_kind::watchdog, "", e.name);
     }
