@@ -214,42 +214,7 @@ class training_loop {
   bool writer() const noexcept { return !opts_.group || sharded_group_ || opts_.group->writes_checkpoints(); }
 
   /// Starts a step; false when the loop ended instead (a notice while the group re-formed).
-  bool begin_step() {
-    if (opts_.group) {
-      // A safe point: no collective in flight, the state is whole. The group may hand us
-      // another step (rank 0's) together with its state.
-      std::uint64_t agreed = next_;
-      try {
-        agreed = opts_.group->safe_point(next_, state_);
-      } catch (const error& e) {
-        if (e.code() != errc::interrupted) throw;
-        interrupted_while_regrouping(e);
-        return false;
-      }
-      if (agreed != next_) {
-        events_.emit("loop_resynced", {{"from_step", next_}, {"to_step", agreed}});
-        next_ = agreed;
-      }
-      last_snapshot_step_ = std::min(last_snapshot_step_, next_);
-      if (sharded_group_ && opts_.group->generation() != generation_) follow_group();
-    }
-    step_started_ = std::chrono::steady_clock::now();
-    checkpoint::detail::step_limits limits{.warn = {}, .kill = opts_.step_timeout};
-    step_auto_ = false;
-    pauses_ = 0;
-    paused_ = false;
-    if (pace_) {
-      const auto own = pace_->begin(next_, last_snapshot_step_, policy_.interval(), snapshot_at_ == next_,
-                                    opts_.group ? opts_.group->generation() : 0);
-      if (limits.kill.count() == 0) {
-        limits = own;
-        step_auto_ = true;
-      }
-    }
-    step_margin_ = limits.warn.count() > 0 ? limits.kill - limits.warn : std::chrono::milliseconds(0);
-    if (limits.kill.count() > 0) scope_.emplace(step_scope(limits.warn, limits.kill));
-    return true;
-  }
+  bool begin_step();
 
   /// The step's timer scope: killed at `kill`, warned of first at `warn` (0: no warning).
   static timer::scope step_scope(std::chrono::nanoseconds warn, std::chrono::nanoseconds kill) {
@@ -270,100 +235,23 @@ class training_loop {
   void extend_step(std::chrono::milliseconds d);
 
   /// Ends the current step; false when the loop is over.
-  bool end_step() {
-    scope_.reset();
-    paused_ = false;
-    pauses_ = 0;
-    if (opts_.group && opts_.group->step_failed()) return redo_failed_step();
-    ++next_;
-    const auto now = std::chrono::steady_clock::now();
-    if (pace_) {
-      const auto slow =
-          pace_->end(next_, std::chrono::duration<double>(now - step_started_).count(), opts_.group, *opts_.evict_stragglers);
-      for (const auto& f : slow)
-        if (f.evict && f.rank == opts_.group->rank()) evict();
-    }
-    policy_.on_step(std::chrono::duration<double>(now - step_started_).count(), [&] {
-      const auto st = ckpt_.stats();
-      return st.committed + st.failed;
-    });
-    if (ended_after_step(now)) return false;
-    if (policy_.update_pending()) update_interval();  // the newest checkpoint is durable: its whole cost is known
-    if (due(now) && writer()) snapshot_due(now);
-    return begin_step();
-  }
+  bool end_step();
 
   /// A step whose collective failed: its update is not everywhere, so it is run again on the
   /// rebuilt group (unless a notice or stop() ends the loop). False when the loop is over.
-  bool redo_failed_step() {
-    if (preemption_handler::requested() && signals_) {
-      final_checkpoint(loop_reason::preempted);
-      return false;
-    }
-    if (stop_requested_) {
-      final_checkpoint(loop_reason::stopped);
-      return false;
-    }
-    ++redone_;
-    if (!begin_step()) return false;
-    if (opts_.steps && next_ >= opts_.steps) {  // rank 0 had finished this step after all
-      scope_.reset();
-      final_checkpoint(loop_reason::finished);
-      return false;
-    }
-    return true;
-  }
+  bool redo_failed_step();
 
   /// Ends the loop if it must end after the step just completed (see notice()), with its final
   /// checkpoint, alone or at the step the ranks agreed on. True when the loop is over.
-  bool ended_after_step(std::chrono::steady_clock::time_point now) {
-    if (!agreed_final_) {
-      const auto why = notice(now);
-      if (!why) return false;
-      if (!agreement_ || (*why != loop_reason::preempted && !opts_.checkpoint_at_end)) {
-        final_checkpoint(*why);
-        return true;
-      }
-      if (!agree_on_final_step(*why)) return true;
-    }
-    // Training on to the final step the ranks agreed on.
-    if (next_ < *agreed_final_) return false;
-    finish_agreed();
-    return true;
-  }
+  bool ended_after_step(std::chrono::steady_clock::time_point now);
 
   /// Takes the snapshot that is due; under the adaptive policy one that cannot be taken now is
   /// deferred to the end of the next step.
-  void snapshot_due(std::chrono::steady_clock::time_point now) {
-    const auto before = ckpt_.stats();
-    const auto t0 = std::chrono::steady_clock::now();
-    if (!take_snapshot()) {
-      ++deferred_;  // due still: tried again at the end of the next step
-      return;
-    }
-    policy_.on_snapshot(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), before.snapshots);
-    last_snapshot_step_ = next_;
-    snapshot_at_ = next_;
-    last_snapshot_time_ = now;
-  }
+  void snapshot_due(std::chrono::steady_clock::time_point now);
 
   /// Why the loop must end after this step, if it must: a preemption notice (ours, or another
   /// rank's proposal), stop(), or the last step.
-  std::optional<loop_reason> notice(std::chrono::steady_clock::time_point now) {
-    if (preemption_handler::requested() && signals_) return loop_reason::preempted;
-    if (stop_requested_) return loop_reason::stopped;
-    if (opts_.steps && next_ >= opts_.steps) return loop_reason::finished;
-    // Another rank's proposal is a notice too (it may have been signalled alone, or first).
-    // Looked for at most every 20 ms: usually one fstatat, nothing measurable.
-    if (agreement_ && now - last_peek_ >= std::chrono::milliseconds(20)) {
-      last_peek_ = now;
-      if (agreement_->peer_proposed()) {
-        peer_notice_ = true;
-        return loop_reason::preempted;  // what the peers stopped for is in their proposals
-      }
-    }
-    return std::nullopt;
-  }
+  std::optional<loop_reason> notice(std::chrono::steady_clock::time_point now);
   // Under a fixed interval the loop waits for a staging slot (the interval is a promise of how
   // little work a failure loses); under the adaptive policy it never waits on the disk: with no
   // slot free it takes nothing now, and the snapshot comes at the first step after one frees up.
@@ -497,7 +385,8 @@ class training_loop {
 
 }  // namespace elastic::inline v1::checkpoint
 
-// The out-of-class definitions of how a loop ends.
+// The out-of-class definitions of how a loop runs a step and how it ends.
+#include <elastic/checkpoint/detail/loop_steps.hpp>
 #include <elastic/checkpoint/detail/loop_ending.hpp>
 
 namespace elastic::inline v1 {

@@ -50,6 +50,7 @@
 #include <elastic/events.hpp>
 #include <elastic/timer/detail/segment.hpp>
 #include <elastic/timer/detail/capture_threads.hpp>
+#include <elastic/timer/detail/scope_warnings.hpp>
 #include <elastic/timer/detail/table.hpp>
 #include <elastic/timer/watchdog_options.hpp>
 
@@ -163,7 +164,7 @@ class watchdog {
         if (!detail::read_entry_stable(s.scopes[j], e)) continue;
         ++r.live_scopes;
         if (e.deadline_ns > now) {
-          r.next_deadline_ns = std::min(r.next_deadline_ns, next_look(s, j, pid, e, now));
+          r.next_deadline_ns = std::min(r.next_deadline_ns, warnings_.look(segment_.table(), s, j, pid, e, now));
         } else if (on_expired(s, pid, start, e, now)) {
           ++r.signals_sent;
         }
@@ -191,13 +192,7 @@ class watchdog {
       freed += reclaim_process(pid, start, "process gone");
     });
     captures_.forget_gone(now);
-    // Forget warnings of scopes that ended, so the map stays as small as the live scopes.
-    for (auto it = warned_.begin(); it != warned_.end();) {
-      const auto t = segment_.table();
-      const detail::slot& s = t.at(static_cast<std::uint32_t>(it->first / detail::scopes_per_slot));
-      const auto& e = s.scopes[it->first % detail::scopes_per_slot];
-      it = e.generation.load(std::memory_order_relaxed) == it->second ? std::next(it) : warned_.erase(it);
-    }
+    warnings_.forget_ended(segment_.table());
     // Forget refusals of processes that are gone, so the set stays as small as the live ones.
     for (auto it = refused_.begin(); it != refused_.end();) {
       it = internal::process_alive(it->first, it->second) ? std::next(it) : refused_.erase(it);
@@ -207,7 +202,7 @@ class watchdog {
 
   [[nodiscard]] watchdog_stats stats() const noexcept {
     return {stats_.scans.load(),     stats_.signals.load(),     stats_.escalations.load(), stats_.reclaimed.load(),
-            stats_.max_late_ns.load(), stats_.refused.load(),     stats_.warnings.load()};
+            stats_.max_late_ns.load(), stats_.refused.load(),     warnings_.count()};
   }
   [[nodiscard]] const std::string& name() const noexcept { return opts_.name; }
   [[nodiscard]] detail::table_view table() const noexcept { return segment_.table(); }
@@ -301,45 +296,6 @@ class watchdog {
     for (std::uint32_t i = 0; i < t.slot_count(); ++i)
       if (t.at(i).head.owner.load(std::memory_order_acquire) != 0) ++n;
     return n;
-  }
-
-  /// A live scope before its deadline: warns of it once it is past its warning (the first
-  /// expiry of expires_after_warning), and returns when it must be looked at next.
-  std::int64_t next_look(detail::slot& s, std::uint32_t j, pid_t pid, const detail::entry_snapshot& e,
-                         std::int64_t now) {
-    const std::int64_t warn = e.warn_ns();
-    if (warn == e.deadline_ns) return e.deadline_ns;
-    const std::uint64_t key = slot_index(s) * detail::scopes_per_slot + j;
-    const auto it = warned_.find(key);
-    if (it != warned_.end() && it->second == e.generation) return e.deadline_ns;  // warned of already
-    if (warn > now) return warn;
-    warned_[key] = e.generation;
-    stats_.warnings.fetch_add(1, std::memory_order_relaxed);
-    const int rank = s.head.rank.load(std::memory_order_relaxed);
-    const pid_t tid = s.head.tid.load(std::memory_order_relaxed);
-    const std::string_view name(e.name, ::strnlen(e.name, sizeof e.name));
-    events_.emit("watchdog_warning", {{"segment", opts_.name},
-                                      {"target_pid", pid},
-                                      {"target_tid", tid},
-                                      {"target_rank", rank >= 0 ? event_value(rank) : event_value(nullptr)},
-                                      {"scope", name},
-                                      {"warn_ms", static_cast<double>(warn - e.entered_ns) / 1e6},
-                                      {"limit_ms", static_cast<double>(e.deadline_ns - e.entered_ns) / 1e6},
-                                      {"held_ms", static_cast<double>(now - e.entered_ns) / 1e6},
-                                      {"effect", "none yet: signalled at limit_ms if the scope is still open"}});
-    if (opts_.on_warning) {
-      try {
-        opts_.on_warning(watchdog_warning_report{pid, tid, rank, name, std::chrono::nanoseconds(warn - e.entered_ns),
-                                                 std::chrono::nanoseconds(e.deadline_ns - e.entered_ns),
-                                                 std::chrono::nanoseconds(now - e.entered_ns)});
-      } catch (...) {
-      }
-    }
-    return e.deadline_ns;
-  }
-
-  std::uint64_t slot_index(const detail::slot& s) const noexcept {
-    return static_cast<std::uint64_t>(&s - &segment_.table().at(0));
   }
 
   /// Handles one expired scope of process (pid, start). True when a signal was sent.
@@ -477,7 +433,6 @@ class watchdog {
     std::atomic<std::uint64_t> reclaimed{0};
     std::atomic<std::int64_t> max_late_ns{0};
     std::atomic<std::uint64_t> refused{0};
-    std::atomic<std::uint64_t> warnings{0};
   };
 
   watchdog_options opts_;
@@ -486,9 +441,7 @@ class watchdog {
   internal::file_identity segment_id_;  // what a client's /proc/PID/maps shows
   std::unordered_map<pid_t, kill_record> kills_;  // only the scanning thread touches it
   std::set<std::pair<pid_t, std::uint64_t>> refused_;  // logged refusals; only the scanning thread
-  // Scopes warned of: slot x scopes_per_slot + entry -> the generation warned of (a scope is
-  // warned of once, extended or not); only the scanning thread.
-  std::unordered_map<std::uint64_t, std::uint64_t> warned_;
+  detail::scope_warnings warnings_{opts_, events_};  // only the scanning thread (its count: any)
   atomic_stats stats_;
   detail::capture_threads captures_;  // only the scanning thread calls it; after the segment it rings
   std::atomic<bool> stopped_{false};
