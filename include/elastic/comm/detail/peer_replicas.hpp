@@ -5,29 +5,27 @@
 // replicated entries and its slices), and a sender thread sends its slices of the partitioned
 // entries to its `copies` ring successors (rank+1, rank+2, ... of its world) over plain TCP,
 // where a listener keeps them as "replica images". None of this runs on the training thread.
-// The listener serves each connection on a thread of its own (at most max_connections at once):
-// a connection that has not proven it is of the group (detail/replica_wire.hpp: a challenge
-// and an HMAC keyed by the group's secret) within wire::handshake_time is dropped, and when the
-// slots are full the oldest such connection makes room, so idle or stray connections never keep
-// a member's replica out. Refusals are counted (replica_stats::refused) and logged at most once
-// per refusal_interval (`replica_refused`: how many, the last reason), never once a connection. The newest two snapshot steps are kept of each kind, so that a rank lost while its
-// newest replica was still on the wire leaves the step before it whole in memory. How a rebuild
-// uses them: detail/shard_resync.hpp; the wire and its checks: detail/replica_wire.hpp.
+// The listener serves each connection on a thread of its own (detail/replica_listener.hpp); a
+// connection that has not proven it is of the group (detail/replica_handshake.hpp: a challenge
+// and an HMAC keyed by the group's secret) within wire::handshake_time is dropped. What a
+// replica holds and the checks of its header: detail/replica_layout.hpp. Refusals are counted
+// (replica_stats::refused) and logged at most once per refusal_interval
+// (detail/replica_refusals.hpp), never once a connection. The newest two snapshot steps are kept
+// of each kind, so that a rank lost while its newest replica was still on the wire leaves the
+// step before it whole in memory. How a rebuild uses them: detail/shard_resync.hpp; the wire and
+// its checks: detail/replica_wire.hpp.
 #pragma once
-
-#include <sys/socket.h>
 
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
-#include <list>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <thread>
 #include <utility>
@@ -36,17 +34,19 @@
 #include <fmt/format.h>
 
 #include <elastic/checkpoint/detail/host_memory.hpp>
-#include <elastic/comm/detail/memory_image.hpp>
-#include <elastic/comm/detail/replica_wire.hpp>
-#include <elastic/checkpoint/partition.hpp>
 #include <elastic/checkpoint/staged_snapshot.hpp>
 #include <elastic/checkpoint/state.hpp>
+#include <elastic/comm/detail/memory_image.hpp>
+#include <elastic/comm/detail/replica_handshake.hpp>
+#include <elastic/comm/detail/replica_layout.hpp>
+#include <elastic/comm/detail/replica_listener.hpp>
+#include <elastic/comm/detail/replica_refusals.hpp>
+#include <elastic/comm/detail/replica_wire.hpp>
 #include <elastic/error.hpp>
 #include <elastic/events.hpp>
 #include <elastic/internal/crc32c.hpp>
-#include <elastic/internal/names.hpp>
 #include <elastic/internal/cuda.hpp>
-#include <elastic/internal/sha256.hpp>
+#include <elastic/internal/names.hpp>
 #include <elastic/internal/tcp.hpp>
 
 namespace elastic::inline v1::comm::detail {
@@ -54,9 +54,9 @@ namespace elastic::inline v1::comm::detail {
 class peer_replicas {
  public:
   /// Connections served at once; the listener refuses (or makes room among strangers) past it.
-  static constexpr std::size_t max_connections = 32;
+  static constexpr std::size_t max_connections = replica_listener::max_connections;
   /// At most one `replica_refused` event per interval, with the count of refusals in it.
-  static constexpr std::chrono::seconds refusal_interval{10};
+  static constexpr std::chrono::seconds refusal_interval = replica_refusals::interval;
 
   /// Listens on `host` for the replicas of the run `run_id`; `copies` successors receive this
   /// rank's slices. `st` is the group's state: its partitioned entries fix what a replica holds.
@@ -66,23 +66,19 @@ class peer_replicas {
         copies_(copies),
         events_(std::move(events)),
         pinned_(st.has_device_entries()),
-        key_(wire::random<wire::group_key>()) {
+        key_(wire::random<wire::group_key>()),
+        layout_(st),
+        refusals_(events_) {
     if (copies < 1) throw error(errc::invalid_argument, fmt::format("peer replicas: {} copies", copies));
     if (run_id_.size() > 4096) throw error(errc::invalid_argument, "peer replicas: run id over 4096 characters");
-    for (std::size_t i = 0; i < st.entries().size(); ++i) {
-      const auto& e = st.entries()[i];
-      if (!e.partition) continue;
-      parts_.push_back({e.name, e.shard->global_count, e.element_bytes, e.partition});
-      part_index_.push_back(i);
-    }
     // Pinned images are allocated and freed on the threads below: they make the state's device
     // their own, or their first CUDA call would open a context on GPU 0.
     if (pinned_) device_ = internal::cuda::current_device();
-    auto [fd, port] = internal::tcp::listen_on(host);
-    listener_fd_ = std::move(fd);
-    self_ = {host, port};
-    events_.emit("replica_listening", {{"host", host}, {"port", port}});
-    listener_ = std::jthread([this](std::stop_token stop) { listen_loop(stop); });
+    self_ = {host, listener_.listen(host)};
+    events_.emit("replica_listening", {{"host", host}, {"port", self_.port}});
+    listener_.start([this](replica_connection& c) { serve(c); },
+                    [this](int fd, const std::string& why) { refuse(fd, why, -1); },
+                    [this] { refusals_.log(false); });
     sender_ = std::jthread([this](std::stop_token stop) { send_loop(stop); });
   }
 
@@ -94,14 +90,9 @@ class peer_replicas {
     listener_.request_stop();
     sender_.request_stop();
     cv_.notify_all();
-    {
-      std::lock_guard lk(conn_mu_);
-      stopping_ = true;
-      for (auto& c : conns_) ::shutdown(c.fd.get(), SHUT_RDWR);
-      if (sending_fd_ >= 0) ::shutdown(sending_fd_, SHUT_RDWR);
-    }
+    listener_.cut_off();
     listener_.join();  // it joins the connections' threads on its way out
-    log_refusals(true);
+    refusals_.log(true);
   }
 
   [[nodiscard]] const peer_address& address() const noexcept { return self_; }
@@ -200,32 +191,9 @@ class peer_replicas {
 
   /// The partitioned entries' indices among the state's entries, in order: a replica holds
   /// these, its entry j being the state's entry partitioned()[j].
-  [[nodiscard]] const std::vector<std::size_t>& partitioned() const noexcept { return part_index_; }
+  [[nodiscard]] const std::vector<std::size_t>& partitioned() const noexcept { return layout_.partitioned(); }
 
  private:
-
-  struct part_shape {
-    std::string name;
-    std::uint64_t global = 0;
-    std::size_t element_bytes = 1;
-    checkpoint::partition_fn partition;
-  };
-
-  /// Bytes of rank `rank` of `world`'s slice of each partitioned entry; nothing when the
-  /// partition refuses that world.
-  std::optional<std::vector<std::uint64_t>> slice_sizes(std::int64_t rank, std::int64_t world) const {
-    std::vector<std::uint64_t> out;
-    try {
-      for (const auto& p : parts_) {
-        const auto all = checkpoint::partition_slices(p.partition, p.name, p.global, static_cast<int>(world));
-        out.push_back(all[static_cast<std::size_t>(rank)].count * p.element_bytes);
-      }
-    } catch (const std::exception&) {
-      return std::nullopt;
-    }
-    return out;
-  }
-
   // ---- the sender ----
 
   void send_loop(std::stop_token stop) {
@@ -269,7 +237,7 @@ class peer_replicas {
     std::uint64_t bytes = 0;
     std::vector<std::span<const std::byte>> slices;
     std::vector<std::uint64_t> sizes;
-    for (const std::size_t i : part_index_) {  // the own image holds every entry; these are the slices
+    for (const std::size_t i : layout_.partitioned()) {  // the own image holds every entry; these are the slices
       if (i >= img.sizes.size()) return;       // an image of a state laid out otherwise: not ours to send
       slices.push_back(img.bytes(i));
       sizes.push_back(img.sizes[i]);
@@ -280,7 +248,7 @@ class peer_replicas {
       const auto deadline = t0 + wire::transfer_time(bytes);
       const std::string what = fmt::format("replica of step {} to rank {} at {}:{}", img.key.step, to, addr.host, addr.port);
       auto fd = internal::tcp::connect_to(addr.host, addr.port, std::min(deadline, t0 + std::chrono::seconds(10)));
-      const sending on(*this, fd.get());
+      const replica_listener::sending on(listener_, fd.get());
       wire::client_handshake(fd.get(), key, run_id_, head, deadline, what);
       std::uint32_t crc = 0;
       for (const auto& s : slices) {
@@ -310,104 +278,14 @@ class peer_replicas {
 
   // ---- the listener ----
 
-  /// One accepted connection, served by its own thread. The listener thread alone adds and
-  /// erases them; conn_mu_ guards the flags and the shutdown of `fd` (only while it is open).
-  struct connection {
-    internal::unique_fd fd;
-    internal::tcp::clock::time_point since;
-    bool member = false;   // proved it holds the group's key
-    bool dropped = false;  // shut down to make room for a newer connection
-    std::atomic<bool> done{false};
-    std::jthread thread;  // last: it stops before the fields it uses go away
-  };
-
-  void listen_loop(std::stop_token stop) {
-    while (!stop.stop_requested()) {
-      reap(false);
-      log_refusals(false);
-      auto fd = internal::tcp::accept_for(listener_fd_.get(), std::chrono::milliseconds(100));
-      if (!fd) continue;
-      {
-        std::lock_guard lk(conn_mu_);
-        if (stopping_) break;
-        if (conns_.size() < max_connections || make_room()) {
-          auto& c = conns_.emplace_back();
-          c.fd = std::move(fd);
-          c.since = internal::tcp::clock::now();
-          c.thread = std::jthread([this, &c] {
-            serve(c);
-            c.done.store(true, std::memory_order_release);
-          });
-          continue;
-        }
-      }
-      refuse(fd.get(), fmt::format("{} connections at once, all of them members' transfers", max_connections), -1);
-    }
-    reap(true);
-  }
-
-  /// Joins and closes the connections that are done (all of them with `all`, once stopping).
-  void reap(bool all) {
-    std::list<connection> over;
-    {
-      std::lock_guard lk(conn_mu_);
-      for (auto it = conns_.begin(); it != conns_.end();) {
-        auto next = std::next(it);
-        if (all || it->done.load(std::memory_order_acquire)) over.splice(over.end(), conns_, it);
-        it = next;
-      }
-    }
-    // Joined outside conn_mu_: a connection's thread takes it on its way.
-  }
-
-  /// With conn_mu_ held: shuts down the oldest connection that has not proven it is a member,
-  /// if any (its thread then ends and counts the refusal).
-  bool make_room() {
-    connection* oldest = nullptr;
-    for (auto& c : conns_) {
-      if (c.member || c.dropped || c.done.load(std::memory_order_acquire)) continue;
-      if (!oldest || c.since < oldest->since) oldest = &c;
-    }
-    if (!oldest) return false;
-    oldest->dropped = true;
-    ::shutdown(oldest->fd.get(), SHUT_RDWR);
-    return true;
-  }
-
-  /// The connection a sender is on, for the destructor to cut off.
-  class sending {
-   public:
-    sending(peer_replicas& r, int fd) : r_(r) {
-      std::lock_guard lk(r_.conn_mu_);
-      r_.sending_fd_ = fd;
-      if (r_.stopping_) ::shutdown(fd, SHUT_RDWR);  // the destructor has been through already
-    }
-    sending(const sending&) = delete;
-    sending& operator=(const sending&) = delete;
-    ~sending() {
-      std::lock_guard lk(r_.conn_mu_);
-      r_.sending_fd_ = -1;
-    }
-
-   private:
-    peer_replicas& r_;
-  };
-
-  /// Counts a refusal (logged by log_refusals) and answers 1 when the peer still listens.
+  /// Counts a refusal (logged by refusals_) and answers 1 when the peer still listens.
   void refuse(int fd, const std::string& why, std::int64_t from) {
     {
       std::lock_guard lk(mu_);
       ++stats_.refused;
     }
-    auto peer = internal::tcp::peer_name(fd);
-    {
-      std::lock_guard lk(refusals_mu_);
-      ++refusals_.count;
-      refusals_.reason = why;
-      refusals_.from = from;
-      refusals_.peer = std::move(peer);
-    }
-    log_refusals(false);
+    refusals_.count(why, from, internal::tcp::peer_name(fd));
+    refusals_.log(false);
     const std::uint8_t no = 1;
     try {
       internal::tcp::send_all(fd, &no, 1, internal::tcp::clock::now() + std::chrono::seconds(1), "replica answer");
@@ -415,94 +293,27 @@ class peer_replicas {
     }
   }
 
-  /// One `replica_refused` event for the refusals not logged yet, when refusal_interval has
-  /// passed since the last one (or `now_anyway`): a flood of strangers costs a line per interval.
-  void log_refusals(bool now_anyway) {
-    std::uint64_t count = 0;
-    std::string reason, peer;
-    std::int64_t from = -1;
-    {
-      std::lock_guard lk(refusals_mu_);
-      const auto now = internal::tcp::clock::now();
-      if (refusals_.count == 0 || (!now_anyway && refusals_.logged && now - refusals_.last < refusal_interval)) return;
-      count = std::exchange(refusals_.count, 0);
-      reason = std::move(refusals_.reason);
-      from = refusals_.from;
-      peer = std::move(refusals_.peer);
-      refusals_.last = now;
-      refusals_.logged = true;
-    }
-    events_.emit("replica_refused", {{"count", count},
-                                     {"reason", reason},
-                                     {"from", from},
-                                     {"peer", peer},
-                                     {"interval_s", static_cast<std::int64_t>(refusal_interval.count())}});
-  }
-
-  void serve(connection& c) {
+  void serve(replica_connection& c) {
     const int fd = c.fd.get();
     std::int64_t from = -1;
     bool member = false;
     try {
       auto deadline = internal::tcp::clock::now() + wire::handshake_time;
-      if (wire::get<std::uint32_t>(fd, deadline) != wire::magic) return refuse(fd, "not a replica (bad magic)", from);
-      if (const auto v = wire::get<std::uint32_t>(fd, deadline); v != wire::version) {
-        return refuse(fd, fmt::format("replica format version {}, this build reads {}", v, wire::version), from);
-      }
-      wire::nonce theirs{};
-      internal::tcp::recv_all(fd, theirs.data(), theirs.size(), deadline, "replica hello");
-      const auto mine = wire::random<wire::nonce>();
-      const auto key = this->key();
-      const auto proof = wire::server_proof(key, theirs, mine, run_id_);
-      internal::tcp::send_all(fd, mine.data(), mine.size(), deadline, "replica challenge");
-      internal::tcp::send_all(fd, proof.data(), proof.size(), deadline, "replica challenge");
-      // The header, kept as it came for the client's MAC; bounded before anything is allocated.
-      std::vector<std::byte> head;
-      const auto id_len = wire::get<std::uint32_t>(fd, deadline, &head);
-      if (id_len != run_id_.size()) return refuse(fd, "another run (run id length differs)", from);
-      std::string id(id_len, '\0');
-      internal::tcp::recv_all(fd, id.data(), id.size(), deadline, "replica header");
-      head.insert(head.end(), reinterpret_cast<const std::byte*>(id.data()),
-                  reinterpret_cast<const std::byte*>(id.data()) + id.size());
-      image_key k;
-      k.rank = wire::get<std::int64_t>(fd, deadline, &head);
-      k.world = wire::get<std::int64_t>(fd, deadline, &head);
-      k.step = wire::get<std::int64_t>(fd, deadline, &head);
-      const auto n = wire::get<std::uint32_t>(fd, deadline, &head);
-      if (n != parts_.size()) {
-        return refuse(fd, fmt::format("{} partitioned entries sent, this state has {}", n, parts_.size()), from);
-      }
-      std::vector<std::uint64_t> sizes;
-      for (std::uint32_t i = 0; i < n; ++i) sizes.push_back(wire::get<std::uint64_t>(fd, deadline, &head));
-      wire::mac answer{};
-      internal::tcp::recv_all(fd, answer.data(), answer.size(), deadline, "replica answer to the challenge");
-      if (!internal::equal_in_constant_time(answer, wire::client_proof(key, theirs, mine, head))) {
-        return refuse(fd, "not of this group: its answer to the challenge is wrong (another job, or a stranger)", from);
-      }
+      auto hello = wire::server_handshake(fd, run_id_, layout_.size(), [this] { return key(); }, deadline);
+      if (!hello.accepted) return refuse(fd, hello.refusal, from);
+      const auto& [id, k, sizes] = *hello.accepted;
       member = true;
-      {
-        std::lock_guard lk(conn_mu_);
-        c.member = true;
-      }
+      listener_.admit(c);
       if (id != run_id_) return refuse(fd, "another run ('" + internal::printable(std::string_view(id).substr(0, 64)) + "')", from);
       from = k.rank;
-      if (k.world < 1 || k.world > (1 << 20) || k.rank < 0 || k.rank >= k.world || k.step < 0) {
-        return refuse(fd, fmt::format("impossible rank {} of {} at step {}", k.rank, k.world, k.step), from);
-      }
-      const auto expected = slice_sizes(k.rank, k.world);
-      if (!expected) return refuse(fd, fmt::format("the partition refuses a world of {}", k.world), from);
+      if (auto why = layout_.refusal(k, sizes); !why.empty()) return refuse(fd, why, from);
       auto img = std::make_shared<memory_image>();
       img->key = k;
       std::size_t total = 0;
-      for (std::uint32_t i = 0; i < n; ++i) {
-        if (sizes[i] != (*expected)[i]) {
-          return refuse(fd, fmt::format("entry '{}': {} bytes sent, rank {} of {} holds {}", parts_[i].name, sizes[i],
-                                        k.rank, k.world, (*expected)[i]),
-                        from);
-        }
+      for (const auto size : sizes) {
         img->offsets.push_back(total);
-        img->sizes.push_back(static_cast<std::size_t>(sizes[i]));
-        total += static_cast<std::size_t>((sizes[i] + 63) / 64 * 64);
+        img->sizes.push_back(static_cast<std::size_t>(size));
+        total += static_cast<std::size_t>((size + 63) / 64 * 64);
       }
       // Pinned images are allocated and freed here: this thread makes the state's device its own.
       if (pinned_) internal::cuda::adopt_device(device_);
@@ -510,7 +321,7 @@ class peer_replicas {
       if (img->memory.size() != total) img->memory = checkpoint::detail::host_memory(total, pinned_);
       deadline = internal::tcp::clock::now() + wire::transfer_time(total);
       std::uint32_t crc = 0;
-      for (std::uint32_t i = 0; i < n; ++i) {
+      for (std::size_t i = 0; i < img->sizes.size(); ++i) {
         std::byte* p = img->memory.data() + img->offsets[i];
         internal::tcp::recv_all(fd, p, img->sizes[i], deadline, "replica data");
         crc = internal::crc32c(p, img->sizes[i], crc);
@@ -522,16 +333,12 @@ class peer_replicas {
     } catch (const std::exception& e) {
       if (!member) {
         // A stranger that stalled, closed, or was dropped to make room: a refusal like any other.
-        bool dropped = false;
-        {
-          std::lock_guard lk(conn_mu_);
-          dropped = c.dropped;
-        }
         return refuse(fd,
-                      dropped ? fmt::format("dropped to make room: {} connections at once, this one had not proven "
-                                            "it is of the group",
-                                            max_connections)
-                              : fmt::format("no valid handshake within {} s: {}", wire::handshake_time.count(), e.what()),
+                      listener_.dropped(c)
+                          ? fmt::format("dropped to make room: {} connections at once, this one had not proven "
+                                        "it is of the group",
+                                        max_connections)
+                          : fmt::format("no valid handshake within {} s: {}", wire::handshake_time.count(), e.what()),
                       from);
       }
       // A member that died or stalled mid-way: whatever arrived is dropped, never kept.
@@ -561,9 +368,7 @@ class peer_replicas {
   bool pinned_ = false;  // the state has device entries: images are pinned, on device_
   int device_ = 0;
   wire::group_key key_{};  // guarded by mu_ after construction
-  std::vector<part_shape> parts_;
-  std::vector<std::size_t> part_index_;  // each partitioned entry's index in the state
-  internal::unique_fd listener_fd_;
+  replica_layout layout_;
   peer_address self_;
   mutable std::mutex mu_;
   std::condition_variable_any cv_;
@@ -574,20 +379,9 @@ class peer_replicas {
   std::vector<peer_address> peers_;
   std::uint64_t generation_ = 0;
   replica_stats stats_;
-  std::mutex refusals_mu_;
-  struct {
-    std::uint64_t count = 0;  // refusals not logged yet
-    std::string reason;       // the last one's
-    std::int64_t from = -1;   // its rank, when it proved it is a member
-    std::string peer;         // its address
-    internal::tcp::clock::time_point last{};
-    bool logged = false;
-  } refusals_;  // guarded by refusals_mu_
-  std::mutex conn_mu_;  // guards conns_' flags, sending_fd_, stopping_: a descriptor is shut down only while open
-  std::list<connection> conns_;  // served now; only the listener thread adds or erases
-  int sending_fd_ = -1;          // the sender's connection now
-  bool stopping_ = false;        // the destructor has cut the connections off
-  std::jthread listener_, sender_;  // last: they stop before the members they use go away
+  replica_refusals refusals_;
+  replica_listener listener_;  // it and the sender last: they stop before the members they use go away
+  std::jthread sender_;
 };
 
 }  // namespace elastic::inline v1::comm::detail
