@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <fstream>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -98,6 +99,12 @@ bool exited_skipping_stops(pid_t pid, std::chrono::milliseconds timeout) {
   return false;
 }
 
+/// Where the forge tests hand a worker the pid it forges a scope for (one per test process).
+std::string run_target_file() {
+  static elastic::test::temp_dir dir;
+  return dir.file("target");
+}
+
 }  // namespace
 
 TEST_CASE("a worker hung in a known function is killed and its rank log holds that function in a stack dump") {
@@ -139,6 +146,111 @@ TEST_CASE("a worker hung in a known function is killed and its rank log holds th
   CHECK(contains(log, "no symbols: this watchdog was built without libdw"));
   CHECK(contains(log, "elastic_hung_worker+0x"));
 #endif
+}
+
+TEST_CASE("four workers hung at once each get their own dump in their own rank log") {
+  launched_run run(ELASTIC_RUN_TOOL, "stack-four",
+                   {"--nproc-per-node", "4", "--max-restarts", "0", "--step-timeout", "0.3"}, {hung_worker, "spin"});
+  CHECK(run.finish() == 1);
+  const std::string events = run.events();
+  const auto stacks = events_named(events, "watchdog_stack");
+  CHECK(stacks.size() >= 1);
+  for (const json& e : stacks) {
+    // Every dump taken goes into the log of the rank it was taken of, none to elastic-run's stderr.
+    const auto rank = static_cast<int>(e.at("target_rank").as_int64());
+    REQUIRE(rank >= 0);
+    REQUIRE(rank < 4);
+    const std::string header = "elastic watchdog: scope 'hung-step' of pid " + std::to_string(e.at("target_pid").as_int64()) +
+                               " (rank " + std::to_string(rank) + ")";
+    INFO(header);
+    CHECK(contains(run.log(rank), header));
+    CHECK_FALSE(contains(run.err(), header));
+  }
+  CHECK_FALSE(contains(run.err(), "elastic watchdog: scope"));
+  // Each rank the watchdog killed has its dump, and its own only.
+  for (const json& k : events_named(events, "watchdog_kill")) {
+    const auto rank = static_cast<int>(k.at("target_rank").as_int64());
+    const std::string log = run.log(rank);
+    INFO("rank " << rank << ":\n" << log);
+    CHECK(contains(log, "of pid " + std::to_string(k.at("target_pid").as_int64()) + " (rank " + std::to_string(rank) + ")"));
+    for (int other = 0; other < 4; ++other) {
+      if (other != rank) CHECK_FALSE(contains(log, "(rank " + std::to_string(other) + ") expired"));
+    }
+  }
+}
+
+TEST_CASE("a worker that forges a scope in elastic-run's name gets elastic-run no signal, and the refusal is logged") {
+  launched_run run(ELASTIC_RUN_TOOL, "stack-forge-host", {"--nproc-per-node", "1", "--max-restarts", "0"},
+                   {hung_worker, "forge", "parent"});
+  CHECK(run.finish() == 0);  // the forger saw its slot freed and exited 0; elastic-run lived to report it
+  const std::string events = run.events();
+  const std::string log = run.log(0);
+  INFO(log);
+  CHECK(contains(log, "forged " + std::to_string(run.proc.pid())));
+  CHECK(contains(log, "freed"));
+  const auto refused = events_named(events, "watchdog_refused");
+  REQUIRE(refused.size() == 1);
+  CHECK(refused[0].at("target_pid").as_int64() == run.proc.pid());
+  CHECK(contains(refused[0].at("reason").as_string(), "the watchdog's own process"));
+  CHECK(events_named(events, "watchdog_kill").empty());
+  CHECK(events_named(events, "watchdog_stack").empty());
+}
+
+TEST_CASE("a worker that forges a scope in the name of a process elastic-run did not start gets that process no signal") {
+  launched_run run(ELASTIC_RUN_TOOL, "stack-forge-other", {"--nproc-per-node", "1", "--max-restarts", "0"},
+                   {hung_worker, "forge", run_target_file()});
+  // The innocent maps elastic-run's segment too (any process of the user can), but elastic-run
+  // did not start it.
+  bool forger_attached = false;
+  for (int i = 0; i < 100 && !forger_attached; ++i) {
+    if (auto l = run.proc.read_line(100ms)) {
+      run.console.push_back(*l);
+      forger_attached = contains(*l, "attached");
+    }
+  }
+  REQUIRE(forger_attached);
+  auto innocent = child_process::spawn({hung_worker, "attach"},
+                                       {{"ELASTIC_WATCHDOG", "elastic-" + run.run + "-" + std::to_string(run.proc.pid())}});
+  const auto said = innocent.read_line();
+  REQUIRE(said == "attached " + std::to_string(innocent.pid()));
+  {
+    std::ofstream out(run_target_file());
+    out << innocent.pid() << "\n";
+  }
+  CHECK(run.finish() == 0);
+  const std::string events = run.events();
+  INFO(run.log(0));
+  CHECK(contains(run.log(0), "forged " + std::to_string(innocent.pid())));
+  CHECK_FALSE(innocent.wait_for(0ms).has_value());  // alive
+  const auto refused = events_named(events, "watchdog_refused");
+  REQUIRE(refused.size() == 1);
+  CHECK(refused[0].at("target_pid").as_int64() == innocent.pid());
+  CHECK(contains(refused[0].at("reason").as_string(), "not a process elastic-run started"));
+  CHECK(events_named(events, "watchdog_kill").empty());
+  innocent.kill(SIGKILL);
+}
+
+TEST_CASE("a standalone watchdog refuses a scope forged in its own name or its parent's") {
+  elastic::test::temp_dir dir;
+  const std::string name = elastic::test::unique_name("wd-forge-self");
+  const std::string events = dir.file("events.jsonl");
+  auto wd = child_process::spawn({ELASTIC_WATCHDOG_TOOL, "--name", name, "--events", events});
+  REQUIRE(wd.read_line().value_or("").rfind("elastic-watchdog: serving", 0) == 0);
+  const std::string target = dir.file("target");
+  auto forger = child_process::spawn({hung_worker, "forge", target}, {{"ELASTIC_WATCHDOG", name}});
+  REQUIRE(forger.read_line() == "attached");
+  {
+    std::ofstream out(target);
+    out << wd.pid() << "\n";
+  }
+  CHECK(forger.read_line(40s) == "forged " + std::to_string(wd.pid()));
+  CHECK(forger.read_line(40s) == "freed");
+  CHECK(forger.exit_code(10s) == 0);
+  const auto refused = elastic::test::wait_for_events(events, "watchdog_refused", 1, 5s);
+  REQUIRE(refused.size() == 1);
+  CHECK(contains(refused[0], "the watchdog's own process"));
+  wd.kill(SIGTERM);
+  CHECK(wd.exit_code(10s) == 0);  // alive until then, and stopped by our SIGTERM
 }
 
 TEST_CASE("a worker deadlocked inside malloc, where nothing in it could print, gets its stacks dumped and is killed") {

@@ -15,12 +15,27 @@
 //                               so that no other tracer can: it prints "traced" before "entered"
 //   hung_worker leave [MS]      waits in sigwait() for SIGUSR1, then leaves its scope, prints "left"
 //                               and waits forever, alive: a hang that ended on its own
+//   hung_worker crowd N [MS]    like spin, with N threads more (named "crowd"), all waiting in one
+//                               place: a dump of N + 1 threads, N of them with one stack
+//   hung_worker attach          attaches (a scope of an hour), prints "attached PID", waits forever:
+//                               a process that maps the segment without being the launcher's
+//   hung_worker forge TARGET    writes an expired scope (SIGKILL) into a free slot in the name of
+//                               TARGET: "parent" (its parent, elastic-run) or a file it waits for
+//                               (bounded) holding a pid; prints "attached" first, "forged PID", waits (bounded) until
+//                               the watchdog frees the slot, prints "freed" and exits 0
+//   hung_worker nsexec DECOY MODE...  in a mount namespace of its own (unshare; exits 77 if not
+//                               permitted), binds its own executable over the file DECOY and execs
+//                               DECOY MODE...: the same process, running this program under a path
+//                               that names another program outside the namespace (a container)
 //
 // This program is built without sanitizers (tests/CMakeLists.txt): the malloc mode needs glibc's
 // own allocator, which ASan and TSan replace.
+#include <fcntl.h>
 #include <malloc.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/ptrace.h>
 #include <sys/wait.h>
@@ -36,7 +51,12 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <vector>
 
+#include <elastic/internal/clock.hpp>
+#include <elastic/internal/futex.hpp>
+#include <elastic/internal/process.hpp>
+#include <elastic/timer/client.hpp>
 #include <elastic/timer/expires.hpp>
 
 namespace elastic_test {
@@ -167,15 +187,154 @@ int leave_on_signal(std::chrono::milliseconds limit) {
   for (;;) ::pause();
 }
 
+// --- forge, attach and nsexec modes -------------------------------------------------------------
+/// The pid TARGET names: its parent for "parent", else the number in file TARGET (waited for).
+pid_t forge_target(const std::string& target) {
+  if (target == "parent") return ::getppid();
+  for (int tries = 0; tries < 30000; ++tries) {
+    char buf[32] = {};
+    const int fd = ::open(target.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+      const ssize_t n = ::read(fd, buf, sizeof buf - 1);
+      ::close(fd);
+      if (n > 0 && buf[n - 1] == '\n') return static_cast<pid_t>(std::atoi(buf));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return 0;
+}
+
+/// Writes an expired scope into a free slot in the name of the process TARGET names, as a
+/// hostile client could, and waits for the watchdog to free it.
+int forge(const std::string& target) {
+  namespace td = elastic::timer::detail;
+  {
+    auto warm = elastic::expires(std::chrono::seconds(60), "warm-up");  // attach, as the trainer does
+    if (!warm.watched()) {
+      say("not watched");
+      return 1;
+    }
+  }
+  say("attached");
+  const pid_t pid = forge_target(target);
+  const std::uint64_t start = elastic::internal::process_start_time(pid);
+  if (pid <= 0 || start == 0) {
+    say("no target");
+    return 1;
+  }
+  const auto t = elastic::timer::client::attach(std::getenv("ELASTIC_WATCHDOG")).table();
+  auto& h = t.header();
+  td::slot* s = nullptr;
+  std::uint32_t index = 0;
+  for (std::uint32_t i = 0; i < t.slot_count() && s == nullptr; ++i) {
+    std::uint64_t expected = 0;
+    if (t.at(i).head.owner.compare_exchange_strong(expected, static_cast<std::uint64_t>(pid))) {
+      s = &t.at(i);
+      index = i;
+    }
+  }
+  if (s == nullptr) {
+    say("table full");
+    return 1;
+  }
+  const std::int64_t now = elastic::internal::monotonic_ns();
+  auto& e = s->scopes[0];
+  e.deadline_ns.store(now - 1'000'000);
+  e.entered_ns.store(now - 2'000'000);
+  e.signal.store(SIGKILL);
+  td::store_name(e, "forged-scope");
+  e.generation.store(s->head.generation.load() + 1);
+  s->head.tid.store(static_cast<std::int32_t>(pid));
+  s->head.depth.store(1);
+  s->head.start_time.store(start);
+  std::uint32_t hw = h.slots_high_water.load();
+  while (hw < index + 1 && !h.slots_high_water.compare_exchange_weak(hw, index + 1)) {
+  }
+  elastic::internal::futex_ring(h.doorbell);
+  say("forged " + std::to_string(pid));
+  for (int waited = 0; s->head.owner.load() == static_cast<std::uint64_t>(pid) && s->head.start_time.load() == start;
+       ++waited) {
+    if (waited > 30000) {
+      say("not freed");
+      return 1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  say("freed");
+  return 0;
+}
+
+int attach_and_wait() {
+  auto idle = elastic::expires(std::chrono::hours(1), "idle");
+  if (!idle.watched()) {
+    say("not watched");
+    return 1;
+  }
+  say("attached " + std::to_string(::getpid()));
+  for (;;) ::pause();
+}
+
+int exec_in_namespace(int argc, char** argv) {
+  if (argc < 4) return 2;
+  if (::unshare(CLONE_NEWNS) != 0 || ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) {
+    say(std::string("no mount namespace: ") + std::strerror(errno));
+    return 77;
+  }
+  char self[4096] = {};
+  if (::readlink("/proc/self/exe", self, sizeof self - 1) <= 0 || ::mount(self, argv[2], nullptr, MS_BIND, nullptr) != 0) {
+    say(std::string("cannot bind over the decoy: ") + std::strerror(errno));
+    return 77;
+  }
+  ::execv(argv[2], argv + 2);
+  say(std::string("cannot exec the decoy: ") + std::strerror(errno));
+  return 1;
+}
+
+/// Where the crowd's threads wait: one stack for all of them.
+[[gnu::noinline]] void crowd_waits_here(std::mutex& m, std::condition_variable& cv) {
+  std::unique_lock lk(m);
+  cv.wait(lk, [] { return false; });
+}
+
+void start_crowd(int n) {
+  static std::mutex m;
+  static std::condition_variable never;
+  pthread_attr_t attr;
+  ::pthread_attr_init(&attr);
+  ::pthread_attr_setstacksize(&attr, 128 * 1024);  // a thousand threads need no 8 MB each
+  ::pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  for (int i = 0; i < n; ++i) {
+    pthread_t t;
+    if (::pthread_create(&t, &attr, [](void*) -> void* {
+          ::pthread_setname_np(::pthread_self(), "crowd");
+          crowd_waits_here(m, never);
+          return nullptr;
+        }, nullptr) != 0) {
+      say("cannot start thread " + std::to_string(i));
+      std::exit(1);
+    }
+  }
+  ::pthread_attr_destroy(&attr);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const std::string_view mode = argc > 1 ? argv[1] : "";
+  if (mode == "forge" && argc > 2) return forge(argv[2]);
+  if (mode == "attach") return attach_and_wait();
+  if (mode == "nsexec") return exec_in_namespace(argc, argv);
+  if (mode == "crowd" && argc > 2) {
+    start_crowd(std::atoi(argv[2]));
+    argv[2] = argv[1];  // the limit follows, as for spin
+    ++argv;
+    --argc;
+  }
   const auto limit = scope_limit(argc, argv);
   if (mode == "malloc") return malloc_deadlock(limit);
   if (mode == "leave") return leave_on_signal(limit);
-  if (mode != "spin" && mode != "traced") {
-    std::fprintf(stderr, "usage: hung_worker spin|malloc|traced [MS]\n");
+  if (mode != "spin" && mode != "traced" && mode != "crowd") {
+    std::fprintf(stderr, "usage: hung_worker spin|malloc|traced|leave|crowd N|attach|forge TARGET|nsexec DECOY MODE [MS]\n");
     return 2;
   }
   if (mode == "traced") {

@@ -51,6 +51,7 @@
 #include <elastic/timer/detail/segment.hpp>
 #include <elastic/timer/detail/capture_threads.hpp>
 #include <elastic/timer/detail/table.hpp>
+#include <elastic/timer/detail/whom_to_signal.hpp>
 #include <elastic/timer/watchdog_options.hpp>
 
 namespace elastic::inline v1::timer {
@@ -267,17 +268,21 @@ class watchdog {
   /// segment) and logs one `watchdog_refused` per process.
   void refuse(pid_t pid, std::uint64_t start, int sig, std::string_view scope, std::string_view stage,
               const internal::client_check& why) {
+    if (why.maps == internal::maps_result::does_not_map) {
+      refuse(pid, start, sig, scope, stage,
+             "pid " + std::to_string(pid) + " does not map segment " + opts_.name +
+                 (stage == "escalate" ? ": it no longer maps it" : ": it never attached"));
+    } else {
+      refuse(pid, start, sig, scope, stage,
+             "cannot read /proc/" + std::to_string(pid) + "/maps (" + std::strerror(why.err) +
+                 "): cannot tell whether it attached to segment " + opts_.name);
+    }
+  }
+  void refuse(pid_t pid, std::uint64_t start, int sig, std::string_view scope, std::string_view stage,
+              const std::string& reason) {
     stats_.refused.fetch_add(1, std::memory_order_relaxed);
     reclaim_process(pid, start, "refused: not a client");
     if (!refused_.emplace(pid, start).second) return;
-    std::string reason;
-    if (why.maps == internal::maps_result::does_not_map) {
-      reason = "pid " + std::to_string(pid) + " does not map segment " + opts_.name +
-               (stage == "escalate" ? ": it no longer maps it" : ": it never attached");
-    } else {
-      reason = "cannot read /proc/" + std::to_string(pid) + "/maps (" + std::strerror(why.err) +
-               "): cannot tell whether it attached to segment " + opts_.name;
-    }
     events_.emit("watchdog_refused", {{"segment", opts_.name},
                                       {"target_pid", pid},
                                       {"target_start_time", start},
@@ -286,6 +291,15 @@ class watchdog {
                                       {"stage", stage},
                                       {"reason", reason},
                                       {"effect", "not signalled; its slots were freed"}});
+  }
+
+  /// False, after refusing it, for a process no slot may get signalled: the watchdog's own, its
+  /// parent's, pid 1, one not of its host's or user's (detail/whom_to_signal.hpp).
+  bool may_signal(pid_t pid, std::uint64_t start, int sig, std::string_view scope, std::string_view stage) {
+    const std::string why = detail::signal_refusal(pid, start, opts_.descendants_only);
+    if (why.empty()) return true;
+    refuse(pid, start, sig, scope, stage, why);
+    return false;
   }
 
   std::uint32_t count_owned() const noexcept {
@@ -305,8 +319,9 @@ class watchdog {
       if (!internal::process_alive(pid, start)) reclaim_process(pid, start, "killed");
       return false;
     }
-    if (captures_.hold(s, pid, start, e, now)) return false;  // its stacks first (capture_threads.hpp)
     const int sig = e.signal != 0 ? e.signal : opts_.signal;
+    if (!may_signal(pid, start, sig, e.name, "signal")) return false;  // nor trace it
+    if (captures_.hold(s, pid, start, e, now)) return false;  // its stacks first (capture_threads.hpp)
     internal::client_check why;
     const auto result = internal::signal_client(pid, start, sig, segment_id_, &why);
     const int err = errno;
@@ -372,6 +387,10 @@ class watchdog {
         const std::int64_t due = k.sent_ns + ns(opts_.escalate_after);
         if (now >= due) {
           k.final = true;
+          if (!may_signal(pid, k.start_time, SIGKILL, k.scope, "escalate")) {
+            it = kills_.erase(it);
+            continue;
+          }
           internal::client_check why;
           const auto result = internal::signal_client(pid, k.start_time, SIGKILL, segment_id_, &why);
           if (result == internal::signal_result::refused) {
