@@ -148,6 +148,46 @@ TEST_CASE("a worker hung in a known function is killed and its rank log holds th
 #endif
 }
 
+TEST_CASE("the dump of a worker of 1600 threads folds threads by stack, stays bounded and says what it leaves out") {
+  launched_run run(ELASTIC_RUN_TOOL, "stack-crowd",
+                   {"--nproc-per-node", "1", "--max-restarts", "0", "--step-timeout", "0.5", "--stack-dump-limit", "20"},
+                   {hung_worker, "crowd", "1600"});
+  CHECK(run.finish(120s) == 1);
+  const std::string events = run.events();
+  const std::string log = run.log(0);
+  CHECK(contains(log, "killed by SIGKILL (the watchdog"));
+  std::string line;  // the watchdog_stack event as written
+  for (std::size_t at = first_event(events, "watchdog_stack"); at != std::string::npos;) {
+    const std::size_t begin = events.rfind('\n', at);
+    line = events.substr(begin == std::string::npos ? 0 : begin + 1, events.find('\n', at) - (begin == std::string::npos ? 0 : begin + 1));
+    break;
+  }
+  REQUIRE_FALSE(line.empty());
+  CHECK(line.size() < 256 * 1024);  // unbounded, it was megabytes
+  CHECK(log.size() < 256 * 1024);
+  const json e = json::parse(line);
+  CHECK(e.at("threads").as_int64() == 1602);  // main, hw-sleeper, the crowd (40 stacks of 40 threads)
+  const std::string text = e.at("text").as_string();
+  INFO(text.substr(text.size() > 3000 ? text.size() - 3000 : 0));
+  CHECK(text.size() <= 66 * 1024);
+  CHECK(contains(text, "), the scope's thread:"));
+  CHECK(contains(text, " threads with this stack: tids "));
+  CHECK(contains(text, " more; the first 'crowd' (state S"));
+  CHECK(contains(text, " threads not shown ("));
+  CHECK(contains(log, " threads not shown ("));
+  CHECK(e.at("threads_not_shown").as_int64() > 0);
+  // Folded: one entry per stack, each with its count, the scope's thread first and alone.
+  const auto& entries = e.at("stacks").elements();
+  REQUIRE_FALSE(entries.empty());
+  CHECK(entries.front().at("scope_thread").as_bool());
+  CHECK(entries.front().at("count").as_int64() == 1);
+  std::int64_t shown = 0;
+  for (const json& t : entries) shown += t.at("count").as_int64();
+  CHECK(shown + e.at("threads_not_shown").as_int64() == 1602);
+  CHECK(entries.size() < 42);
+  CHECK(entries.at(1).at("count").as_int64() > 1);
+}
+
 TEST_CASE("four workers hung at once each get their own dump in their own rank log") {
   launched_run run(ELASTIC_RUN_TOOL, "stack-four",
                    {"--nproc-per-node", "4", "--max-restarts", "0", "--step-timeout", "0.3"}, {hung_worker, "spin"});

@@ -15,8 +15,9 @@
 //                               so that no other tracer can: it prints "traced" before "entered"
 //   hung_worker leave [MS]      waits in sigwait() for SIGUSR1, then leaves its scope, prints "left"
 //                               and waits forever, alive: a hang that ended on its own
-//   hung_worker crowd N [MS]    like spin, with N threads more (named "crowd"), all waiting in one
-//                               place: a dump of N + 1 threads, N of them with one stack
+//   hung_worker crowd N [MS]    like spin, with N threads more (named "crowd"), each waiting on a
+//                               condition variable 0 to 39 calls deep (thread i: i % 40): a dump of
+//                               N + 2 threads, in 40 crowds of one stack each
 //   hung_worker attach          attaches (a scope of an hour), prints "attached PID", waits forever:
 //                               a process that maps the segment without being the launcher's
 //   hung_worker forge TARGET    writes an expired scope (SIGKILL) into a free slot in the name of
@@ -290,8 +291,13 @@ int exec_in_namespace(int argc, char** argv) {
   return 1;
 }
 
-/// Where the crowd's threads wait: one stack for all of them.
-[[gnu::noinline]] void crowd_waits_here(std::mutex& m, std::condition_variable& cv) {
+/// Where the crowd's threads wait, `depth` calls deep: one stack per depth.
+[[gnu::noinline]] void crowd_waits_here(std::mutex& m, std::condition_variable& cv, int depth) {
+  if (depth > 0) {
+    crowd_waits_here(m, cv, depth - 1);
+    std::atomic_signal_fence(std::memory_order_seq_cst);  // no tail call: each level is a frame
+    return;
+  }
   std::unique_lock lk(m);
   cv.wait(lk, [] { return false; });
 }
@@ -305,11 +311,12 @@ void start_crowd(int n) {
   ::pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
   for (int i = 0; i < n; ++i) {
     pthread_t t;
-    if (::pthread_create(&t, &attr, [](void*) -> void* {
+    // 40 stacks in all, each of a crowd of its own: 40 folded entries, too long together for a dump.
+    if (::pthread_create(&t, &attr, [](void* depth) -> void* {
           ::pthread_setname_np(::pthread_self(), "crowd");
-          crowd_waits_here(m, never);
+          crowd_waits_here(m, never, static_cast<int>(reinterpret_cast<std::intptr_t>(depth)));
           return nullptr;
-        }, nullptr) != 0) {
+        }, reinterpret_cast<void*>(static_cast<std::intptr_t>(i % 40))) != 0) {
       say("cannot start thread " + std::to_string(i));
       std::exit(1);
     }

@@ -28,6 +28,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <unordered_map>
 #include <vector>
 
 #include <elastic/timer/stack_dump.hpp>
@@ -177,10 +178,12 @@ class seized_threads {
   /// Seizes `tid` and asks it to stop; false with `err` (errno) when it cannot be traced.
   bool seize(pid_t tid, int& err) {
     tracees_.reserve(tracees_.size() + 1);  // a failure to grow leaves nobody attached
+    index_.reserve(index_.size() + 1);
     if (::ptrace(PTRACE_SEIZE, tid, nullptr, nullptr) != 0) {
       err = errno;
       return false;
     }
+    index_.emplace(tid, tracees_.size());
     tracees_.push_back({tid, false, false});
     ::ptrace(PTRACE_INTERRUPT, tid, nullptr, nullptr);
     return true;
@@ -209,9 +212,8 @@ class seized_threads {
 
   /// The tracee of thread `tid`, or nullptr.
   [[nodiscard]] const tracee* find(pid_t tid) const noexcept {
-    for (const auto& t : tracees_)
-      if (t.tid == tid) return &t;
-    return nullptr;
+    const auto at = index_.find(tid);  // a lookup: a capture asks once per thread and step
+    return at == index_.end() ? nullptr : &tracees_[at->second];
   }
 
   /// Lets every stopped thread go on. One stopped on its way to a signal's handler (a
@@ -225,10 +227,12 @@ class seized_threads {
       ::ptrace(PTRACE_DETACH, t.tid, nullptr, reinterpret_cast<void*>(static_cast<std::intptr_t>(give_back)));
     }
     tracees_.clear();
+    index_.clear();
   }
 
  private:
   std::vector<tracee> tracees_;
+  std::unordered_map<pid_t, std::size_t> index_;  ///< tid -> its place in tracees_
 };
 
 }  // namespace elastic::inline v1::timer::detail
