@@ -14,7 +14,9 @@
 //   ... 812 threads not shown (40 stacks): a dump holds at most 65536 bytes
 //
 // A second line says why when the dump is incomplete ("dump incomplete: ...") or has no
-// function names ("no symbols: ..."): a dump is never silently partial.
+// function names ("no symbols: ..."): a dump is never silently partial. A frame named from a
+// file that could not be checked to be the one the process maps (a worker in a mount namespace
+// of its own) is marked [unverified], and such a dump is not complete.
 #pragma once
 
 #include <sys/types.h>
@@ -40,6 +42,7 @@ struct stack_frame {
   std::string module;         ///< the ELF file mapped at pc (the executable or a shared library)
   std::uint64_t offset = 0;   ///< pc's address inside module, for `addr2line -e MODULE OFFSET`
   bool inlined = false;       ///< a function inlined into the next frame, at the same address
+  bool unverified = false;    ///< module's file could not be checked to be the one mapped (the dump's reason says why)
 };
 
 /// One thread of the process, as it was when the watchdog stopped it.
@@ -119,6 +122,7 @@ inline std::string fold_key(const thread_stack& t) {
   for (const auto& f : t.frames) {
     append_hex(key, f.pc);
     key += f.inlined ? '+' : ' ';
+    key += f.unverified ? '?' : ' ';
     key += f.function;
     key += '\n';
   }
@@ -179,6 +183,7 @@ inline void append_frames_text(std::string& out, const thread_stack& t) {
     out += " in ";
     out += f.function.empty() ? "??" : f.function;
     if (f.inlined) out += " [inlined]";
+    if (f.unverified) out += " [unverified]";
     if (!f.file.empty()) {
       out += " at " + f.file + ":" + std::to_string(f.line);
     } else if (!f.module.empty()) {
@@ -244,7 +249,8 @@ struct json_cut {
 ///   [{"tid":1234,"name":"train","state":"R","wchan":null,"scope_thread":true,"note":null,
 ///     "count":1,"tids":[1234],
 ///     "frames":[{"pc":"0x55d0c0de1234","function":"hang_here(int)","file":"/src/train.cpp",
-///                "line":42,"module":"/src/build/train","offset":"0x1234","inlined":false}, ...]}, ...]
+///                "line":42,"module":"/src/build/train","offset":"0x1234","inlined":false,
+///                "unverified":false}, ...]}, ...]
 /// tid, name, state and wchan are the first thread's; "count" how many threads have the stack,
 /// "tids" the first `bounds.tids_listed` of them. Addresses are hexadecimal strings (a JSON
 /// number cannot hold every 64-bit value); what is unknown is null. `cut`, when given, says what
@@ -288,7 +294,8 @@ inline std::string to_json(const stack_dump& d, const dump_bounds& bounds = {}, 
       entry += ",\"offset\":";
       if (f.module.empty()) entry += "null";
       else detail::append_hex_string(entry, f.offset);
-      entry += f.inlined ? ",\"inlined\":true}" : ",\"inlined\":false}";
+      entry += f.inlined ? ",\"inlined\":true" : ",\"inlined\":false";
+      entry += f.unverified ? ",\"unverified\":true}" : ",\"unverified\":false}";
     }
     entry += "]}";
     if (k > 0 && out.size() + entry.size() + 1 > bounds.json_bytes) {

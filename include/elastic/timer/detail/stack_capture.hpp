@@ -238,6 +238,26 @@ void capture_stacks(const capture_request& rq, stack_dump& dump, Publish&& publi
         name_modules(rq.pid, dump);
         publish(dump, false, 0, dump.threads.size());
       }
+      if (!dw->unverified().empty()) {
+        // Named from the process's own files where they could be checked; the rest says so.
+        whole = false;
+        for (auto& t : dump.threads) {
+          for (auto& f : t.frames) f.unverified = dw->unverified().count(f.module) != 0;
+        }
+        std::string which;
+        std::size_t listed = 0;
+        for (const auto& [module, why] : dw->unverified()) {
+          if (listed++ == 4) {
+            which += "; and " + std::to_string(dw->unverified().size() - 4) + " more";
+            break;
+          }
+          which += (listed > 1 ? "; " : "") + module + ": " + why;
+        }
+        add_reason(dump, std::to_string(dw->unverified().size()) + " module" + (dw->unverified().size() == 1 ? "" : "s") +
+                             " not verified to be the file pid " + std::to_string(rq.pid) +
+                             " maps, frames in them marked [unverified] (" + which + ")");
+        publish(dump, false, 0, dump.threads.size());
+      }
     }
 #endif
     for (const auto& t : dump.threads) whole = whole && (t.note.empty() || t.note == "it ended during the capture");
