@@ -220,6 +220,48 @@ TEST_CASE("a worker in its own mount namespace, run from a path that names anoth
 #endif
 }
 
+TEST_CASE("a watchdog that can reach a worker's executable only by its path, where another build now lies, names nothing from it and says the dump is incomplete") {
+  // Without CAP_SYS_ADMIN (and CAP_CHECKPOINT_RESTORE) the watchdog cannot open
+  // /proc/PID/map_files: it reads /proc/PID/root/PATH, and the worker's namespace has bound
+  // another program over that path since it was mapped.
+  if (::geteuid() != 0) elastic::test::skip_test("needs root: a mount namespace, and a watchdog that may trace what it did not start");
+  elastic::test::temp_dir dir;
+  const std::string name = elastic::test::unique_name("wd-nsbind");
+  const std::string events = dir.file("events.jsonl");
+  auto wd = child_process::spawn({"/usr/bin/setpriv", "--bounding-set", "-sys_admin,-checkpoint_restore", ELASTIC_WATCHDOG_TOOL,
+                                  "--name", name, "--events", events});
+  const auto serving = wd.read_line();
+  if (!serving || serving->rfind("elastic-watchdog: serving", 0) != 0) {
+    elastic::test::skip_test("cannot start a watchdog without CAP_SYS_ADMIN (setpriv --bounding-set)");
+  }
+  auto w = child_process::spawn({hung_worker, "nsbind", ELASTIC_NO_PTRACE, "spin", "300"}, {{"ELASTIC_WATCHDOG", name}});
+  const auto first = w.read_line();
+  if (first && contains(*first, "mount namespace")) elastic::test::skip_test("this process may not make a mount namespace");
+  REQUIRE(first == "entered");
+  CHECK(w.killed_by(SIGKILL, 20s));
+  const auto stacks = elastic::test::wait_for_events(events, "watchdog_stack", 1, 10s);
+  REQUIRE(stacks.size() == 1);
+  const json e = json::parse(stacks[0]);
+  const std::string text = e.at("text").as_string();
+  INFO(text);
+#if ELASTIC_WITH_LIBDW
+  CHECK_FALSE(e.at("complete").as_bool());
+  CHECK(contains(e.at("reason").as_string(), "is another build (build id "));
+  CHECK(contains(text, "[unverified]"));
+  // The spinning frame is not named from the other program: unnamed, and marked.
+  bool marked = false;
+  for (const json& t : e.at("stacks").elements()) {
+    if (!t.at("scope_thread").as_bool()) continue;
+    const json& f0 = t.at("frames").at(0);
+    CHECK(f0.at("function").is_null());
+    marked = f0.at("unverified").as_bool();
+  }
+  CHECK(marked);
+#endif
+  wd.kill(SIGTERM);
+  CHECK(wd.exit_code(10s) == 0);
+}
+
 TEST_CASE("four workers hung at once each get their own dump in their own rank log") {
   launched_run run(ELASTIC_RUN_TOOL, "stack-four",
                    {"--nproc-per-node", "4", "--max-restarts", "0", "--step-timeout", "0.3"}, {hung_worker, "spin"});

@@ -28,6 +28,9 @@
 //                               permitted), binds its own executable over the file DECOY and execs
 //                               DECOY MODE...: the same process, running this program under a path
 //                               that names another program outside the namespace (a container)
+//   hung_worker nsbind DECOY MODE...  in a mount namespace of its own, binds DECOY over the path of
+//                               its own (already mapped) executable, then runs MODE...: its maps
+//                               name a path that, even in its namespace, is now another program
 //
 // This program is built without sanitizers (tests/CMakeLists.txt): the malloc mode needs glibc's
 // own allocator, which ASan and TSan replace.
@@ -291,6 +294,22 @@ int exec_in_namespace(int argc, char** argv) {
   return 1;
 }
 
+/// nsbind: in a mount namespace of its own, binds DECOY over its own executable's path, after
+/// it was mapped: the path then names another program in its own namespace too.
+bool bind_decoy_over_self(const char* decoy) {
+  char self[4096] = {};
+  if (::readlink("/proc/self/exe", self, sizeof self - 1) <= 0) return false;
+  if (::unshare(CLONE_NEWNS) != 0 || ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) {
+    say(std::string("no mount namespace: ") + std::strerror(errno));
+    std::exit(77);
+  }
+  if (::mount(decoy, self, nullptr, MS_BIND, nullptr) != 0) {
+    say(std::string("cannot bind over the decoy: ") + std::strerror(errno));
+    std::exit(77);
+  }
+  return true;
+}
+
 /// Where the crowd's threads wait, `depth` calls deep: one stack per depth.
 [[gnu::noinline]] void crowd_waits_here(std::mutex& m, std::condition_variable& cv, int depth) {
   if (depth > 0) {
@@ -326,11 +345,17 @@ void start_crowd(int n) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run_mode(int argc, char** argv) {
   const std::string_view mode = argc > 1 ? argv[1] : "";
   if (mode == "forge" && argc > 2) return forge(argv[2]);
   if (mode == "attach") return attach_and_wait();
   if (mode == "nsexec") return exec_in_namespace(argc, argv);
+  if (mode == "nsbind" && argc > 3) {
+    bind_decoy_over_self(argv[2]);
+    argv += 2;  // MODE [MS] follow
+    argc -= 2;
+    return run_mode(argc, argv);
+  }
   if (mode == "crowd" && argc > 2) {
     start_crowd(std::atoi(argv[2]));
     argv[2] = argv[1];  // the limit follows, as for spin
@@ -367,3 +392,5 @@ int main(int argc, char** argv) {
   say("entered");
   elastic_test::stuck_in_known_function(3);
 }
+
+int main(int argc, char** argv) { return run_mode(argc, argv); }
