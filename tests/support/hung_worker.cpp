@@ -63,6 +63,8 @@
 #include <elastic/timer/client.hpp>
 #include <elastic/timer/expires.hpp>
 
+#include "forged_scope.hpp"
+
 namespace elastic_test {
 
 /// Where the spinning modes hang: the name a stack dump must show.
@@ -211,7 +213,6 @@ pid_t forge_target(const std::string& target) {
 /// Writes an expired scope into a free slot in the name of the process TARGET names, as a
 /// hostile client could, and waits for the watchdog to free it.
 int forge(const std::string& target) {
-  namespace td = elastic::timer::detail;
   {
     auto warm = elastic::expires(std::chrono::seconds(60), "warm-up");  // attach, as the trainer does
     if (!warm.watched()) {
@@ -226,43 +227,16 @@ int forge(const std::string& target) {
     say("no target");
     return 1;
   }
-  const auto t = elastic::timer::client::attach(std::getenv("ELASTIC_WATCHDOG")).table();
-  auto& h = t.header();
-  td::slot* s = nullptr;
-  std::uint32_t index = 0;
-  for (std::uint32_t i = 0; i < t.slot_count() && s == nullptr; ++i) {
-    std::uint64_t expected = 0;
-    if (t.at(i).head.owner.compare_exchange_strong(expected, static_cast<std::uint64_t>(pid))) {
-      s = &t.at(i);
-      index = i;
-    }
-  }
+  const auto* s = elastic::test::forge_expired_scope(elastic::timer::client::attach(std::getenv("ELASTIC_WATCHDOG")).table(),
+                                                     static_cast<std::uint64_t>(pid), start);
   if (s == nullptr) {
     say("table full");
     return 1;
   }
-  const std::int64_t now = elastic::internal::monotonic_ns();
-  auto& e = s->scopes[0];
-  e.deadline_ns.store(now - 1'000'000);
-  e.entered_ns.store(now - 2'000'000);
-  e.signal.store(SIGKILL);
-  td::store_name(e, "forged-scope");
-  e.generation.store(s->head.generation.load() + 1);
-  s->head.tid.store(static_cast<std::int32_t>(pid));
-  s->head.depth.store(1);
-  s->head.start_time.store(start);
-  std::uint32_t hw = h.slots_high_water.load();
-  while (hw < index + 1 && !h.slots_high_water.compare_exchange_weak(hw, index + 1)) {
-  }
-  elastic::internal::futex_ring(h.doorbell);
   say("forged " + std::to_string(pid));
-  for (int waited = 0; s->head.owner.load() == static_cast<std::uint64_t>(pid) && s->head.start_time.load() == start;
-       ++waited) {
-    if (waited > 30000) {
-      say("not freed");
-      return 1;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  if (!elastic::test::forged_slot_freed(*s, static_cast<std::uint64_t>(pid), start)) {
+    say("not freed");
+    return 1;
   }
   say("freed");
   return 0;
@@ -391,6 +365,7 @@ int run_mode(int argc, char** argv) {
   }
   say("entered");
   elastic_test::stuck_in_known_function(3);
+  return 1;  // never: it spins until killed
 }
 
 int main(int argc, char** argv) { return run_mode(argc, argv); }

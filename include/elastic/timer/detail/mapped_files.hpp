@@ -24,6 +24,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 namespace elastic::inline v1::timer::detail {
@@ -36,27 +37,45 @@ struct mapped_file {
   ino_t ino = 0;
 };
 
+/// One line of /proc/PID/maps that names a file.
+struct mapping_line {
+  std::uint64_t start = 0, end = 0, file_offset = 0;
+  const char* perms = "";
+  dev_t dev = 0;
+  ino_t ino = 0;
+  std::string path;  ///< in the process's mount namespace
+};
+
+/// Calls `f(const mapping_line&)` for each mapping of `pid` that has a file, in address order.
+template <class F>
+void for_each_mapping(pid_t pid, F&& f) {
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> file(std::fopen(("/proc/" + std::to_string(pid) + "/maps").c_str(), "re"),
+                                                       &std::fclose);
+  if (!file) return;
+  char line[4096];
+  while (std::fgets(line, sizeof line, file.get()) != nullptr) {
+    unsigned long long start = 0, end = 0, offset = 0, inode = 0;
+    unsigned dev_major = 0, dev_minor = 0;
+    char perms[8] = {};
+    int path_at = 0;
+    if (std::sscanf(line, "%llx-%llx %7s %llx %x:%x %llu %n", &start, &end, perms, &offset, &dev_major, &dev_minor, &inode,
+                    &path_at) < 7 ||
+        path_at <= 0 || line[path_at] != '/') {
+      continue;
+    }
+    mapping_line m{start, end, offset, perms, makedev(dev_major, dev_minor), static_cast<ino_t>(inode), line + path_at};
+    while (!m.path.empty() && m.path.back() == '\n') m.path.pop_back();
+    f(m);
+  }
+}
+
 /// The files `pid` maps, each once, from /proc/PID/maps.
 inline std::vector<mapped_file> mapped_files(pid_t pid) {
   std::vector<mapped_file> out;
-  std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(("/proc/" + std::to_string(pid) + "/maps").c_str(), "re"),
-                                                    &std::fclose);
-  if (!f) return out;
-  char line[4096];
-  while (std::fgets(line, sizeof line, f.get()) != nullptr) {
-    unsigned long long start = 0, end = 0, offset = 0, inode = 0;
-    unsigned dev_major = 0, dev_minor = 0;
-    int path_at = 0;
-    if (std::sscanf(line, "%llx-%llx %*s %llx %x:%x %llu %n", &start, &end, &offset, &dev_major, &dev_minor, &inode, &path_at) < 6) {
-      continue;
-    }
-    if (path_at <= 0 || line[path_at] != '/') continue;
-    std::string path(line + path_at);
-    while (!path.empty() && path.back() == '\n') path.pop_back();
-    const auto known = std::find_if(out.begin(), out.end(), [&](const mapped_file& m) { return m.path == path; });
-    if (known != out.end()) continue;  // maps is sorted by address: the first is the lowest
-    out.push_back({std::move(path), start, end, offset, makedev(dev_major, dev_minor), static_cast<ino_t>(inode)});
-  }
+  std::unordered_set<std::string> seen;
+  for_each_mapping(pid, [&](const mapping_line& m) {
+    if (seen.insert(m.path).second) out.push_back({m.path, m.start, m.end, m.file_offset, m.dev, m.ino});  // the first is the lowest
+  });
   return out;
 }
 

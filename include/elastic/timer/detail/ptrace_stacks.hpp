@@ -31,6 +31,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include <elastic/timer/detail/mapped_files.hpp>
 #include <elastic/timer/stack_dump.hpp>
 
 namespace elastic::inline v1::timer::detail {
@@ -128,20 +129,9 @@ struct code_mapping {
 /// The executable mappings of `pid` that have a file (from /proc/PID/maps).
 inline std::vector<code_mapping> code_mappings(pid_t pid) {
   std::vector<code_mapping> out;
-  std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(("/proc/" + std::to_string(pid) + "/maps").c_str(), "re"),
-                                                    &std::fclose);
-  if (!f) return out;
-  char line[4096];
-  while (std::fgets(line, sizeof line, f.get()) != nullptr) {
-    unsigned long long start = 0, end = 0, offset = 0;
-    char perms[8] = {};
-    int path_at = 0;
-    if (std::sscanf(line, "%llx-%llx %7s %llx %*s %*s %n", &start, &end, perms, &offset, &path_at) < 4) continue;
-    if (std::strchr(perms, 'x') == nullptr || path_at <= 0 || line[path_at] != '/') continue;
-    std::string path(line + path_at);
-    while (!path.empty() && path.back() == '\n') path.pop_back();
-    out.push_back({start, end, offset, std::move(path)});
-  }
+  for_each_mapping(pid, [&](const mapping_line& m) {
+    if (std::strchr(m.perms, 'x') != nullptr) out.push_back({m.start, m.end, m.file_offset, m.path});
+  });
   return out;
 }
 
