@@ -267,18 +267,6 @@ class watchdog {
   /// slots (their content came from someone else, or from a process that no longer maps the
   /// segment) and logs one `watchdog_refused` per process.
   void refuse(pid_t pid, std::uint64_t start, int sig, std::string_view scope, std::string_view stage,
-              const internal::client_check& why) {
-    if (why.maps == internal::maps_result::does_not_map) {
-      refuse(pid, start, sig, scope, stage,
-             "pid " + std::to_string(pid) + " does not map segment " + opts_.name +
-                 (stage == "escalate" ? ": it no longer maps it" : ": it never attached"));
-    } else {
-      refuse(pid, start, sig, scope, stage,
-             "cannot read /proc/" + std::to_string(pid) + "/maps (" + std::strerror(why.err) +
-                 "): cannot tell whether it attached to segment " + opts_.name);
-    }
-  }
-  void refuse(pid_t pid, std::uint64_t start, int sig, std::string_view scope, std::string_view stage,
               const std::string& reason) {
     stats_.refused.fetch_add(1, std::memory_order_relaxed);
     reclaim_process(pid, start, "refused: not a client");
@@ -293,13 +281,11 @@ class watchdog {
                                       {"effect", "not signalled; its slots were freed"}});
   }
 
-  /// False, after refusing it, for a process no slot may get signalled: the watchdog's own, its
-  /// parent's, pid 1, one not of its host's or user's (detail/whom_to_signal.hpp).
+  /// False, after refusing it, for a process no slot may get signalled (detail/whom_to_signal.hpp).
   bool may_signal(pid_t pid, std::uint64_t start, int sig, std::string_view scope, std::string_view stage) {
     const std::string why = detail::signal_refusal(pid, start, opts_.descendants_only);
-    if (why.empty()) return true;
-    refuse(pid, start, sig, scope, stage, why);
-    return false;
+    if (!why.empty()) refuse(pid, start, sig, scope, stage, why);
+    return why.empty();
   }
 
   std::uint32_t count_owned() const noexcept {
@@ -320,7 +306,7 @@ class watchdog {
       return false;
     }
     const int sig = e.signal != 0 ? e.signal : opts_.signal;
-    if (!may_signal(pid, start, sig, e.name, "signal")) return false;  // nor trace it
+    if (!may_signal(pid, start, sig, e.name, "signal")) return false;  // nor trace it, nor escalate
     if (captures_.hold(s, pid, start, e, now)) return false;  // its stacks first (capture_threads.hpp)
     internal::client_check why;
     const auto result = internal::signal_client(pid, start, sig, segment_id_, &why);
@@ -331,7 +317,7 @@ class watchdog {
       return false;
     }
     if (result == internal::signal_result::refused) {
-      refuse(pid, start, sig, e.name, "signal", why);
+      refuse(pid, start, sig, e.name, "signal", detail::not_mapped_reason(pid, opts_.name, "signal", why));
       return false;
     }
     kill_record& k = kills_[pid] = kill_record{start, sig, now, sig == SIGKILL || result != internal::signal_result::sent, {}};
@@ -387,14 +373,10 @@ class watchdog {
         const std::int64_t due = k.sent_ns + ns(opts_.escalate_after);
         if (now >= due) {
           k.final = true;
-          if (!may_signal(pid, k.start_time, SIGKILL, k.scope, "escalate")) {
-            it = kills_.erase(it);
-            continue;
-          }
           internal::client_check why;
           const auto result = internal::signal_client(pid, k.start_time, SIGKILL, segment_id_, &why);
           if (result == internal::signal_result::refused) {
-            refuse(pid, k.start_time, SIGKILL, k.scope, "escalate", why);
+            refuse(pid, k.start_time, SIGKILL, k.scope, "escalate", detail::not_mapped_reason(pid, opts_.name, "escalate", why));
             it = kills_.erase(it);
             continue;
           }

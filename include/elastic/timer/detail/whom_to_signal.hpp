@@ -19,7 +19,9 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <string>
+#include <string_view>
 
 #include <elastic/internal/process.hpp>
 
@@ -67,6 +69,18 @@ inline std::string signal_refusal(pid_t pid, std::uint64_t start, bool descendan
            ", the watchdog as uid " + std::to_string(::geteuid()) + ": a watchdog signals its own user's processes only";
   }
   return {};
+}
+
+/// Why a process failed internal::signal_client()'s check of segment `segment`, at `stage`
+/// ("signal", or "escalate" for the SIGKILL that follows).
+inline std::string not_mapped_reason(pid_t pid, std::string_view segment, std::string_view stage,
+                                     const internal::client_check& why) {
+  if (why.maps == internal::maps_result::does_not_map) {
+    return "pid " + std::to_string(pid) + " does not map segment " + std::string(segment) +
+           (stage == "escalate" ? ": it no longer maps it" : ": it never attached");
+  }
+  return "cannot read /proc/" + std::to_string(pid) + "/maps (" + std::strerror(why.err) +
+         "): cannot tell whether it attached to segment " + std::string(segment);
 }
 
 }  // namespace elastic::inline v1::timer::detail
