@@ -13,12 +13,13 @@
 // there is a refusal to explain.
 #pragma once
 
-#include <sys/stat.h>
+#include <fcntl.h>
 #include <sys/types.h>
 #include <unistd.h>
 
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <string_view>
@@ -38,12 +39,24 @@ inline bool descends_from(pid_t pid, pid_t ancestor) noexcept {
   return false;
 }
 
-/// The effective uid of `pid` (the owner of /proc/PID), or -1 when it cannot be read.
+/// The effective uid of `pid` (the second field of Uid: in /proc/PID/status: the owner of
+/// /proc/PID is root for a process that is not dumpable), or -1 when it cannot be read.
 inline uid_t process_uid(pid_t pid) noexcept {
-  char path[32];
-  std::snprintf(path, sizeof path, "/proc/%d", static_cast<int>(pid));
-  struct stat st {};
-  return ::stat(path, &st) == 0 ? st.st_uid : static_cast<uid_t>(-1);
+  char path[40];
+  std::snprintf(path, sizeof path, "/proc/%d/status", static_cast<int>(pid));
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return static_cast<uid_t>(-1);
+  char buf[2048];  // Uid: is among the first lines
+  const ssize_t n = ::read(fd, buf, sizeof buf - 1);
+  ::close(fd);
+  if (n <= 0) return static_cast<uid_t>(-1);
+  buf[n] = '\0';
+  const char* at = std::strstr(buf, "\nUid:");
+  if (at == nullptr) return static_cast<uid_t>(-1);
+  char* end = nullptr;
+  (void)std::strtoul(at + 5, &end, 10);  // the real uid
+  const unsigned long effective = std::strtoul(end, &end, 10);
+  return static_cast<uid_t>(effective);
 }
 
 /// Why the watchdog must not signal process (pid, start), in words for its `watchdog_refused`
