@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <fstream>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -98,6 +99,12 @@ bool exited_skipping_stops(pid_t pid, std::chrono::milliseconds timeout) {
   return false;
 }
 
+/// Where the forge tests hand a worker the pid it forges a scope for (one per test process).
+std::string run_target_file() {
+  static elastic::test::temp_dir dir;
+  return dir.file("target");
+}
+
 }  // namespace
 
 TEST_CASE("a worker hung in a known function is killed and its rank log holds that function in a stack dump") {
@@ -139,6 +146,225 @@ TEST_CASE("a worker hung in a known function is killed and its rank log holds th
   CHECK(contains(log, "no symbols: this watchdog was built without libdw"));
   CHECK(contains(log, "elastic_hung_worker+0x"));
 #endif
+}
+
+TEST_CASE("the dump of a worker of 1600 threads folds threads by stack, stays bounded and says what it leaves out") {
+  launched_run run(ELASTIC_RUN_TOOL, "stack-crowd",
+                   {"--nproc-per-node", "1", "--max-restarts", "0", "--step-timeout", "0.5", "--stack-dump-limit", "20"},
+                   {hung_worker, "crowd", "1600"});
+  CHECK(run.finish(120s) == 1);
+  const std::string events = run.events();
+  const std::string log = run.log(0);
+  CHECK(contains(log, "killed by SIGKILL (the watchdog"));
+  std::string line;  // the watchdog_stack event as written
+  for (std::size_t at = first_event(events, "watchdog_stack"); at != std::string::npos;) {
+    const std::size_t begin = events.rfind('\n', at);
+    line = events.substr(begin == std::string::npos ? 0 : begin + 1, events.find('\n', at) - (begin == std::string::npos ? 0 : begin + 1));
+    break;
+  }
+  REQUIRE_FALSE(line.empty());
+  CHECK(line.size() < 256 * 1024);  // unbounded, it was megabytes
+  CHECK(log.size() < 256 * 1024);
+  const json e = json::parse(line);
+  CHECK(e.at("threads").as_int64() == 1602);  // main, hw-sleeper, the crowd (40 stacks of 40 threads)
+  const std::string text = e.at("text").as_string();
+  INFO(text.substr(text.size() > 3000 ? text.size() - 3000 : 0));
+  CHECK(text.size() <= 66 * 1024);
+  CHECK(contains(text, "), the scope's thread:"));
+  CHECK(contains(text, " threads with this stack: tids "));
+  CHECK(contains(text, " more; the first 'crowd' (state S"));
+  CHECK(contains(text, " threads not shown ("));
+  CHECK(contains(log, " threads not shown ("));
+  CHECK(e.at("threads_not_shown").as_int64() > 0);
+  // Folded: one entry per stack, each with its count, the scope's thread first and alone.
+  const auto& entries = e.at("stacks").elements();
+  REQUIRE_FALSE(entries.empty());
+  CHECK(entries.front().at("scope_thread").as_bool());
+  CHECK(entries.front().at("count").as_int64() == 1);
+  std::int64_t shown = 0;
+  for (const json& t : entries) shown += t.at("count").as_int64();
+  CHECK(shown + e.at("threads_not_shown").as_int64() == 1602);
+  CHECK(entries.size() < 42);
+  CHECK(entries.at(1).at("count").as_int64() > 1);
+}
+
+TEST_CASE("a worker in its own mount namespace, run from a path that names another program outside it, gets its own functions named or marked unverified") {
+  // The decoy: another program, at a path that the worker's namespace binds the hung worker over.
+  elastic::test::temp_dir dir;
+  const std::string decoy = dir.file("trainer");
+  REQUIRE(std::system(("cp '" + std::string(ELASTIC_NO_PTRACE) + "' '" + decoy + "'").c_str()) == 0);
+  launched_run run(ELASTIC_RUN_TOOL, "stack-mntns", {"--nproc-per-node", "1", "--max-restarts", "0", "--step-timeout", "0.3"},
+                   {hung_worker, "nsexec", decoy, "spin"});
+  const int code = run.finish();
+  const std::string log = run.log(0);
+  INFO(log);
+  if (contains(log, "no mount namespace") || contains(log, "cannot bind over the decoy")) {
+    elastic::test::skip_test("this process may not make a mount namespace (unshare(CLONE_NEWNS) needs root)");
+  }
+  CHECK(code == 1);
+  const auto stacks = events_named(run.events(), "watchdog_stack");
+  REQUIRE(stacks.size() == 1);
+  const json& e = stacks[0];
+  const std::string text = e.at("text").as_string();
+#if ELASTIC_WITH_LIBDW
+  // Named from the file the process maps, not from the decoy at the same path out here; what
+  // cannot be checked says so, and then the dump is not complete.
+  const bool named = any_contains(functions(e), "elastic_test::stuck_in_known_function(int)");
+  const bool unverified = contains(text, "[unverified]");
+  CHECK((named || unverified));
+  if (unverified) CHECK_FALSE(e.at("complete").as_bool());
+  CHECK(named);  // as root, /proc/PID/map_files or /proc/PID/root reach the mapped file
+  CHECK(e.at("complete").as_bool() != unverified);
+#else
+  CHECK_FALSE(e.at("symbols").as_bool());  // frame #0 as MODULE+OFFSET: nothing read from the decoy
+#endif
+}
+
+TEST_CASE("a watchdog that can reach a worker's executable only by its path, where another build now lies, names nothing from it and says the dump is incomplete") {
+  // Without CAP_SYS_ADMIN (and CAP_CHECKPOINT_RESTORE) the watchdog cannot open
+  // /proc/PID/map_files: it reads /proc/PID/root/PATH, and the worker's namespace has bound
+  // another program over that path since it was mapped.
+  if (::geteuid() != 0) elastic::test::skip_test("needs root: a mount namespace, and a watchdog that may trace what it did not start");
+  elastic::test::temp_dir dir;
+  const std::string name = elastic::test::unique_name("wd-nsbind");
+  const std::string events = dir.file("events.jsonl");
+  auto wd = child_process::spawn({"/usr/bin/setpriv", "--bounding-set", "-sys_admin,-checkpoint_restore", ELASTIC_WATCHDOG_TOOL,
+                                  "--name", name, "--events", events});
+  const auto serving = wd.read_line();
+  if (!serving || serving->rfind("elastic-watchdog: serving", 0) != 0) {
+    elastic::test::skip_test("cannot start a watchdog without CAP_SYS_ADMIN (setpriv --bounding-set)");
+  }
+  auto w = child_process::spawn({hung_worker, "nsbind", ELASTIC_NO_PTRACE, "spin", "300"}, {{"ELASTIC_WATCHDOG", name}});
+  const auto first = w.read_line();
+  if (first && contains(*first, "mount namespace")) elastic::test::skip_test("this process may not make a mount namespace");
+  REQUIRE(first == "entered");
+  CHECK(w.killed_by(SIGKILL, 20s));
+  const auto stacks = elastic::test::wait_for_events(events, "watchdog_stack", 1, 10s);
+  REQUIRE(stacks.size() == 1);
+  const json e = json::parse(stacks[0]);
+  const std::string text = e.at("text").as_string();
+  INFO(text);
+#if ELASTIC_WITH_LIBDW
+  CHECK_FALSE(e.at("complete").as_bool());
+  CHECK(contains(e.at("reason").as_string(), "is another build (build id "));
+  CHECK(contains(text, "[unverified]"));
+  // The spinning frame is not named from the other program: unnamed, and marked.
+  bool marked = false;
+  for (const json& t : e.at("stacks").elements()) {
+    if (!t.at("scope_thread").as_bool()) continue;
+    const json& f0 = t.at("frames").at(0);
+    CHECK(f0.at("function").is_null());
+    marked = f0.at("unverified").as_bool();
+  }
+  CHECK(marked);
+#endif
+  wd.kill(SIGTERM);
+  CHECK(wd.exit_code(10s) == 0);
+}
+
+TEST_CASE("four workers hung at once each get their own dump in their own rank log") {
+  launched_run run(ELASTIC_RUN_TOOL, "stack-four",
+                   {"--nproc-per-node", "4", "--max-restarts", "0", "--step-timeout", "0.3"}, {hung_worker, "spin"});
+  CHECK(run.finish() == 1);
+  const std::string events = run.events();
+  const auto stacks = events_named(events, "watchdog_stack");
+  CHECK(stacks.size() >= 1);
+  for (const json& e : stacks) {
+    // Every dump taken goes into the log of the rank it was taken of, none to elastic-run's stderr.
+    const auto rank = static_cast<int>(e.at("target_rank").as_int64());
+    REQUIRE(rank >= 0);
+    REQUIRE(rank < 4);
+    const std::string header = "elastic watchdog: scope 'hung-step' of pid " + std::to_string(e.at("target_pid").as_int64()) +
+                               " (rank " + std::to_string(rank) + ")";
+    INFO(header);
+    CHECK(contains(run.log(rank), header));
+    CHECK_FALSE(contains(run.err(), header));
+  }
+  CHECK_FALSE(contains(run.err(), "elastic watchdog: scope"));
+  // Each rank the watchdog killed has its dump, and its own only.
+  for (const json& k : events_named(events, "watchdog_kill")) {
+    const auto rank = static_cast<int>(k.at("target_rank").as_int64());
+    const std::string log = run.log(rank);
+    INFO("rank " << rank << ":\n" << log);
+    CHECK(contains(log, "of pid " + std::to_string(k.at("target_pid").as_int64()) + " (rank " + std::to_string(rank) + ")"));
+    for (int other = 0; other < 4; ++other) {
+      if (other != rank) CHECK_FALSE(contains(log, "(rank " + std::to_string(other) + ") expired"));
+    }
+  }
+}
+
+TEST_CASE("a worker that forges a scope in elastic-run's name gets elastic-run no signal, and the refusal is logged") {
+  launched_run run(ELASTIC_RUN_TOOL, "stack-forge-host", {"--nproc-per-node", "1", "--max-restarts", "0"},
+                   {hung_worker, "forge", "parent"});
+  CHECK(run.finish() == 0);  // the forger saw its slot freed and exited 0; elastic-run lived to report it
+  const std::string events = run.events();
+  const std::string log = run.log(0);
+  INFO(log);
+  CHECK(contains(log, "forged " + std::to_string(run.proc.pid())));
+  CHECK(contains(log, "freed"));
+  const auto refused = events_named(events, "watchdog_refused");
+  REQUIRE(refused.size() == 1);
+  CHECK(refused[0].at("target_pid").as_int64() == run.proc.pid());
+  CHECK(contains(refused[0].at("reason").as_string(), "the watchdog's own process"));
+  CHECK(events_named(events, "watchdog_kill").empty());
+  CHECK(events_named(events, "watchdog_stack").empty());
+}
+
+TEST_CASE("a worker that forges a scope in the name of a process elastic-run did not start gets that process no signal") {
+  launched_run run(ELASTIC_RUN_TOOL, "stack-forge-other", {"--nproc-per-node", "1", "--max-restarts", "0"},
+                   {hung_worker, "forge", run_target_file()});
+  // The innocent maps elastic-run's segment too (any process of the user can), but elastic-run
+  // did not start it.
+  bool forger_attached = false;
+  for (int i = 0; i < 100 && !forger_attached; ++i) {
+    if (auto l = run.proc.read_line(100ms)) {
+      run.console.push_back(*l);
+      forger_attached = contains(*l, "attached");
+    }
+  }
+  REQUIRE(forger_attached);
+  auto innocent = child_process::spawn({hung_worker, "attach"},
+                                       {{"ELASTIC_WATCHDOG", "elastic-" + run.run + "-" + std::to_string(run.proc.pid())}});
+  const auto said = innocent.read_line();
+  REQUIRE(said == "attached " + std::to_string(innocent.pid()));
+  {
+    std::ofstream out(run_target_file());
+    out << innocent.pid() << "\n";
+  }
+  CHECK(run.finish() == 0);
+  const std::string events = run.events();
+  INFO(run.log(0));
+  CHECK(contains(run.log(0), "forged " + std::to_string(innocent.pid())));
+  CHECK_FALSE(innocent.wait_for(0ms).has_value());  // alive
+  const auto refused = events_named(events, "watchdog_refused");
+  REQUIRE(refused.size() == 1);
+  CHECK(refused[0].at("target_pid").as_int64() == innocent.pid());
+  CHECK(contains(refused[0].at("reason").as_string(), "not a process elastic-run started"));
+  CHECK(events_named(events, "watchdog_kill").empty());
+  innocent.kill(SIGKILL);
+}
+
+TEST_CASE("a standalone watchdog refuses a scope forged in its own name or its parent's") {
+  elastic::test::temp_dir dir;
+  const std::string name = elastic::test::unique_name("wd-forge-self");
+  const std::string events = dir.file("events.jsonl");
+  auto wd = child_process::spawn({ELASTIC_WATCHDOG_TOOL, "--name", name, "--events", events});
+  REQUIRE(wd.read_line().value_or("").rfind("elastic-watchdog: serving", 0) == 0);
+  const std::string target = dir.file("target");
+  auto forger = child_process::spawn({hung_worker, "forge", target}, {{"ELASTIC_WATCHDOG", name}});
+  REQUIRE(forger.read_line() == "attached");
+  {
+    std::ofstream out(target);
+    out << wd.pid() << "\n";
+  }
+  CHECK(forger.read_line(40s) == "forged " + std::to_string(wd.pid()));
+  CHECK(forger.read_line(40s) == "freed");
+  CHECK(forger.exit_code(10s) == 0);
+  const auto refused = elastic::test::wait_for_events(events, "watchdog_refused", 1, 5s);
+  REQUIRE(refused.size() == 1);
+  CHECK(contains(refused[0], "the watchdog's own process"));
+  wd.kill(SIGTERM);
+  CHECK(wd.exit_code(10s) == 0);  // alive until then, and stopped by our SIGTERM
 }
 
 TEST_CASE("a worker deadlocked inside malloc, where nothing in it could print, gets its stacks dumped and is killed") {

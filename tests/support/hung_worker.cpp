@@ -15,12 +15,31 @@
 //                               so that no other tracer can: it prints "traced" before "entered"
 //   hung_worker leave [MS]      waits in sigwait() for SIGUSR1, then leaves its scope, prints "left"
 //                               and waits forever, alive: a hang that ended on its own
+//   hung_worker crowd N [MS]    like spin, with N threads more (named "crowd"), each waiting on a
+//                               condition variable 0 to 39 calls deep (thread i: i % 40): a dump of
+//                               N + 2 threads, in 40 crowds of one stack each
+//   hung_worker attach          attaches (a scope of an hour), prints "attached PID", waits forever:
+//                               a process that maps the segment without being the launcher's
+//   hung_worker forge TARGET    writes an expired scope (SIGKILL) into a free slot in the name of
+//                               TARGET: "parent" (its parent, elastic-run) or a file it waits for
+//                               (bounded) holding a pid; prints "attached" first, "forged PID", waits (bounded) until
+//                               the watchdog frees the slot, prints "freed" and exits 0
+//   hung_worker nsexec DECOY MODE...  in a mount namespace of its own (unshare; exits 77 if not
+//                               permitted), binds its own executable over the file DECOY and execs
+//                               DECOY MODE...: the same process, running this program under a path
+//                               that names another program outside the namespace (a container)
+//   hung_worker nsbind DECOY MODE...  in a mount namespace of its own, binds DECOY over the path of
+//                               its own (already mapped) executable, then runs MODE...: its maps
+//                               name a path that, even in its namespace, is now another program
 //
 // This program is built without sanitizers (tests/CMakeLists.txt): the malloc mode needs glibc's
 // own allocator, which ASan and TSan replace.
+#include <fcntl.h>
 #include <malloc.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/ptrace.h>
 #include <sys/wait.h>
@@ -36,8 +55,15 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <vector>
 
+#include <elastic/internal/clock.hpp>
+#include <elastic/internal/futex.hpp>
+#include <elastic/internal/process.hpp>
+#include <elastic/timer/client.hpp>
 #include <elastic/timer/expires.hpp>
+
+#include "forged_scope.hpp"
 
 namespace elastic_test {
 
@@ -167,15 +193,154 @@ int leave_on_signal(std::chrono::milliseconds limit) {
   for (;;) ::pause();
 }
 
+// --- forge, attach and nsexec modes -------------------------------------------------------------
+/// The pid TARGET names: its parent for "parent", else the number in file TARGET (waited for).
+pid_t forge_target(const std::string& target) {
+  if (target == "parent") return ::getppid();
+  for (int tries = 0; tries < 30000; ++tries) {
+    char buf[32] = {};
+    const int fd = ::open(target.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+      const ssize_t n = ::read(fd, buf, sizeof buf - 1);
+      ::close(fd);
+      if (n > 0 && buf[n - 1] == '\n') return static_cast<pid_t>(std::atoi(buf));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return 0;
+}
+
+/// Writes an expired scope into a free slot in the name of the process TARGET names, as a
+/// hostile client could, and waits for the watchdog to free it.
+int forge(const std::string& target) {
+  {
+    auto warm = elastic::expires(std::chrono::seconds(60), "warm-up");  // attach, as the trainer does
+    if (!warm.watched()) {
+      say("not watched");
+      return 1;
+    }
+  }
+  say("attached");
+  const pid_t pid = forge_target(target);
+  const std::uint64_t start = elastic::internal::process_start_time(pid);
+  if (pid <= 0 || start == 0) {
+    say("no target");
+    return 1;
+  }
+  const auto* s = elastic::test::forge_expired_scope(elastic::timer::client::attach(std::getenv("ELASTIC_WATCHDOG")).table(),
+                                                     static_cast<std::uint64_t>(pid), start);
+  if (s == nullptr) {
+    say("table full");
+    return 1;
+  }
+  say("forged " + std::to_string(pid));
+  if (!elastic::test::forged_slot_freed(*s, static_cast<std::uint64_t>(pid), start)) {
+    say("not freed");
+    return 1;
+  }
+  say("freed");
+  return 0;
+}
+
+int attach_and_wait() {
+  auto idle = elastic::expires(std::chrono::hours(1), "idle");
+  if (!idle.watched()) {
+    say("not watched");
+    return 1;
+  }
+  say("attached " + std::to_string(::getpid()));
+  for (;;) ::pause();
+}
+
+int exec_in_namespace(int argc, char** argv) {
+  if (argc < 4) return 2;
+  if (::unshare(CLONE_NEWNS) != 0 || ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) {
+    say(std::string("no mount namespace: ") + std::strerror(errno));
+    return 77;
+  }
+  char self[4096] = {};
+  if (::readlink("/proc/self/exe", self, sizeof self - 1) <= 0 || ::mount(self, argv[2], nullptr, MS_BIND, nullptr) != 0) {
+    say(std::string("cannot bind over the decoy: ") + std::strerror(errno));
+    return 77;
+  }
+  ::execv(argv[2], argv + 2);
+  say(std::string("cannot exec the decoy: ") + std::strerror(errno));
+  return 1;
+}
+
+/// nsbind: in a mount namespace of its own, binds DECOY over its own executable's path, after
+/// it was mapped: the path then names another program in its own namespace too.
+bool bind_decoy_over_self(const char* decoy) {
+  char self[4096] = {};
+  if (::readlink("/proc/self/exe", self, sizeof self - 1) <= 0) return false;
+  if (::unshare(CLONE_NEWNS) != 0 || ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) {
+    say(std::string("no mount namespace: ") + std::strerror(errno));
+    std::exit(77);
+  }
+  if (::mount(decoy, self, nullptr, MS_BIND, nullptr) != 0) {
+    say(std::string("cannot bind over the decoy: ") + std::strerror(errno));
+    std::exit(77);
+  }
+  return true;
+}
+
+/// Where the crowd's threads wait, `depth` calls deep: one stack per depth.
+[[gnu::noinline]] void crowd_waits_here(std::mutex& m, std::condition_variable& cv, int depth) {
+  if (depth > 0) {
+    crowd_waits_here(m, cv, depth - 1);
+    std::atomic_signal_fence(std::memory_order_seq_cst);  // no tail call: each level is a frame
+    return;
+  }
+  std::unique_lock lk(m);
+  cv.wait(lk, [] { return false; });
+}
+
+void start_crowd(int n) {
+  static std::mutex m;
+  static std::condition_variable never;
+  pthread_attr_t attr;
+  ::pthread_attr_init(&attr);
+  ::pthread_attr_setstacksize(&attr, 128 * 1024);  // a thousand threads need no 8 MB each
+  ::pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  for (int i = 0; i < n; ++i) {
+    pthread_t t;
+    // 40 stacks in all, each of a crowd of its own: 40 folded entries, too long together for a dump.
+    if (::pthread_create(&t, &attr, [](void* depth) -> void* {
+          ::pthread_setname_np(::pthread_self(), "crowd");
+          crowd_waits_here(m, never, static_cast<int>(reinterpret_cast<std::intptr_t>(depth)));
+          return nullptr;
+        }, reinterpret_cast<void*>(static_cast<std::intptr_t>(i % 40))) != 0) {
+      say("cannot start thread " + std::to_string(i));
+      std::exit(1);
+    }
+  }
+  ::pthread_attr_destroy(&attr);
+}
+
 }  // namespace
 
-int main(int argc, char** argv) {
+int run_mode(int argc, char** argv) {
   const std::string_view mode = argc > 1 ? argv[1] : "";
+  if (mode == "forge" && argc > 2) return forge(argv[2]);
+  if (mode == "attach") return attach_and_wait();
+  if (mode == "nsexec") return exec_in_namespace(argc, argv);
+  if (mode == "nsbind" && argc > 3) {
+    bind_decoy_over_self(argv[2]);
+    argv += 2;  // MODE [MS] follow
+    argc -= 2;
+    return run_mode(argc, argv);
+  }
+  if (mode == "crowd" && argc > 2) {
+    start_crowd(std::atoi(argv[2]));
+    argv[2] = argv[1];  // the limit follows, as for spin
+    ++argv;
+    --argc;
+  }
   const auto limit = scope_limit(argc, argv);
   if (mode == "malloc") return malloc_deadlock(limit);
   if (mode == "leave") return leave_on_signal(limit);
-  if (mode != "spin" && mode != "traced") {
-    std::fprintf(stderr, "usage: hung_worker spin|malloc|traced [MS]\n");
+  if (mode != "spin" && mode != "traced" && mode != "crowd") {
+    std::fprintf(stderr, "usage: hung_worker spin|malloc|traced|leave|crowd N|attach|forge TARGET|nsexec DECOY MODE [MS]\n");
     return 2;
   }
   if (mode == "traced") {
@@ -200,4 +365,7 @@ int main(int argc, char** argv) {
   }
   say("entered");
   elastic_test::stuck_in_known_function(3);
+  return 1;  // never: it spins until killed
 }
+
+int main(int argc, char** argv) { return run_mode(argc, argv); }

@@ -42,6 +42,8 @@
 #include <elastic/internal/futex.hpp>
 #include <elastic/timer/expires.hpp>
 
+#include "forged_scope.hpp"
+
 using namespace std::chrono_literals;
 
 namespace {
@@ -97,44 +99,16 @@ int main(int argc, char** argv) {
     const std::uint64_t pid = std::strtoull(argv[3], nullptr, 10);
     const std::uint64_t start = std::strtoull(argv[4], nullptr, 10);
     const int count = arg(5);
-    const auto t = client.table();
-    auto& h = t.header();
     for (int n = 0; n < count; ++n) {
-      td::slot* s = nullptr;
-      std::uint32_t index = 0;
-      for (std::uint32_t i = 0; i < t.slot_count() && s == nullptr; ++i) {
-        std::uint64_t expected = 0;
-        if (t.at(i).head.owner.compare_exchange_strong(expected, pid)) {
-          s = &t.at(i);
-          index = i;
-        }
-      }
+      const td::slot* s = elastic::test::forge_expired_scope(client.table(), pid, start);
       if (s == nullptr) {
         say("table full");
         hang();
       }
-      const std::int64_t now = elastic::internal::monotonic_ns();
-      auto& e = s->scopes[0];
-      e.deadline_ns.store(now - 1'000'000);
-      e.entered_ns.store(now - 2'000'000);
-      e.signal.store(SIGKILL);
-      td::store_name(e, "forged-scope");
-      e.generation.store(s->head.generation.load() + 1);
-      s->head.tid.store(static_cast<std::int32_t>(pid));
-      s->head.depth.store(1);
-      s->head.start_time.store(start);
-      std::uint32_t hw = h.slots_high_water.load();
-      while (hw < index + 1 && !h.slots_high_water.compare_exchange_weak(hw, index + 1)) {
-      }
-      elastic::internal::futex_ring(h.doorbell);
-      // The watchdog frees the slot (whatever it decided); wait for that, bounded.
-      const auto until = std::chrono::steady_clock::now() + 30s;
-      while (s->head.owner.load() == pid && s->head.start_time.load() == start) {
-        if (std::chrono::steady_clock::now() >= until) {
-          say("not freed");
-          hang();
-        }
-        std::this_thread::sleep_for(1ms);
+      // The watchdog frees the slot (whatever it decided).
+      if (!elastic::test::forged_slot_freed(*s, pid, start)) {
+        say("not freed");
+        hang();
       }
     }
     say("freed " + std::to_string(count));

@@ -255,6 +255,7 @@ class launcher {
     wo.stack_dump_limit = opts_.stack_dump_limit;
     wo.on_stack = [this](const timer::stack_dump& d) { watchdog_kills_.add_stack(d); };
     wo.on_warning = [this](const timer::watchdog_warning_report& r) { watchdog_kills_.add_warning(r); };
+    wo.descendants_only = true;  // a worker's slot may name no process this launcher did not start
     watchdog_ = std::make_unique<timer::watchdog>(std::move(wo));
   }
 
@@ -519,12 +520,22 @@ class launcher {
     return nullptr;
   }
 
+  /// The slot whose worker is, or last was, `pid`.
+  slot* slot_of_life(pid_t pid) {
+    if (slot* s = slot_of(pid)) return s;
+    for (auto& s : slots_)
+      if (s.last_pid == pid) return &s;
+    return nullptr;
+  }
+
   /// The watchdog's stack dumps, each into its worker's log (and so on the console, as the
-  /// worker's own lines); one of a process that is no worker's goes to our stderr.
+  /// worker's own lines); one of a process that is no worker's goes to our stderr. A dump
+  /// finished after its worker was reaped (the launcher stopped it while it was captured) goes
+  /// to the log of the slot it ran in.
   void write_stacks() {
     for (const auto& st : watchdog_kills_.take_stacks()) {
-      slot* s = slot_of(st.pid);
-      if (s == nullptr && st.group > 0) s = slot_of(st.group);  // a trainer that a wrapper started
+      slot* s = slot_of_life(st.pid);
+      if (s == nullptr && st.group > 0) s = slot_of_life(st.group);  // a trainer that a wrapper started
       if (s != nullptr) s->log->lines(st.text);
       else err_->write(st.text);
     }
@@ -551,6 +562,9 @@ class launcher {
     for (;;) {
       siginfo_t si{};
       if (!next_exited_child(si)) return;
+      // The watchdog hands a dump over before its signal: any dump of this child is queued by
+      // now, and goes into its log while the slot still knows the child's pid.
+      write_stacks();
       const pid_t pid = si.si_pid;
       slot* s = slot_of(pid);
       const bool graceful = ending_ != ending::none && !killed_after_grace_;
@@ -571,6 +585,7 @@ class launcher {
       }
       if (s == nullptr) continue;  // an orphan of a worker, reparented to us: reaped
       s->proc.reaped();
+      s->last_pid = pid;
       if (graceful && group_alive(pid)) {
         s->draining_group = pid;  // the rest of its group still checkpoints; pipes stay open
       } else {
@@ -791,6 +806,13 @@ class launcher {
   void end_everything() noexcept {
     for (auto& s : slots_) {
       if (s.draining_group > 0) ::kill(-s.draining_group, SIGKILL);
+    }
+    // A dump the watchdog finished after the loop's last look (of a worker stopped at the end
+    // while it was captured) still goes into its rank's log, while the slots are there.
+    if (watchdog_) watchdog_->stop();
+    try {
+      write_stacks();
+    } catch (...) {  // out of memory: the event has the dump
     }
     slots_.clear();  // kills and reaps whatever still runs
     end_processes();

@@ -33,6 +33,7 @@ struct worker_slot {
   bool done = false;
   int last_code = -1;             ///< exit code, or -signal
   pid_t draining_group = 0;       ///< a group whose leader exited during the grace, still running
+  pid_t last_pid = 0;             ///< its last reaped worker: a stack dump finished after the reap still finds its log
   std::optional<clock::time_point> restart_at;  ///< a restart waiting out its backoff
   /// The erase of the previous life's alive key: the next life starts after it (it would
   /// otherwise erase the new worker's key, which has the same name), or after retire_by.

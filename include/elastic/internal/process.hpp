@@ -26,6 +26,7 @@ inline pid_t current_tid() noexcept { return static_cast<pid_t>(::syscall(SYS_ge
 struct proc_stat {
   char state = '\0';  ///< '\0' when the process does not exist
   std::uint64_t start_time = 0;
+  pid_t ppid = 0;  ///< its parent (field 4)
 };
 
 /// Reads /proc/PID/stat with open/read/close only, so it is safe in a child between fork and
@@ -49,7 +50,9 @@ inline proc_stat read_proc_stat(pid_t pid) noexcept {
   int field = 2;
   for (++p; *p != '\0'; ++p) {
     if (*p != ' ') continue;
-    if (++field == 22) {
+    if (++field == 4) {
+      for (const char* q = p + 1; *q >= '0' && *q <= '9'; ++q) out.ppid = out.ppid * 10 + static_cast<pid_t>(*q - '0');
+    } else if (field == 22) {
       for (++p; *p >= '0' && *p <= '9'; ++p)
         out.start_time = out.start_time * 10 + static_cast<std::uint64_t>(*p - '0');
       break;

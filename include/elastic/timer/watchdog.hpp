@@ -4,9 +4,9 @@
 //   elastic::timer::watchdog wd({.name = "job7"});   // creates the segment, starts scanning
 //   // workers run with ELASTIC_WATCHDOG=job7 ...
 //
-// It sleeps until the earliest deadline it knows of, at most `poll`, and is woken early by a
-// worker that enters a scope due before then; so an idle watchdog costs nothing measurable and
-// an expired scope is acted on within a fraction of a millisecond.
+// It sleeps until the earliest deadline (or warning: detail/scope_warnings.hpp) it knows of, at
+// most `poll`, and is woken early by a worker that enters a scope due before then; so an idle
+// watchdog costs nothing measurable and an expired scope is acted on within a millisecond.
 //
 // Whom it may signal. The table is written by its clients, and any of them (buggy, or
 // compromised, with the same uid) can write any pid into a slot; a watchdog running as root
@@ -18,7 +18,6 @@
 // checks that the pinned process maps the segment, and only then sends the signal through the
 // pidfd (internal::signal_client). A process that fails is never signalled: its slots are
 // freed and one `watchdog_refused` event per process says why.
-//
 // Why not a registration handshake instead: see docs/design.md, "Whom the watchdog may signal".
 #pragma once
 
@@ -52,6 +51,7 @@
 #include <elastic/timer/detail/capture_threads.hpp>
 #include <elastic/timer/detail/scope_warnings.hpp>
 #include <elastic/timer/detail/table.hpp>
+#include <elastic/timer/detail/whom_to_signal.hpp>
 #include <elastic/timer/watchdog_options.hpp>
 
 namespace elastic::inline v1::timer {
@@ -122,10 +122,9 @@ class watchdog {
       thread_.join();
     }
     segment_.table().header().watchdog_pid.store(0, std::memory_order_release);
-    events_.emit("watchdog_stop", {{"segment", opts_.name},
-                                        {"scans", stats_.scans.load()},
-                                        {"signals", stats_.signals.load()},
-                                        {"reclaimed_slots", stats_.reclaimed.load()}});
+    events_.emit("watchdog_stop", {{"segment", opts_.name}, {"scans", stats_.scans.load()},
+                                   {"signals", stats_.signals.load()}, {"warnings", warnings_.count()},
+                                   {"reclaimed_slots", stats_.reclaimed.load()}});
     if (opts_.remove_on_stop) segment_.remove();
   }
 
@@ -268,18 +267,10 @@ class watchdog {
   /// slots (their content came from someone else, or from a process that no longer maps the
   /// segment) and logs one `watchdog_refused` per process.
   void refuse(pid_t pid, std::uint64_t start, int sig, std::string_view scope, std::string_view stage,
-              const internal::client_check& why) {
+              const std::string& reason) {
     stats_.refused.fetch_add(1, std::memory_order_relaxed);
     reclaim_process(pid, start, "refused: not a client");
     if (!refused_.emplace(pid, start).second) return;
-    std::string reason;
-    if (why.maps == internal::maps_result::does_not_map) {
-      reason = "pid " + std::to_string(pid) + " does not map segment " + opts_.name +
-               (stage == "escalate" ? ": it no longer maps it" : ": it never attached");
-    } else {
-      reason = "cannot read /proc/" + std::to_string(pid) + "/maps (" + std::strerror(why.err) +
-               "): cannot tell whether it attached to segment " + opts_.name;
-    }
     events_.emit("watchdog_refused", {{"segment", opts_.name},
                                       {"target_pid", pid},
                                       {"target_start_time", start},
@@ -288,6 +279,13 @@ class watchdog {
                                       {"stage", stage},
                                       {"reason", reason},
                                       {"effect", "not signalled; its slots were freed"}});
+  }
+
+  /// False, after refusing it, for a process no slot may get signalled (detail/whom_to_signal.hpp).
+  bool may_signal(pid_t pid, std::uint64_t start, int sig, std::string_view scope, std::string_view stage) {
+    const std::string why = detail::signal_refusal(pid, start, opts_.descendants_only);
+    if (!why.empty()) refuse(pid, start, sig, scope, stage, why);
+    return why.empty();
   }
 
   std::uint32_t count_owned() const noexcept {
@@ -307,8 +305,9 @@ class watchdog {
       if (!internal::process_alive(pid, start)) reclaim_process(pid, start, "killed");
       return false;
     }
-    if (captures_.hold(s, pid, start, e, now)) return false;  // its stacks first (capture_threads.hpp)
     const int sig = e.signal != 0 ? e.signal : opts_.signal;
+    if (!may_signal(pid, start, sig, e.name, "signal")) return false;  // nor trace it, nor escalate
+    if (captures_.hold(s, pid, start, e, now)) return false;  // its stacks first (capture_threads.hpp)
     internal::client_check why;
     const auto result = internal::signal_client(pid, start, sig, segment_id_, &why);
     const int err = errno;
@@ -318,7 +317,7 @@ class watchdog {
       return false;
     }
     if (result == internal::signal_result::refused) {
-      refuse(pid, start, sig, e.name, "signal", why);
+      refuse(pid, start, sig, e.name, "signal", detail::not_mapped_reason(pid, opts_.name, "signal", why));
       return false;
     }
     kill_record& k = kills_[pid] = kill_record{start, sig, now, sig == SIGKILL || result != internal::signal_result::sent, {}};
@@ -377,7 +376,7 @@ class watchdog {
           internal::client_check why;
           const auto result = internal::signal_client(pid, k.start_time, SIGKILL, segment_id_, &why);
           if (result == internal::signal_result::refused) {
-            refuse(pid, k.start_time, SIGKILL, k.scope, "escalate", why);
+            refuse(pid, k.start_time, SIGKILL, k.scope, "escalate", detail::not_mapped_reason(pid, opts_.name, "escalate", why));
             it = kills_.erase(it);
             continue;
           }

@@ -89,6 +89,11 @@ struct watchdog_options {
   /// before the signal (elastic-run writes it into the rank's log). Keep it short and
   /// thread-safe; what it throws is dropped.
   std::function<void(const timer::stack_dump&)> on_stack{};
+  /// Signal (and trace) only descendants of the process hosting the watchdog: elastic-run sets
+  /// it, its clients are the workers it started and what they started. Whatever this says, a
+  /// watchdog never signals its own process, pid 1 or its parent, and without it only processes
+  /// of its own effective uid (detail/whom_to_signal.hpp).
+  bool descendants_only = false;
 
   /// These options, once their values are known good; errc::invalid_argument otherwise. The
   /// watchdog checks them before its segment exists, so a refusal leaves nothing behind.

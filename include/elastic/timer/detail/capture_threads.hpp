@@ -182,10 +182,16 @@ class capture_threads {
         sched_param normal{};
         ::pthread_setschedparam(::pthread_self(), SCHED_OTHER, &normal);
         stack_dump found;
-        capture_stacks(rq, found, [&](const stack_dump& d, bool done) noexcept {
+        capture_stacks(rq, found, [&](const stack_dump& d, bool done, std::size_t from, std::size_t to) noexcept {
           std::lock_guard lk(state->mu);
           try {
-            state->dump.threads = d.threads;
+            // Only what changed: publishing every thread after each one is named made a dump of
+            // N threads cost N^2 copies.
+            if (state->dump.threads.size() != d.threads.size()) {
+              state->dump.threads = d.threads;
+            } else {
+              for (std::size_t i = from; i < to && i < d.threads.size(); ++i) state->dump.threads[i] = d.threads[i];
+            }
           } catch (...) {  // out of memory: the threads published before stand
           }
           state->dump.complete = d.complete;
@@ -233,7 +239,8 @@ class capture_threads {
 
   void report(const stack_dump& d, pid_t tid) const {
     const std::string text = to_text(d);
-    const std::string stacks = to_json(d);
+    json_cut cut;
+    const std::string stacks = to_json(d, {}, &cut);
     events_.emit("watchdog_stack",
                  {{"segment", opts_.name},
                   {"target_pid", d.pid},
@@ -246,6 +253,7 @@ class capture_threads {
                   {"symbols", d.symbols},
                   {"reason", d.reason.empty() ? event_value(nullptr) : event_value(d.reason)},
                   {"threads", d.threads.size()},
+                  {"threads_not_shown", cut.threads},  // in "stacks", past its bound (the text says its own)
                   {"text", text},
                   {"stacks", event_value::json(stacks)}});
     if (opts_.on_stack) {

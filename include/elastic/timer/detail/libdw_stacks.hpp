@@ -9,6 +9,11 @@
 // else by build id under /usr/lib/debug (dwfl_build_id_find_debuginfo). The standard lookup
 // would ask a debuginfod server when DEBUGINFOD_URLS is set: a network call has no place in a
 // capture that must end within its bound.
+//
+// Each module's file is opened as the process sees it (mapped_files.hpp: map_files, else its
+// root), never by its path here, and its build id is checked against the process's memory: a
+// file that is another build is not used; one that cannot be checked is used and its frames are
+// marked unverified (the dump then says it is not complete).
 #pragma once
 
 #include <elastic/config.hpp>
@@ -17,19 +22,26 @@
 
 #include <dwarf.h>
 #include <elfutils/libdw.h>
+#include <elfutils/libdwelf.h>
 #include <elfutils/libdwfl.h>
+#include <libelf.h>
 #include <sys/types.h>
 
 #include <cxxabi.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
+#include <map>
 #include <memory>
 #include <string>
 #include <system_error>
 #include <vector>
 
 #include <elastic/internal/clock.hpp>
+#include <elastic/timer/detail/mapped_files.hpp>
 #include <elastic/timer/stack_dump.hpp>
 
 namespace elastic::inline v1::timer::detail {
@@ -39,8 +51,8 @@ class libdw_process {
  public:
   /// Reports the modules `pid` maps and attaches libdw to it; its threads must already be in a
   /// ptrace stop of the calling thread. ok() says whether it worked, error() why not.
-  explicit libdw_process(pid_t pid) {
-    callbacks_.find_elf = dwfl_linux_proc_find_elf;
+  explicit libdw_process(pid_t pid) : pid_(pid), files_(mapped_files(pid)) {
+    callbacks_.find_elf = &libdw_process::find_elf;
     callbacks_.find_debuginfo = dwfl_build_id_find_debuginfo;
     callbacks_.section_address = nullptr;
     callbacks_.debuginfo_path = &debuginfo_path_;
@@ -56,6 +68,14 @@ class libdw_process {
       error_ = "libdw cannot read the modules of pid " + std::to_string(pid) + ": " + error_text(reported);
       return;
     }
+    // find_elf() finds this object through each module's user data.
+    dwfl_getmodules(
+        dwfl_.get(),
+        [](Dwfl_Module*, void** userdata, const char*, Dwarf_Addr, void* self) -> int {
+          *userdata = self;
+          return DWARF_CB_OK;
+        },
+        this, 0);
     if (const int attached = dwfl_linux_proc_attach(dwfl_.get(), pid, /*assume_ptrace_stopped=*/true); attached != 0) {
       error_ = "libdw cannot attach to pid " + std::to_string(pid) + ": " + error_text(attached);
       return;
@@ -69,6 +89,8 @@ class libdw_process {
 
   [[nodiscard]] bool ok() const noexcept { return ok_; }
   [[nodiscard]] const std::string& error() const noexcept { return error_; }
+  /// The modules (by the process's path) whose file could not be verified, each with why.
+  [[nodiscard]] const std::map<std::string, std::string>& unverified() const noexcept { return unverified_; }
 
   /// Walks the stack of stopped thread `tid` into `frames` (addresses only, at most `max`),
   /// stopping at `deadline_ns`. `lookups` gets, per frame, the address to symbolize: a return
@@ -170,6 +192,57 @@ class libdw_process {
     return plain != nullptr ? plain : "??";
   }
 
+  /// libdw's find_elf: the module's file as the process maps it (see the top of this file).
+  /// Returns its descriptor, or -1 when there is none to trust.
+  static int find_elf(Dwfl_Module* mod, void** userdata, const char* name, Dwarf_Addr base, char** file_name, Elf** elfp) {
+    auto* self = static_cast<libdw_process*>(*userdata);
+    if (self == nullptr || name == nullptr || name[0] != '/') {
+      return dwfl_linux_proc_find_elf(mod, userdata, name, base, file_name, elfp);  // [vdso]: from memory
+    }
+    try {
+      return self->open_module(name, file_name);
+    } catch (...) {  // out of memory: the module stays unnamed
+      return -1;
+    }
+  }
+
+  int open_module(const std::string& name, char** file_name) {
+    const auto m = std::find_if(files_.begin(), files_.end(), [&](const mapped_file& f) { return f.path == name; });
+    if (m == files_.end()) {
+      unverified_[name] = "not in /proc/" + std::to_string(pid_) + "/maps";
+      return -1;
+    }
+    opened_module o = open_in_process(pid_, *m);
+    if (o.fd < 0) {
+      unverified_[name] = "cannot open it as the process sees it (" + o.via + ": " + std::strerror(errno) + ")";
+      return -1;
+    }
+    const std::string in_memory = build_id_in_memory(pid_, *m);
+    const std::string in_file = file_build_id(o.fd);
+    if (!in_memory.empty() && !in_file.empty() && in_memory != in_file) {
+      unverified_[name] = o.via + " is another build (build id " + in_file + ", mapped " + in_memory + "): not used";
+      ::close(o.fd);
+      return -1;
+    }
+    if (!o.exact && (in_memory.empty() || in_file.empty()) && !same_file(o.fd, *m)) {
+      unverified_[name] = "no build id to check " + o.via + " against what is mapped";
+    }
+    *file_name = ::strdup(o.via.c_str());
+    return o.fd;
+  }
+
+  /// The build id of the ELF file open on `fd`, as lowercase hex; "" when it has none.
+  static std::string file_build_id(int fd) {
+    ::elf_version(EV_CURRENT);
+    Elf* elf = ::elf_begin(fd, ELF_C_READ_MMAP, nullptr);
+    if (elf == nullptr) return {};
+    const void* bits = nullptr;
+    const ssize_t n = ::dwelf_elf_gnu_build_id(elf, &bits);
+    std::string hex = n > 0 ? hex_bytes(static_cast<const unsigned char*>(bits), static_cast<std::size_t>(n)) : std::string();
+    ::elf_end(elf);
+    return hex;
+  }
+
   struct dwfl_deleter {
     void operator()(Dwfl* d) const noexcept { dwfl_end(d); }
   };
@@ -214,6 +287,9 @@ class libdw_process {
   }
   static std::string libdw_error(const char* call) { return std::string(call) + ": " + dwfl_errmsg(-1); }
 
+  pid_t pid_;
+  std::vector<mapped_file> files_;
+  std::map<std::string, std::string> unverified_;
   char* debuginfo_path_ = nullptr;  // libdw's default: /usr/lib/debug
   Dwfl_Callbacks callbacks_{};
   std::unique_ptr<Dwfl, dwfl_deleter> dwfl_;

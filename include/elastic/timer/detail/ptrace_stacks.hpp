@@ -28,8 +28,10 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <unordered_map>
 #include <vector>
 
+#include <elastic/timer/detail/mapped_files.hpp>
 #include <elastic/timer/stack_dump.hpp>
 
 namespace elastic::inline v1::timer::detail {
@@ -127,20 +129,9 @@ struct code_mapping {
 /// The executable mappings of `pid` that have a file (from /proc/PID/maps).
 inline std::vector<code_mapping> code_mappings(pid_t pid) {
   std::vector<code_mapping> out;
-  std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(("/proc/" + std::to_string(pid) + "/maps").c_str(), "re"),
-                                                    &std::fclose);
-  if (!f) return out;
-  char line[4096];
-  while (std::fgets(line, sizeof line, f.get()) != nullptr) {
-    unsigned long long start = 0, end = 0, offset = 0;
-    char perms[8] = {};
-    int path_at = 0;
-    if (std::sscanf(line, "%llx-%llx %7s %llx %*s %*s %n", &start, &end, perms, &offset, &path_at) < 4) continue;
-    if (std::strchr(perms, 'x') == nullptr || path_at <= 0 || line[path_at] != '/') continue;
-    std::string path(line + path_at);
-    while (!path.empty() && path.back() == '\n') path.pop_back();
-    out.push_back({start, end, offset, std::move(path)});
-  }
+  for_each_mapping(pid, [&](const mapping_line& m) {
+    if (std::strchr(m.perms, 'x') != nullptr) out.push_back({m.start, m.end, m.file_offset, m.path});
+  });
   return out;
 }
 
@@ -177,10 +168,12 @@ class seized_threads {
   /// Seizes `tid` and asks it to stop; false with `err` (errno) when it cannot be traced.
   bool seize(pid_t tid, int& err) {
     tracees_.reserve(tracees_.size() + 1);  // a failure to grow leaves nobody attached
+    index_.reserve(index_.size() + 1);
     if (::ptrace(PTRACE_SEIZE, tid, nullptr, nullptr) != 0) {
       err = errno;
       return false;
     }
+    index_.emplace(tid, tracees_.size());
     tracees_.push_back({tid, false, false});
     ::ptrace(PTRACE_INTERRUPT, tid, nullptr, nullptr);
     return true;
@@ -209,9 +202,8 @@ class seized_threads {
 
   /// The tracee of thread `tid`, or nullptr.
   [[nodiscard]] const tracee* find(pid_t tid) const noexcept {
-    for (const auto& t : tracees_)
-      if (t.tid == tid) return &t;
-    return nullptr;
+    const auto at = index_.find(tid);  // a lookup: a capture asks once per thread and step
+    return at == index_.end() ? nullptr : &tracees_[at->second];
   }
 
   /// Lets every stopped thread go on. One stopped on its way to a signal's handler (a
@@ -225,10 +217,12 @@ class seized_threads {
       ::ptrace(PTRACE_DETACH, t.tid, nullptr, reinterpret_cast<void*>(static_cast<std::intptr_t>(give_back)));
     }
     tracees_.clear();
+    index_.clear();
   }
 
  private:
   std::vector<tracee> tracees_;
+  std::unordered_map<pid_t, std::size_t> index_;  ///< tid -> its place in tracees_
 };
 
 }  // namespace elastic::inline v1::timer::detail

@@ -89,12 +89,16 @@ inline bool stop_threads(const capture_request& rq, stack_dump& dump, seized_thr
     add_reason(dump, "pid " + std::to_string(rq.pid) + " is no longer the client whose scope expired");
     return false;
   }
+  // Where each thread is in dump.threads: a lookup per thread and round, not a search.
+  std::unordered_map<pid_t, std::size_t> listed;
+  for (std::size_t i = 0; i < dump.threads.size(); ++i) listed.emplace(dump.threads[i].tid, i);
   for (int round = 0;; ++round) {
     bool fresh = false;
     for (const pid_t tid : task_ids(rq.pid)) {
       if (held.find(tid) != nullptr) continue;
-      auto known = std::find_if(dump.threads.begin(), dump.threads.end(), [&](const thread_stack& t) { return t.tid == tid; });
-      if (known == dump.threads.end()) known = dump.threads.insert(dump.threads.end(), describe_thread(rq.pid, tid));
+      auto [at, added] = listed.try_emplace(tid, dump.threads.size());
+      if (added) dump.threads.push_back(describe_thread(rq.pid, tid));
+      thread_stack* known = &dump.threads[at->second];
       if (!known->note.empty()) continue;  // refused before
       fresh = true;
       if (!held.seize(tid, err)) known->note = err == ESRCH ? "it ended during the capture" : "cannot stop it: " + seize_refusal(tid, err);
@@ -135,8 +139,10 @@ inline void take_instruction_pointers(const capture_request& rq, stack_dump& dum
 
 /// Captures the stacks of process `rq.pid` into `dump` (its threads, complete, symbols and
 /// reason; the caller fills in the rest), following the steps at the top of this file. Calls
-/// `publish(dump, done)` after each step, so that what is known can be taken at the deadline
-/// even if a step overran it; the last call has done = true. Never throws: what it cannot do
+/// `publish(dump, done, from, to)` after each step, so that what is known can be taken at the
+/// deadline even if a step overran it; threads [from, to) changed since the last call (all of
+/// them when their number did); the last call has done = true. Each thread is published a
+/// bounded number of times: the cost is linear in threads x frames. Never throws: what it cannot do
 /// (memory exhausted, say) ends it with what it has.
 template <class Publish>
 void capture_stacks(const capture_request& rq, stack_dump& dump, Publish&& publish) noexcept {
@@ -151,9 +157,9 @@ void capture_stacks(const capture_request& rq, stack_dump& dump, Publish&& publi
     seized_threads held;
     const bool stopped = stop_threads(rq, dump, held, stop_by);
     for (auto& t : dump.threads) t.scope_thread = t.tid == rq.scope_tid;
-    publish(dump, false);
+    publish(dump, false, 0, dump.threads.size());
     if (!stopped) {
-      publish(dump, true);
+      publish(dump, true, 0, 0);
       return;
     }
     bool whole = true;
@@ -200,7 +206,7 @@ void capture_stacks(const capture_request& rq, stack_dump& dump, Publish&& publi
     take_instruction_pointers(rq, dump, held);
 #endif
     held.detach_all();
-    publish(dump, false);
+    publish(dump, false, 0, dump.threads.size());
 #if ELASTIC_WITH_LIBDW
     if (dw->ok()) {
       dump.symbols = true;
@@ -224,12 +230,33 @@ void capture_stacks(const capture_request& rq, stack_dump& dump, Publish&& publi
           }
         }
         frames = std::move(named);
-        publish(dump, false);
+        publish(dump, false, i, i + 1);
       }
       if (unnamed > 0) {
         add_reason(dump, std::to_string(unnamed) + " of the frames left unnamed: the capture's time was up");
         whole = false;
         name_modules(rq.pid, dump);
+        publish(dump, false, 0, dump.threads.size());
+      }
+      if (!dw->unverified().empty()) {
+        // Named from the process's own files where they could be checked; the rest says so.
+        whole = false;
+        for (auto& t : dump.threads) {
+          for (auto& f : t.frames) f.unverified = dw->unverified().count(f.module) != 0;
+        }
+        std::string which;
+        std::size_t listed = 0;
+        for (const auto& [module, why] : dw->unverified()) {
+          if (listed++ == 4) {
+            which += "; and " + std::to_string(dw->unverified().size() - 4) + " more";
+            break;
+          }
+          which += (listed > 1 ? "; " : "") + module + ": " + why;
+        }
+        add_reason(dump, std::to_string(dw->unverified().size()) + " module" + (dw->unverified().size() == 1 ? "" : "s") +
+                             " not verified to be the file pid " + std::to_string(rq.pid) +
+                             " maps, frames in them marked [unverified] (" + which + ")");
+        publish(dump, false, 0, dump.threads.size());
       }
     }
 #endif
@@ -239,7 +266,7 @@ void capture_stacks(const capture_request& rq, stack_dump& dump, Publish&& publi
   } catch (...) {
     add_reason(dump, "the capture failed (out of memory)");
   }
-  publish(dump, true);
+  publish(dump, true, 0, dump.threads.size());
 }
 
 }  // namespace elastic::inline v1::timer::detail
