@@ -11,6 +11,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <memory>
 #include <string>
@@ -19,11 +20,13 @@
 
 #include "support/catch.hpp"
 #include "support/launched_run.hpp"
+#include "support/planted_shm.hpp"
 #include "support/process.hpp"
 
 #include <elastic/comm/detail/flight_culprit.hpp>
 #include <elastic/comm/detail/flight_recorder.hpp>
 #include <elastic/comm/detail/group_flight.hpp>
+#include <elastic/error.hpp>
 #include <elastic/rendezvous/shm_store.hpp>
 
 namespace cd = elastic::comm::detail;
@@ -91,6 +94,24 @@ std::vector<std::string> flight_objects(const std::string& run) {
     if (n.rfind(cd::flight_prefix(run), 0) == 0) out.push_back(n);
   }
   return out;
+}
+
+/// Runs `f` in a child process and returns its exit code, or -1 when it did not end within
+/// `timeout` (it is killed then): a reader that blocks fails the test instead of hanging it.
+int bounded_child(const std::function<int()>& f, std::chrono::milliseconds timeout = 5s) {
+  const pid_t pid = elastic::test::fork_child(f);
+  REQUIRE(pid >= 0);
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  int st = 0;
+  while (::waitpid(pid, &st, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() >= until) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &st, 0);
+      return -1;
+    }
+    std::this_thread::sleep_for(5ms);
+  }
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
 }  // namespace
@@ -189,6 +210,27 @@ TEST_CASE("an object that is not a flight recorder of this version is not read")
   CHECK_FALSE(cd::read_flight(name));
   CHECK_FALSE(cd::read_flight(cd::flight_name("no-such-run", 1)));
   ::shm_unlink(("/" + name).c_str());
+}
+
+TEST_CASE("a FIFO, socket or device planted under a flight record's name is refused without blocking the reader") {
+  for (const auto kind : elastic::test::plantable_kinds()) {
+    const std::string what = elastic::test::planted_words(kind);
+    INFO(what);
+    const elastic::test::planted_shm planted(cd::flight_name(run_name("fr-planted"), 4194302), kind);
+    // In a child: today's reader waits forever in the open of a FIFO.
+    const int code = bounded_child([&] {
+      try {
+        return cd::read_flight(planted.name()) ? 1 : 2;
+      } catch (const elastic::error& e) {
+        return e.code() == elastic::errc::unsafe_path &&
+                       std::string(e.what()).find(planted.path() + " is " + what) != std::string::npos
+                   ? 0
+                   : 3;
+      }
+    });
+    CHECK(code == 0);  // -1: blocked; 2: not refused; 3: refused without saying what is there
+    CHECK(planted.intact());
+  }
 }
 
 TEST_CASE("of four processes, the rank that never entered collective #k is named") {
@@ -319,4 +361,5 @@ TEST_CASE("under elastic-run, a 4-rank group where one rank hangs before collect
   // The records of the run are gone with it: the killed worker's too.
   CHECK(flight_objects(run).empty());
 }
+
 #endif
