@@ -19,12 +19,14 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <iostream>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include <elastic/comm/detail/flight_recorder.hpp>
 #include <elastic/internal/process.hpp>
 #include <elastic/rendezvous/run_keys.hpp>
 #include <elastic/rendezvous/shm_store.hpp>
@@ -32,6 +34,7 @@
 #include "agent/options.hpp"  // tools/agent: the parser, tested as a function too
 #include "support/catch.hpp"
 #include "support/other_user.hpp"
+#include "support/planted_shm.hpp"
 #include "support/process.hpp"
 #if defined(ELASTIC_ETCD_SERVER) && defined(ELASTIC_GROUP_WORKER)
 #include <elastic/rendezvous/etcd_store.hpp>
@@ -821,6 +824,65 @@ TEST_CASE("planted symbolic links in the run's log directory are refused, never 
   INFO(err);
   CHECK(contains(err, expected_reason.empty() ? planted : dir));
   CHECK(contains(err, expected_reason));
+}
+
+// ---- Names a local user plants in /dev/shm ----
+
+TEST_CASE("a FIFO, socket or device planted in /dev/shm under the library's prefixes does not stop elastic-run") {
+  using elastic::test::planted_kind;
+  for (const planted_kind kind : elastic::test::plantable_kinds()) {
+    const std::string what = elastic::test::planted_words(kind);
+    INFO(what);
+    const std::string tag = std::to_string(::getpid()) + "-" + std::to_string(static_cast<int>(kind));
+    const std::string base = "planted-shm-" + std::to_string(static_cast<int>(kind)), run = unique_run(base);
+    // Under every prefix the launcher sweeps at its start, and one under its own run's records.
+    std::vector<std::unique_ptr<elastic::test::planted_shm>> planted;
+    for (const std::string& name : {"elastic-store.elastic-planted-" + tag, "elastic-timer.elastic-planted-" + tag,
+                                   "elastic.flight.planted-" + tag + ".1", elastic::comm::detail::flight_name(run, 4194303)}) {
+      planted.push_back(std::make_unique<elastic::test::planted_shm>(name, kind));
+    }
+    temp_dir pids;
+    launch l(base, {"--nproc-per-node", "2"}, {worker, "term", "0", pids.file("pid"), "none"});
+    // Today's launcher would wait forever in its start-up sweep, before any worker starts: a
+    // bounded wait, then elastic-run is killed by the test's destructor.
+    CHECK(wait_for_file(pids.file("pid.0"), 20s));
+    CHECK(wait_for_file(pids.file("pid.1"), 20s));
+    l.proc.kill(SIGTERM);
+    CHECK(l.finish(30s) == 75);
+    const std::string err = l.err();
+    INFO(err);
+    for (const auto& p : planted) {
+      CHECK(p->intact());  // another user's: never removed
+      if (p.get() != planted.back().get()) CHECK(contains(err, p->path() + " is " + what));  // said once, by the sweep
+    }
+  }
+}
+
+TEST_CASE("a FIFO, socket or device planted under a live worker's flight record does not stop elastic-run at a bad death") {
+  using elastic::test::planted_kind;
+  for (const planted_kind kind : elastic::test::plantable_kinds()) {
+    const std::string what = elastic::test::planted_words(kind);
+    INFO(what);
+    temp_dir pids;
+    launch l("planted-flight-" + std::to_string(static_cast<int>(kind)), {"--nproc-per-node", "2", "--max-restarts", "5"},
+             {worker, "term", "0", pids.file("pid"), "none"});
+    REQUIRE(wait_for_file(pids.file("pid.0"), 20s));
+    REQUIRE(wait_for_file(pids.file("pid.1"), 20s));
+    const pid_t first = read_pid(pids.file("pid.0")), survivor = read_pid(pids.file("pid.1"));
+    // Planted where the launcher looks for its workers' records when one of them dies badly.
+    elastic::test::planted_shm at_survivor(elastic::comm::detail::flight_name(l.run, survivor), kind);
+    elastic::test::planted_shm at_dead(elastic::comm::detail::flight_name(l.run, first), kind);
+    REQUIRE(::kill(first, SIGKILL) == 0);
+    // The launcher reads the records, restarts slot 0 and still acts on SIGTERM; today it waits
+    // forever in the open of the FIFO.
+    CHECK(eventually([&] { return read_pid(pids.file("pid.0")) != first; }, 20s));
+    l.proc.kill(SIGTERM);
+    CHECK(l.finish(30s) == 75);
+    const std::string err = l.err();
+    INFO(err);
+    CHECK(contains(err, at_survivor.path() + " is " + what));
+    CHECK(at_survivor.intact());
+  }
 }
 
 // ---- The console: closed, or never read ----

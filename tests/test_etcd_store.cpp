@@ -33,6 +33,7 @@ using namespace std::chrono_literals;
 using elastic::errc;
 using elastic::test::error_of;
 using elastic::test::etcd_server;
+using elastic::test::fork_child;
 namespace rdzv = elastic::rendezvous;
 using clock_type = std::chrono::steady_clock;
 
@@ -49,21 +50,6 @@ rdzv::etcd_options test_options(std::chrono::milliseconds unavailable = 10s) {
 }
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-
-/// Runs `f` in a forked child that exits with what `f` returns (99 if it throws); returns pid.
-template <class F>
-pid_t fork_child(F&& f) {
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    int code = 99;
-    try {
-      code = f();
-    } catch (...) {
-    }
-    std::_Exit(code);
-  }
-  return pid;
-}
 
 /// The exit code of `pid`, or -1 if it did not exit normally.
 int exit_code_of(pid_t pid) {

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <memory>
 #include <string>
@@ -19,11 +20,13 @@
 
 #include "support/catch.hpp"
 #include "support/launched_run.hpp"
+#include "support/planted_shm.hpp"
 #include "support/process.hpp"
 
 #include <elastic/comm/detail/flight_culprit.hpp>
 #include <elastic/comm/detail/flight_recorder.hpp>
 #include <elastic/comm/detail/group_flight.hpp>
+#include <elastic/error.hpp>
 #include <elastic/rendezvous/shm_store.hpp>
 
 namespace cd = elastic::comm::detail;
@@ -91,6 +94,97 @@ std::vector<std::string> flight_objects(const std::string& run) {
     if (n.rfind(cd::flight_prefix(run), 0) == 0) out.push_back(n);
   }
   return out;
+}
+
+/// Runs `f` in a child process and returns its exit code, or -1 when it did not end within
+/// `timeout` (it is killed then): a reader that blocks fails the test instead of hanging it.
+int bounded_child(const std::function<int()>& f, std::chrono::milliseconds timeout = 5s) {
+  const pid_t pid = elastic::test::fork_child(f);
+  REQUIRE(pid >= 0);
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  int st = 0;
+  while (::waitpid(pid, &st, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() >= until) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &st, 0);
+      return -1;
+    }
+    std::this_thread::sleep_for(5ms);
+  }
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/// Writes a flight object `name` by hand, as a process that lies would: its head says `pid`,
+/// rank `rank` of `world` in `round`, and one collective #`index` it is inside.
+void forge_flight(const std::string& name, long pid, std::int64_t round, int rank, std::int64_t world,
+                  std::uint64_t index) {
+  const int fd = ::shm_open(("/" + name).c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
+  REQUIRE(fd >= 0);
+  REQUIRE(::ftruncate(fd, static_cast<off_t>(cd::flight_bytes)) == 0);
+  void* p = ::mmap(nullptr, cd::flight_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  REQUIRE(p != MAP_FAILED);
+  {
+    const cd::flight_mapping map(p, cd::flight_bytes);
+    auto& h = map.head();
+    h.version = cd::flight_version;
+    h.capacity = cd::flight_capacity;
+    h.pid = pid;
+    h.round.store(round);
+    h.rank.store(rank);
+    h.world.store(world);
+    h.entered.store(index);
+    auto& s = map.slot(0, index);
+    s.round.store(round);
+    s.rank.store(rank);
+    s.world.store(world);
+    s.op[0].store(0x6563756465726c6cull);  // "llreduce": any 16 bytes
+    s.op[1].store(0x4141414141414141ull);
+    s.bytes.store(~0ull);
+    s.entered_ns.store(1);
+    s.outcome.store(0);
+    s.index.store(index);
+    h.magic.store(cd::flight_magic);
+  }
+}
+
+/// Sets the world of every collective on record in the flight object `name` to `world` (the
+/// object of a live process, which goes on writing it).
+void claim_world(const std::string& name, std::int64_t world) {
+  const int fd = ::shm_open(("/" + name).c_str(), O_RDWR, 0);
+  REQUIRE(fd >= 0);
+  void* p = ::mmap(nullptr, cd::flight_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  REQUIRE(p != MAP_FAILED);
+  const cd::flight_mapping map(p, cd::flight_bytes);
+  map.head().world.store(world);
+  for (unsigned area = 0; area < 2; ++area)
+    for (std::uint64_t k = 1; k <= cd::flight_capacity; ++k) map.slot(area, k).world.store(world);
+}
+
+/// The records of run `run` once `count` of them are in a round: their rounds by name.
+std::vector<std::pair<std::string, std::int64_t>> wait_for_rounds(const std::string& run, std::size_t count,
+                                                                  std::chrono::milliseconds timeout) {
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    std::vector<std::pair<std::string, std::int64_t>> out;
+    for (const auto& n : flight_objects(run)) {
+      try {
+        if (const auto l = cd::read_flight(n); l && l->round >= 0) out.emplace_back(n, l->round);
+      } catch (const elastic::error&) {
+      }
+    }
+    if (out.size() >= count || std::chrono::steady_clock::now() >= until) return out;
+    std::this_thread::sleep_for(5ms);
+  }
+}
+
+/// The peak resident memory of process `pid` in kB (VmHWM), or -1.
+long peak_kb(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("VmHWM:", 0) == 0) return std::stol(line.substr(6));
+  return -1;
 }
 
 }  // namespace
@@ -189,6 +283,27 @@ TEST_CASE("an object that is not a flight recorder of this version is not read")
   CHECK_FALSE(cd::read_flight(name));
   CHECK_FALSE(cd::read_flight(cd::flight_name("no-such-run", 1)));
   ::shm_unlink(("/" + name).c_str());
+}
+
+TEST_CASE("a FIFO, socket or device planted under a flight record's name is refused without blocking the reader") {
+  for (const auto kind : elastic::test::plantable_kinds()) {
+    const std::string what = elastic::test::planted_words(kind);
+    INFO(what);
+    const elastic::test::planted_shm planted(cd::flight_name(run_name("fr-planted"), 4194302), kind);
+    // In a child: today's reader waits forever in the open of a FIFO.
+    const int code = bounded_child([&] {
+      try {
+        return cd::read_flight(planted.name()) ? 1 : 2;
+      } catch (const elastic::error& e) {
+        return e.code() == elastic::errc::unsafe_path &&
+                       std::string(e.what()).find(planted.path() + " is " + what) != std::string::npos
+                   ? 0
+                   : 3;
+      }
+    });
+    CHECK(code == 0);  // -1: blocked; 2: not refused; 3: refused without saying what is there
+    CHECK(planted.intact());
+  }
 }
 
 TEST_CASE("of four processes, the rank that never entered collective #k is named") {
@@ -318,5 +433,96 @@ TEST_CASE("under elastic-run, a 4-rank group where one rank hangs before collect
   CHECK(err.find("culprit          round 1: rank 1 never entered collective #") != std::string::npos);
   // The records of the run are gone with it: the killed worker's too.
   CHECK(flight_objects(run).empty());
+}
+
+namespace {
+
+/// As in the test above, worker 1 of 4 hangs before an allreduce and is killed by the watchdog,
+/// only later (step 150: some seconds of training first, to look at the records meanwhile).
+struct hanging_run {
+  static std::vector<std::string> options() {
+    return {"--nproc-per-node", "4", "--min-ranks", "2", "--max-restarts", "3", "--step-timeout", "3"};
+  }
+  elastic::test::temp_dir dir;
+  elastic::test::launched_run l;
+  explicit hanging_run(const std::string& tag)
+      : l(ELASTIC_RUN_TOOL, tag, options(),
+          {ELASTIC_DIGITS_TRAIN, "--steps", "400", "--every", "100", "--step-sleep-ms", "15", "--ckpt", dir.file("ckpt"),
+           "--hang-rank", "1", "--hang-at", "150"}) {}
+};
+
+}  // namespace
+
+TEST_CASE("under elastic-run, forged flight records neither cost the launcher memory nor get healthy ranks blamed") {
+  // Meanwhile a process that is no worker of the run lies in a record of the run (rank 0, far
+  // ahead, in a world of a million), and a healthy worker's record is made to claim a world of
+  // a million.
+  hanging_run h("fr-forged");
+  auto& l = h.l;
+  const auto rounds = wait_for_rounds(l.run, 4, 60s);
+  REQUIRE(rounds.size() == 4);
+  const std::int64_t round = rounds.front().second;
+  auto liar = elastic::test::child_process::spawn({"/bin/sleep", "600"});
+  const std::string forged = cd::flight_name(l.run, liar.pid());
+  forge_flight(forged, liar.pid(), round, 0, 1'000'000, 1'000'000);
+  // A healthy rank's record (not rank 1's: the hung one's record is what names it).
+  std::string healthy;
+  for (const auto& [name, r] : rounds) {
+    const auto log = cd::read_flight(name);
+    if (log && log->rank != 1 && log->rank != 0) healthy = name;
+  }
+  REQUIRE_FALSE(healthy.empty());
+  claim_world(healthy, 1'000'000);
+  const std::string events = l.dir.path() + "/" + l.run + "/events.jsonl";
+  std::vector<std::string> from_launcher;
+  const auto until = std::chrono::steady_clock::now() + 90s;
+  while (from_launcher.empty() && std::chrono::steady_clock::now() < until) {
+    for (const auto& f : elastic::test::events_named(events, "group_culprit"))
+      if (f.find("\"source\":\"launcher\"") != std::string::npos) from_launcher.push_back(f);
+    std::this_thread::sleep_for(10ms);
+  }
+  const long peak = peak_kb(l.proc.pid());
+  const int code = l.finish(120s);
+  const std::string err = l.err();
+  INFO(err.substr(0, 8000));
+  CHECK(code == 0);
+  REQUIRE_FALSE(from_launcher.empty());
+  for (const auto& f : from_launcher) {
+    INFO(f.substr(0, 2000));
+    CHECK(f.find("\"culprits\":\"1\"") != std::string::npos);  // nobody healthy blamed
+    CHECK(f.find("\"world_size\":4") != std::string::npos);
+    CHECK(f.size() < 16384);
+  }
+  // Today's launcher builds a record per claimed rank (hundreds of MB) and writes them all out.
+  CHECK(peak > 0);
+  CHECK(peak < 100 * 1024);
+  CHECK(elastic::test::slurp(events).size() < (4u << 20));
+  ::shm_unlink(("/" + forged).c_str());
+}
+
+TEST_CASE("under elastic-run, a second launcher of the same run leaves the first one's live records alone") {
+  hanging_run h("fr-second");
+  auto& first = h.l;
+  const auto rounds = wait_for_rounds(first.run, 4, 60s);
+  REQUIRE(rounds.size() == 4);
+  // The same run id on the same host: refused (the run's store is held), and nothing else.
+  elastic::test::temp_dir other;
+  elastic::test::launched_run second(ELASTIC_RUN_TOOL, "fr-second", hanging_run::options(),
+                                     {ELASTIC_DIGITS_TRAIN, "--steps", "10", "--ckpt", other.file("ckpt")});
+  REQUIRE(second.run == first.run);
+  const int refused = second.finish(60s);
+  INFO(second.err());
+  CHECK(refused != 0);
+  CHECK(second.err().find("already running") != std::string::npos);
+  for (const auto& [name, round] : rounds) CHECK(shm_exists(name));  // the live workers' records
+  // And the first launcher still names the hung rank from them.
+  const int code = first.finish(120s);
+  INFO(first.err());
+  CHECK(code == 0);
+  bool named = false;
+  for (const auto& f : elastic::test::events_named(first.dir.path() + "/" + first.run + "/events.jsonl", "group_culprit"))
+    named = named || (f.find("\"source\":\"launcher\"") != std::string::npos && f.find("\"culprits\":\"1\"") != std::string::npos);
+  CHECK(named);
+  CHECK(flight_objects(first.run).empty());
 }
 #endif

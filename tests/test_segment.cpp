@@ -17,6 +17,7 @@
 #include "support/catch.hpp"
 #include "support/errors.hpp"
 #include "support/hosted_watchdog.hpp"
+#include "support/planted_shm.hpp"
 #include "support/process.hpp"
 
 using namespace std::chrono_literals;
@@ -146,6 +147,19 @@ TEST_CASE("a segment owned by another user is refused") {
   expect_error([&] { elastic::timer::watchdog w(quiet(name)); }, elastic::errc::owner_mismatch, "belongs to uid 65534");
   expect_error([&] { elastic::timer::client::attach(name); }, elastic::errc::owner_mismatch, "belongs to uid 65534");
   CHECK(read_all(shm_path(name)) == before);
+}
+
+TEST_CASE("a FIFO, socket or device planted under a segment's name is refused by the watchdog and a worker, naming it") {
+  for (const auto kind : elastic::test::plantable_kinds()) {
+    const std::string what = elastic::test::planted_words(kind);
+    INFO(what);
+    const std::string name = elastic::test::unique_name("planted");
+    const elastic::test::planted_shm planted(td::shm_object_name(name), kind);
+    const std::string said = shm_path(name) + " is " + what;
+    expect_error([&] { elastic::timer::watchdog w(quiet(name)); }, elastic::errc::unsafe_path, said);
+    expect_error([&] { elastic::timer::client::attach(name); }, elastic::errc::unsafe_path, said);
+    CHECK(planted.intact());
+  }
 }
 
 TEST_CASE("an all-zero segment left by a watchdog that died while creating it is initialized afresh") {

@@ -15,6 +15,7 @@
 
 #include "support/catch.hpp"
 #include "support/errors.hpp"
+#include "support/planted_shm.hpp"
 #include "support/process.hpp"
 #include "support/shm_store_peer.hpp"
 #include "support/store_contract.hpp"
@@ -67,6 +68,20 @@ TEST_CASE("bad keys, values and counters get clear errors") {
   CHECK(e.code() == errc::invalid_argument);
   CHECK(std::string(e.what()).find("not an integer") != std::string::npos);
   CHECK(error_of([&] { rdzv::shm_store bad("../etc"); }).code() == errc::bad_name);
+}
+
+TEST_CASE("a store name taken by a planted FIFO, socket or device is refused, naming what is there") {
+  for (const auto kind : elastic::test::plantable_kinds()) {
+    const std::string what = elastic::test::planted_words(kind);
+    INFO(what);
+    const std::string name = elastic::test::unique_name("planted");
+    const elastic::test::planted_shm planted("elastic-store." + name, kind);
+    const auto e = error_of([&] { rdzv::shm_store s(name); });
+    INFO(e.what());
+    CHECK(e.code() == errc::unsafe_path);
+    CHECK(std::string(e.what()).find(planted.path() + " is " + what) != std::string::npos);
+    CHECK(planted.intact());
+  }
 }
 
 TEST_CASE("add is atomic across processes") {

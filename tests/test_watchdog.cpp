@@ -19,6 +19,7 @@
 #include "support/catch.hpp"
 #include "support/hosted_watchdog.hpp"
 #include "support/other_user.hpp"
+#include "support/planted_shm.hpp"
 #include "support/process.hpp"
 
 using namespace std::chrono_literals;
@@ -241,6 +242,31 @@ TEST_CASE("the standalone elastic-watchdog kills, logs, and cleans up on SIGTERM
   wd.kill(SIGTERM);
   CHECK(wd.exit_code(10s) == 0);
   CHECK_FALSE(std::filesystem::exists("/dev/shm/elastic-timer." + name));
+}
+
+TEST_CASE("a FIFO, socket or device planted under the segments' prefix does not stop elastic-watchdog") {
+  if (std::string(ELASTIC_WATCHDOG_TOOL).empty()) return;
+  for (const auto kind : elastic::test::plantable_kinds()) {
+    const std::string what = elastic::test::planted_words(kind);
+    INFO(what);
+    // Another segment's name, which the watchdog's start-up sweep looks at.
+    const elastic::test::planted_shm planted("elastic-timer." + elastic::test::unique_name("planted"), kind);
+    const std::string name = elastic::test::unique_name("beside-planted");
+    auto wd = child_process::spawn({"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>&1", ELASTIC_WATCHDOG_TOOL, "--name", name});
+    std::string output;
+    // Today's watchdog waits forever in the sweep's open of the FIFO: a bounded wait instead.
+    while (auto line = wd.read_line(10s)) {
+      output += *line + "\n";
+      if (line->find("serving '" + name + "'") != std::string::npos) break;
+    }
+    INFO(output);
+    CHECK(output.find("serving '" + name + "'") != std::string::npos);
+    CHECK(output.find(planted.path() + " is " + what) != std::string::npos);
+    wd.kill(SIGTERM);
+    CHECK(wd.exit_code(10s) == 0);
+    CHECK(planted.intact());
+    CHECK_FALSE(std::filesystem::exists("/dev/shm/elastic-timer." + name));
+  }
 }
 
 TEST_CASE("elastic-watchdog refuses bad arguments with usage and exit code 2") {

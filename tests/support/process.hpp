@@ -173,6 +173,21 @@ class child_process {
   std::string buffer_;
 };
 
+/// Runs `f` in a forked child that exits with what `f` returns (99 if it throws); returns pid.
+template <class F>
+pid_t fork_child(F&& f) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    int code = 99;
+    try {
+      code = f();
+    } catch (...) {
+    }
+    std::_Exit(code);
+  }
+  return pid;
+}
+
 /// Lines of a JSON-lines events file that mention `"event":"NAME"`.
 inline std::vector<std::string> events_named(const std::string& path, const std::string& name) {
   std::vector<std::string> out;

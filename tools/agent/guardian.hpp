@@ -136,12 +136,15 @@ struct guardian_state {
       char path[16 + guardian_max_name];
       std::memcpy(path, "/dev/shm/", 9);
       std::memcpy(path + 9, names[i], std::strlen(names[i]) + 1);
-      const int fd = ::open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+      // O_NONBLOCK: a FIFO planted under the name must not hold the guardian.
+      const int fd = ::open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
       if (fd < 0) continue;
       struct stat st {};
       // Unlink under the lock, so that a process that locks it (a new launcher of the same run)
       // cannot be robbed of it.
-      if (::fstat(fd, &st) == 0 && st.st_uid == ::geteuid() && ::flock(fd, LOCK_EX | LOCK_NB) == 0) ::unlink(path);
+      if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == ::geteuid() && ::flock(fd, LOCK_EX | LOCK_NB) == 0) {
+        ::unlink(path);
+      }
       ::close(fd);
     }
   }

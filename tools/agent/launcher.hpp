@@ -95,8 +95,7 @@ class launcher {
   explicit launcher(launch_options o) : opts_(std::move(o)), started_(std::chrono::steady_clock::now()) {
     open_standard_fds();
     choose_run_id();
-    culprits_.emplace(opts_.run_id);
-    culprits_->forget_all();  // a record of this run's earlier life names nothing now
+    culprits_.emplace(opts_.run_id, opts_.max_ranks());
     const bool own_default_store = opts_.rdzv.empty();
     if (own_default_store) opts_.rdzv = "shm://elastic-" + opts_.run_id;
     const auto url = rendezvous::parse_store_url(opts_.rdzv);  // a bad URL fails before anything starts
@@ -105,19 +104,25 @@ class launcher {
     // guardian (single-threaded, holding no lock of ours).
     take_signals();
 
-    // Objects of launchers that died with nobody left to remove them.
-    elastic::internal::sweep_stale_shm("elastic-store.elastic-");
-    elastic::internal::sweep_stale_shm("elastic-timer.elastic-");
-    elastic::internal::sweep_stale_shm("elastic.flight.", 600);  // killed workers of launchers that died too
+    // Objects of launchers that died with nobody left to remove them. Names that are no
+    // shared-memory objects (a FIFO any local user can plant) are left alone, and said below.
+    std::vector<std::string> planted;
+    elastic::internal::sweep_stale_shm("elastic-store.elastic-", 2, {}, &planted);
+    elastic::internal::sweep_stale_shm("elastic-timer.elastic-", 2, {}, &planted);
+    elastic::internal::sweep_stale_shm("elastic.flight.", 600, {}, &planted);  // killed workers of launchers that died too
 
     open_logs();
     open_event_log();
     out_.emplace(opts_.quiet ? -1 : STDOUT_FILENO);
     err_.emplace(STDERR_FILENO);
+    for (const auto& p : planted) say(p);
 
     if (opts_.host_addr.empty()) opts_.host_addr = elastic::internal::env_string("ELASTIC_HOST_ADDR").value_or("");
     if (opts_.host_addr.empty()) opts_.host_addr = rendezvous::host_address_for(url);
     open_store(url, own_default_store);
+    // Only now, as the run's owner (a second launcher of a live run is refused above), and only
+    // what no process maps: a record of this run's earlier life names nothing now.
+    culprits_->forget_all();
     start_watchdog();
   }
 
@@ -861,7 +866,12 @@ class launcher {
   void find_culprit(pid_t pid, std::optional<int> code) {
     try {
       if (ending_ == ending::none && (!code || (*code != 0 && *code != exit_preempted))) {
-        if (const auto found = culprits_->look(pid, events_); !found.empty()) {
+        std::vector<pid_t> workers;  // live ones: the records read are theirs and the dead one's
+        for (const auto& s : slots_)
+          if (s.proc.running() && s.proc.pid() != pid) workers.push_back(s.proc.pid());
+        const auto found = culprits_->look(pid, workers, events_);
+        for (const auto& note : culprits_->take_notes()) say(note);
+        if (!found.empty()) {
           say("culprit: " + found);
           report_.culprits.push_back(found);
         }

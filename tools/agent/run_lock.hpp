@@ -32,6 +32,7 @@
 
 #include "guardian.hpp"
 #include <elastic/internal/file.hpp>
+#include <elastic/internal/shm_owner.hpp>
 #include <elastic/error.hpp>
 #include <elastic/rendezvous/shm_store.hpp>
 
@@ -149,11 +150,12 @@ class owned_shm {
           ::unlink(p.c_str());
         }
       } else {
-        const int fd = ::open(p.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-        if (fd >= 0) {
-          struct stat st {};
-          if (::fstat(fd, &st) == 0 && st.st_uid == ::geteuid() && ::flock(fd, LOCK_EX | LOCK_NB) == 0) ::unlink(p.c_str());
-          ::close(fd);
+        // A FIFO planted under the name must not hold the launcher's end (open_shm).
+        const auto fd = elastic::internal::open_shm(object_, O_RDONLY);
+        struct stat st {};
+        if (fd && ::fstat(fd.get(), &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == ::geteuid() &&
+            ::flock(fd.get(), LOCK_EX | LOCK_NB) == 0) {
+          ::unlink(p.c_str());
         }
       }
     } catch (...) {
@@ -184,7 +186,15 @@ inline std::unique_ptr<rendezvous::shm_store> open_owned_store(const std::string
   };
   for (int attempt = 0; attempt < 20; ++attempt) {
     {
-      elastic::internal::unique_fd old(::open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC));
+      // A name that is no shared-memory object (a FIFO or device a local user planted) is
+      // refused unopened, and never removed; the open neither blocks nor follows a link.
+      if (const auto planted = elastic::internal::planted_reason(owned.object()); !planted.empty()) {
+        owned.release();
+        throw elastic::internal::planted_error(planted, "give this run another --run-id");
+      }
+      elastic::internal::unique_fd old = elastic::internal::open_shm(owned.object(), O_RDWR);
+      struct stat st {};
+      if (old && (::fstat(old.get(), &st) != 0 || !S_ISREG(st.st_mode))) old.reset();
       if (old) {
         if (::flock(old.get(), LOCK_EX | LOCK_NB) != 0) {
           if (errno == EWOULDBLOCK) throw refuse(old.get());
@@ -196,7 +206,7 @@ inline std::unique_ptr<rendezvous::shm_store> open_owned_store(const std::string
       }
     }
     auto store = std::make_unique<rendezvous::shm_store>(name);
-    elastic::internal::unique_fd fd(::open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC));
+    elastic::internal::unique_fd fd = elastic::internal::open_shm(owned.object(), O_RDWR);
     if (!fd) {
       if (errno == ENOENT) continue;  // removed under us (a stale-store cleanup): again
       throw os_error("cannot open " + path);

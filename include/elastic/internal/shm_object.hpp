@@ -1,5 +1,7 @@
 // POSIX shared-memory objects as the watchdog segment and the shm:// store both use them:
-// created with mode 0600 or opened if they exist, and refused when another user owns them.
+// created with mode 0600 or opened if they exist, and refused when another user owns them or
+// when what has the name is no shared-memory object at all (a FIFO, socket, device or link that
+// a local user planted: see shm_owner.hpp).
 #pragma once
 
 #include <dirent.h>
@@ -21,17 +23,23 @@
 #include <boost/interprocess/shared_memory_object.hpp>
 
 #include <elastic/internal/shm_owner.hpp>
+#include <elastic/internal/unique_fd.hpp>
 #include <elastic/error.hpp>
 
 namespace elastic::inline v1::internal {
 
 /// Creates the object `obj` with mode 0600 or, if it exists, opens it; `created` says which.
-/// The object can vanish between a failed create and the open: that race is retried. Any other
+/// The object can vanish between a failed create and the open: that race is retried. A name
+/// that is not a regular file is refused unopened (errc::unsafe_path; `remedy` says what else
+/// to do), since opening a device may block or act; the caller checks what it opened with
+/// check_shm_owner(), which refuses one planted between this look and the open. Any other
 /// failure is thrown as what `on_error(interprocess_exception)` returns.
 template <class OnError>
-boost::interprocess::shared_memory_object create_or_open_shm(const std::string& obj, bool& created, OnError&& on_error) {
+boost::interprocess::shared_memory_object create_or_open_shm(const std::string& obj, bool& created, OnError&& on_error,
+                                                             std::string_view remedy = "choose another name") {
   namespace bip = boost::interprocess;
   for (int attempt = 0;; ++attempt) {
+    if (const auto planted = planted_reason(obj); !planted.empty()) throw planted_error(planted, remedy);
     try {
       bip::permissions perm;
       perm.set_permissions(0600);
@@ -46,6 +54,8 @@ boost::interprocess::shared_memory_object create_or_open_shm(const std::string& 
       created = false;
       return shm;
     } catch (const bip::interprocess_exception& e) {
+      // ENXIO (a socket) and ELOOP (a link) name what was planted meanwhile.
+      if (const auto planted = planted_reason(obj); !planted.empty()) throw planted_error(planted, remedy);
       if (e.get_native_error() != ENOENT || attempt > 100) throw on_error(e);
     }
   }
@@ -86,8 +96,11 @@ inline std::set<std::string> mapped_shm_names() {
 /// launcher flocks its object), and they are older than `min_age` (a creator may be about to
 /// map one). This is how objects of processes that were all SIGKILLed at once are reclaimed.
 /// The object named `keep` (if any) is left alone: the caller is about to open it and checks it
-/// itself. Returns the names removed.
-inline std::vector<std::string> sweep_stale_shm(std::string_view prefix, int min_age_s = 2, std::string_view keep = {}) {
+/// itself. Names that are not regular files (a FIFO, socket, device or link any local user may
+/// plant here) are never opened, only named in `planted` (planted_reason()'s words) when given.
+/// Returns the names removed.
+inline std::vector<std::string> sweep_stale_shm(std::string_view prefix, int min_age_s = 2, std::string_view keep = {},
+                                                std::vector<std::string>* planted = nullptr) {
   std::vector<std::string> removed;
   DIR* dir = ::opendir("/dev/shm");
   if (dir == nullptr) return removed;
@@ -104,14 +117,19 @@ inline std::vector<std::string> sweep_stale_shm(std::string_view prefix, int min
   for (const auto& name : candidates) {
     if (mapped.count(name) != 0) continue;
     const std::string path = "/dev/shm/" + name;
-    const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-    if (fd < 0) continue;
+    // Never a device opened, nor a FIFO waited on, nor a link followed (open_shm).
+    std::string reason;
+    const unique_fd fd = open_shm(name, O_RDONLY);
     struct stat st {};
-    const bool ours = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == ::geteuid() &&
-                      now.tv_sec - st.st_ctim.tv_sec >= min_age_s;
-    // Unlink while holding the lock, so a watchdog or launcher cannot take it in between.
-    if (ours && ::flock(fd, LOCK_EX | LOCK_NB) == 0 && ::unlink(path.c_str()) == 0) removed.push_back(name);
-    ::close(fd);
+    if (!fd) {
+      if (errno != ENOENT) reason = planted_reason(name);
+    } else if (::fstat(fd.get(), &st) == 0) {
+      reason = planted_reason(st, name);
+      const bool ours = reason.empty() && st.st_uid == ::geteuid() && now.tv_sec - st.st_ctim.tv_sec >= min_age_s;
+      // Unlink while holding the lock, so a watchdog or launcher cannot take it in between.
+      if (ours && ::flock(fd.get(), LOCK_EX | LOCK_NB) == 0 && ::unlink(path.c_str()) == 0) removed.push_back(name);
+    }
+    if (!reason.empty() && planted != nullptr) planted->push_back(reason + ": left alone");
   }
   return removed;
 }

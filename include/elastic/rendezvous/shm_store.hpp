@@ -103,7 +103,8 @@ class shm_store final : public store {
       : name_(name) {
     internal::validate_shm_name("store", name);
     bool created = false;
-    shm_ = internal::create_or_open_shm(object_name(name), created, [&](const auto& e) { return open_error(e); });
+    shm_ = internal::create_or_open_shm(object_name(name), created, [&](const auto& e) { return open_error(e); },
+                                        "use another store name");
     if (created) {
       initialize();
       return;
@@ -282,7 +283,7 @@ class shm_store final : public store {
 
   void attach(std::chrono::milliseconds ready_timeout) {
     internal::check_shm_owner(shm_.get_mapping_handle().handle, "store shm://" + name_,
-                                     "use another name, or run as its owner");
+                              "use another name, or run as its owner", object_name(name_));
     const auto until = std::chrono::steady_clock::now() + ready_timeout;
     for (;;) {
       detail::bip::offset_t size = 0;

@@ -76,6 +76,7 @@ class watchdog {
                                         {"object", "/dev/shm/" + obj},
                                         {"reason", "no process maps it and no watchdog serves it"}});
       }
+      for (const auto& text : segment_.planted()) events_.emit("shm_planted", {{"segment", opts_.name}, {"text", text}});
       if (segment_.adopted()) {
         const std::uint32_t reclaimed = sweep(internal::monotonic_ns());
         events_.emit("watchdog_adopt", {{"segment", opts_.name},

@@ -47,6 +47,10 @@ struct culprit_report {
   std::vector<int> failed;       ///< entered #index and left it failed
   std::vector<rank_flight> ranks;  ///< every rank of the round, in rank order
 
+  /// The most ranks text() describes one by one (a group of thousands would make an event of
+  /// megabytes); the culprits are always named.
+  static constexpr std::size_t max_ranks_in_text = 64;
+
   /// One paragraph a person reads: who, where each rank was, for how long (`now_ns` on the
   /// records' clock).
   [[nodiscard]] std::string text(std::int64_t now_ns) const {
@@ -56,6 +60,10 @@ struct culprit_report {
                                   bytes ? fmt::format(", {} bytes", bytes) : std::string());
     std::vector<std::string> parts;
     for (const auto& r : ranks) {
+      if (parts.size() == max_ranks_in_text) {
+        parts.push_back(fmt::format("{} more ranks not shown", ranks.size() - max_ranks_in_text));
+        break;
+      }
       if (!r.recorded) {
         parts.push_back(fmt::format("rank {}: no collective of this round on record", r.rank));
       } else if (r.outcome == flight_outcome::inside) {
@@ -69,23 +77,29 @@ struct culprit_report {
   }
 };
 
+/// The most ranks a group has, for readers that know no better bound: what a record claims
+/// beyond it is not believed (and never costs memory in proportion to the claim).
+inline constexpr int max_flight_world = 1 << 20;
+
 /// The report for round `round` from `logs` (any processes of the run, any rounds): nothing when
 /// no rank of the round was behind the others (all entered the newest collective, or none
-/// entered any).
+/// entered any). Collectives that claim a world of more than `max_world` ranks (the run's bound,
+/// where the caller knows it) are not believed: records are read, not trusted.
 inline std::optional<culprit_report> find_culprit(std::span<const flight_log> logs, std::int64_t round,
-                                                  bool blame_unrecorded = false) {
+                                                  bool blame_unrecorded = false, int max_world = max_flight_world) {
   culprit_report rep;
   rep.round = round;
+  max_world = std::clamp(max_world, 1, max_flight_world);
   for (const auto& l : logs)
     for (const auto& e : l.entries)
-      if (e.round == round) rep.world = std::max(rep.world, e.world);
+      if (e.round == round && e.world <= max_world) rep.world = std::max(rep.world, e.world);
   if (rep.world <= 0) return std::nullopt;
   rep.ranks.resize(static_cast<std::size_t>(rep.world));
   for (int r = 0; r < rep.world; ++r) rep.ranks[static_cast<std::size_t>(r)].rank = r;
   const flight_entry* newest = nullptr;
   for (const auto& l : logs) {
     for (const auto& e : l.entries) {
-      if (e.round != round || e.rank < 0 || e.rank >= rep.world) continue;
+      if (e.round != round || e.world > max_world || e.rank < 0 || e.rank >= rep.world) continue;
       auto& r = rep.ranks[static_cast<std::size_t>(e.rank)];
       if (r.recorded && r.index >= e.index) continue;
       r.recorded = true;

@@ -31,6 +31,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -233,16 +234,26 @@ struct flight_log {
   std::vector<flight_entry> entries;
 };
 
-/// Reads the flight object `name` (see flight_name); nothing when it does not exist, is not
-/// ours, or is not a flight recorder of this version (a reader never trusts what it cannot check).
+/// A rank or world size read from a record, or -1 when no int can hold it (a record is read,
+/// never trusted).
+inline int record_int(std::int64_t v) noexcept {
+  return v >= 0 && v <= std::numeric_limits<int>::max() ? static_cast<int>(v) : -1;
+}
+
+/// Reads the flight object `name` (see flight_name); nothing when it does not exist or is not a
+/// flight recorder of this version. Anything under the name that is not a regular file of this
+/// user (a FIFO, socket, device or link that a local user planted) is refused unread, without
+/// blocking: errc::unsafe_path or errc::owner_mismatch, saying what is there. Of the contents
+/// only collectives that sit in their own slot, with a rank inside their world, are kept.
 inline std::optional<flight_log> read_flight(const std::string& name) {
-  internal::unique_fd fd(::shm_open(("/" + name).c_str(), O_RDONLY | O_CLOEXEC, 0));
-  if (fd.get() < 0) return std::nullopt;
-  try {
-    internal::check_shm_owner(fd.get(), "flight recorder '" + name + "'", "it is not read");
-  } catch (const error&) {
+  constexpr std::string_view remedy = "leave it: no record is read there";
+  internal::unique_fd fd = internal::open_shm(name, O_RDONLY);
+  if (!fd) {
+    if (errno == ENOENT) return std::nullopt;
+    if (const auto planted = internal::planted_reason(name); !planted.empty()) throw internal::planted_error(planted, remedy);
     return std::nullopt;
   }
+  internal::check_shm_owner(fd.get(), "flight recorder /dev/shm/" + name, remedy, name);
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0 || static_cast<std::size_t>(st.st_size) < flight_bytes) return std::nullopt;
   void* p = ::mmap(nullptr, flight_bytes, PROT_READ, MAP_SHARED, fd.get(), 0);
@@ -256,17 +267,17 @@ inline std::optional<flight_log> read_flight(const std::string& name) {
   flight_log out;
   out.pid = static_cast<long>(h.pid);
   out.round = h.round.load(std::memory_order_acquire);
-  out.rank = static_cast<int>(h.rank.load(std::memory_order_relaxed));
-  out.world = static_cast<int>(h.world.load(std::memory_order_relaxed));
+  out.rank = record_int(h.rank.load(std::memory_order_relaxed));
+  out.world = std::max(0, record_int(h.world.load(std::memory_order_relaxed)));
   for (std::uint32_t i = 0; i < 2 * flight_capacity; ++i) {
     const auto& s = map.slot(i / flight_capacity, i % flight_capacity + 1);
     const std::uint64_t k = s.index.load(std::memory_order_acquire);
-    if (k == 0) continue;
+    if (k == 0 || (k - 1) % flight_capacity != i % flight_capacity) continue;  // not where #k is written
     flight_entry e;
     e.index = k;
     e.round = s.round.load(timer::detail::field_load);
-    e.rank = static_cast<int>(s.rank.load(timer::detail::field_load));
-    e.world = static_cast<int>(s.world.load(timer::detail::field_load));
+    e.rank = record_int(s.rank.load(timer::detail::field_load));
+    e.world = record_int(s.world.load(timer::detail::field_load));
     const std::uint64_t name[2] = {s.op[0].load(timer::detail::field_load), s.op[1].load(timer::detail::field_load)};
     e.op.assign(reinterpret_cast<const char*>(name), ::strnlen(reinterpret_cast<const char*>(name), sizeof name));
     e.bytes = s.bytes.load(timer::detail::field_load);
@@ -275,6 +286,10 @@ inline std::optional<flight_log> read_flight(const std::string& name) {
     e.outcome = static_cast<flight_outcome>(s.outcome.load(timer::detail::field_load));
     timer::detail::seqlock_read_fence();
     if (s.index.load(std::memory_order_relaxed) != k) continue;  // rewritten meanwhile
+    if (e.world <= 0 || e.rank < 0 || e.rank >= e.world) continue;
+    for (char& c : e.op)
+      if (c < 0x20 || c > 0x7e) c = '?';  // a name the group wrote is a literal of plain letters
+    if (e.outcome > flight_outcome::failed) e.outcome = flight_outcome::inside;
     out.entries.push_back(std::move(e));
   }
   std::sort(out.entries.begin(), out.entries.end(), [](const flight_entry& a, const flight_entry& b) {

@@ -35,16 +35,17 @@ class attached_segment {
     validate_segment_name(name);
     attached_segment s;
     s.name_ = std::string(name);
-    // Appended, not "/" + name: GCC 12 warns of a false overlap (-Wrestrict) at -O2 for that.
-    std::string obj(1, '/');
-    obj += shm_object_name(name);
-    const int fd = ::shm_open(obj.c_str(), O_RDWR | O_CLOEXEC, 0);
-    if (fd < 0) {
+    const std::string obj = shm_object_name(name);
+    // Never blocking on a FIFO nor following a link that a local user planted under the name.
+    s.fd_ = internal::open_shm(obj, O_RDWR);
+    if (!s.fd_) {
       const int err = errno;
+      if (const auto planted = internal::planted_reason(obj); !planted.empty()) {
+        throw internal::planted_error(planted, "choose another --name");
+      }
       throw segment_open_error(name, err, std::strerror(err));
     }
-    s.fd_ = internal::unique_fd(fd);
-    internal::check_shm_owner(fd, "watchdog segment '" + s.name_ + "'", "run as that user or choose another --name");
+    internal::check_shm_owner(s.fd_.get(), "watchdog segment '" + s.name_ + "'", "run as that user or choose another --name", obj);
     const auto until = std::chrono::steady_clock::now() + ready_timeout;
     for (;;) {
       if (s.file_size() >= sizeof(segment_header)) {

@@ -60,8 +60,9 @@ class segment {
     segment s;
     s.name_ = std::string(name);
     const std::string obj = shm_object_name(name);
-    s.swept_ = internal::sweep_stale_shm(shm_object_prefix, 2, obj);
-    s.shm_ = internal::create_or_open_shm(obj, s.created_, [&](const auto& e) { return open_error(name, e); });
+    s.swept_ = internal::sweep_stale_shm(shm_object_prefix, 2, obj, &s.planted_);
+    s.shm_ = internal::create_or_open_shm(obj, s.created_, [&](const auto& e) { return open_error(name, e); },
+                                          "choose another --name");
     s.check_owner();
     if (::flock(s.fd(), LOCK_EX | LOCK_NB) != 0) {
       if (errno != EWOULDBLOCK) throw os_error("cannot lock watchdog segment '" + s.name_ + "'");
@@ -107,6 +108,9 @@ class segment {
   }
   /// Shared-memory objects of other, dead segments that create_or_adopt() removed.
   [[nodiscard]] const std::vector<std::string>& swept() const noexcept { return swept_; }
+  /// Names under the segments' prefix that are no shared-memory objects (a FIFO, socket, device
+  /// or link someone planted), which create_or_adopt() left alone: one sentence each.
+  [[nodiscard]] const std::vector<std::string>& planted() const noexcept { return planted_; }
 
   /// Unlinks the name; workers that have it mapped keep their mapping.
   void remove() noexcept {
@@ -131,7 +135,8 @@ class segment {
   }
 
   void check_owner() const {
-    internal::check_shm_owner(fd(), "watchdog segment '" + name_ + "'", "run as that user or choose another --name");
+    internal::check_shm_owner(fd(), "watchdog segment '" + name_ + "'", "run as that user or choose another --name",
+                              shm_object_name(name_));
   }
 
   void map() { region_ = bip::mapped_region(shm_, bip::read_write); }
@@ -182,6 +187,7 @@ class segment {
   bool created_ = false;
   bool adopted_ = false;
   std::vector<std::string> swept_;
+  std::vector<std::string> planted_;
 };
 
 }  // namespace elastic::inline v1::timer::detail
