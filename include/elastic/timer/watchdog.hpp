@@ -72,8 +72,7 @@ class watchdog {
       auto& h = segment_.table().header();
       h.default_signal.store(opts_.signal, std::memory_order_relaxed);
       for (const auto& obj : segment_.swept()) {
-        events_.emit("watchdog_swept", {{"segment", opts_.name},
-                                        {"object", "/dev/shm/" + obj},
+        events_.emit("watchdog_swept", {{"segment", opts_.name}, {"object", "/dev/shm/" + obj},
                                         {"reason", "no process maps it and no watchdog serves it"}});
       }
       for (const auto& text : segment_.planted()) events_.emit("shm_planted", {{"segment", opts_.name}, {"text", text}});
