@@ -215,17 +215,8 @@ worker rank_of_two(int r, const std::string& dir, const std::string& events, std
   return worker(dir, events, args, std::move(env));
 }
 
-}  // namespace
-
-TEST_CASE("a rank signalled alone brings its peer to the same final step, which is committed") {
-  temp_dir tmp;
-  const auto dir = tmp.file("ckpt"), events = tmp.file("events.jsonl");
-  auto r0 = rank_of_two(0, dir, events, {}, {{"ELASTIC_GRACE", "60"}});
-  auto r1 = rank_of_two(1, dir, events, {}, {{"ELASTIC_GRACE", "60"}});
-  REQUIRE(r0.line("start "));
-  REQUIRE(r1.line("start "));
-  std::this_thread::sleep_for(800ms);
-  r1.proc.kill(SIGTERM);  // the slow rank only: rank 0 learns of it from rank 1's proposal
+/// Both ranks ended preempted (75) at one final step, the newest committed one.
+void ended_at_one_step(worker& r0, worker& r1, const std::string& dir) {
   const auto e1 = r1.end();
   const auto e0 = r0.end();
   INFO(r0.transcript() << r1.transcript());
@@ -237,6 +228,20 @@ TEST_CASE("a rank signalled alone brings its peer to the same final step, which 
   CHECK(r0.exit_code() == elastic::exit_preempted);
   CHECK(r1.exit_code() == elastic::exit_preempted);
   CHECK(newest_step(dir) == e0->step);
+}
+
+}  // namespace
+
+TEST_CASE("a rank signalled alone brings its peer to the same final step, which is committed") {
+  temp_dir tmp;
+  const auto dir = tmp.file("ckpt"), events = tmp.file("events.jsonl");
+  auto r0 = rank_of_two(0, dir, events, {}, {{"ELASTIC_GRACE", "60"}});
+  auto r1 = rank_of_two(1, dir, events, {}, {{"ELASTIC_GRACE", "60"}});
+  REQUIRE(r0.line("start "));
+  REQUIRE(r1.line("start "));
+  std::this_thread::sleep_for(800ms);
+  r1.proc.kill(SIGTERM);  // the slow rank only: rank 0 learns of it from rank 1's proposal
+  ended_at_one_step(r0, r1, dir);
   const auto ends = elastic::test::events_named(events, "loop_preempted");
   CHECK(ends.size() == 2);
   CHECK(std::count_if(ends.begin(), ends.end(), [](auto& l) { return has(l, "\"final_checkpoint\":true"); }) == 1);
@@ -351,16 +356,7 @@ TEST_CASE("a proposal left by a killed incarnation in another pid namespace is i
   std::this_thread::sleep_for(300ms);
   r0.proc.kill(SIGTERM);
   r1.proc.kill(SIGTERM);
-  const auto e0 = r0.end(), e1 = r1.end();
-  INFO(r0.transcript() << r1.transcript());
-  REQUIRE(e0);
-  REQUIRE(e1);
-  CHECK(e0->reason == "preempted");
-  CHECK(e1->reason == "preempted");
-  CHECK(e0->step == e1->step);
-  CHECK(r0.exit_code() == elastic::exit_preempted);
-  CHECK(r1.exit_code() == elastic::exit_preempted);
-  CHECK(newest_step(dir) == e0->step);
+  ended_at_one_step(r0, r1, dir);
 }
 
 #if defined(ELASTIC_RUN_TOOL)
