@@ -152,8 +152,9 @@ inline void add_failure_options(CLI::App& app, raw_flags& f, launch_options& o) 
       ->check(detail::whole_number(0, 1'000'000));
   app.add_option("--step-timeout", "a step longer than S seconds is killed by the watchdog (exported as "
                                    "ELASTIC_STEP_TIMEOUT; 0: none). Not given: each training_loop derives its "
-                                   "step deadline from the step times it observes (ELASTIC_AUTO_TIMEOUT=1), "
-                                   "unless the trainer sets its own")
+                                   "step deadlines from the step times it observes (ELASTIC_AUTO_TIMEOUT=1): a "
+                                   "warning, and a kill no sooner than --auto-kill-floor; unless the trainer sets "
+                                   "its own")
       ->check(detail::seconds())
       ->each([&](const std::string& v) {
         o.step_timeout = *detail::to_seconds(v);
