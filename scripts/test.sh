@@ -23,7 +23,7 @@ for c in "${configs[@]}"; do
   cmake -S "$root" -B "$root/$dir" -G Ninja -DCMAKE_BUILD_TYPE=$type -DELASTIC_SANITIZE="$san" \
     -DELASTIC_BUILD_BENCHMARKS=$([ -z "$san" ] && echo ON || echo OFF) >/dev/null
   cmake --build "$root/$dir" -j "$(jobs)"
-  # The README's settings 10 times over (4 minutes of real time) run once, in the release build.
+  # The README's settings 10 times over (2 minutes of real time) run once, in the release build.
   skip=""
   [ -n "$san" ] && skip="10 times out of 10"
   ctest --test-dir "$root/$dir" --output-on-failure -j "$(jobs)" ${exclude:+-LE "$exclude"} ${skip:+-E "$skip"}
