@@ -68,20 +68,27 @@ inline void training_loop::pause_step(bool pause) {
 }
 
 inline void training_loop::extend_step(std::chrono::milliseconds d) {
+  if (!paused_ && !scope_) return;
+  if (!paused_ && !step_auto_) {
+    scope_->extend(d);  // a fixed deadline: one atomic store
+    return;
+  }
+  // What each expiry has left, in a pause or live, moved by the one rule, and put back.
   const std::chrono::nanoseconds want(d);
-  if (paused_) {  // extended from within a pause: what the step gets when it resumes
-    paused_warn_ = step_auto_ ? std::max(paused_warn_, want) : paused_warn_;
-    paused_kill_ = std::max(paused_kill_, step_auto_ ? paused_warn_ + step_margin_ : want);
-    return;
+  auto warn = paused_ ? paused_warn_ : scope_->until_warning();
+  auto kill = paused_ ? paused_kill_ : scope_->remaining();
+  if (step_auto_) {
+    warn = std::max(warn, want);
+    kill = std::max(kill, warn + std::chrono::nanoseconds(step_margin_));
+  } else {
+    kill = std::max(kill, want);
   }
-  if (!scope_) return;
-  if (!step_auto_) {
-    scope_->extend(d);
-    return;
+  if (paused_) {
+    paused_warn_ = warn;
+    paused_kill_ = kill;
+  } else {
+    scope_.emplace(step_scope(warn, kill));
   }
-  const auto warn = std::max(scope_->until_warning(), want);
-  const auto kill = std::max(scope_->remaining(), warn + std::chrono::nanoseconds(step_margin_));
-  scope_.emplace(step_scope(warn, kill));
 }
 
 inline void training_loop::evict() {
