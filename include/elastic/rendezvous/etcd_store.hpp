@@ -75,6 +75,8 @@ class etcd_store final : public store {
   /// The URL this store talks to, as etcd://HOST:PORT,... (for messages).
   [[nodiscard]] const std::string& url() const noexcept { return gateway_.url(); }
   [[nodiscard]] const etcd_options& options() const noexcept { return gateway_.options(); }
+  /// HTTP requests this client has sent to etcd so far, watches included (its share of the load).
+  [[nodiscard]] std::uint64_t requests() const noexcept { return gateway_.requests(); }
 
   void set(std::string_view key, std::string_view value, lease_id lease = 0) override {
     check_key(key);

@@ -67,6 +67,9 @@ class etcd_gateway {
   /// The URL, as etcd://HOST:PORT,... (for messages).
   [[nodiscard]] const std::string& url() const noexcept { return url_; }
   [[nodiscard]] const etcd_options& options() const noexcept { return options_; }
+  /// HTTP requests sent so far (each attempt and each watch stream counts once): the store load
+  /// this client makes, which benchmarks and tests read.
+  [[nodiscard]] std::uint64_t requests() const noexcept { return requests_.load(std::memory_order_relaxed); }
 
   /// POSTs `body` to `path`, retrying across endpoints while none answers (up to
   /// unavailable_timeout, or `give_up_by` if sooner), and returns `read(reply)`. A reply `read`
@@ -186,6 +189,7 @@ class etcd_gateway {
     ::curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, static_cast<long>(std::max<std::int64_t>(1, timeout.count())));
     ::curl_easy_setopt(h, CURLOPT_ERRORBUFFER, errbuf);
     errbuf[0] = '\0';
+    requests_.fetch_add(1, std::memory_order_relaxed);
   }
 
  private:
@@ -414,6 +418,7 @@ class etcd_gateway {
   etcd_options options_;
   std::string url_;
   std::atomic<std::size_t> preferred_{0};  ///< the endpoint that answered last
+  mutable std::atomic<std::uint64_t> requests_{0};  ///< counted in prepare(): every request sent
 
   std::mutex pool_mutex_;
   std::vector<curl_ptr> idle_;
