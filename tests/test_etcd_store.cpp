@@ -11,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <map>
 #include <optional>
 #include <string>
 #include <thread>
@@ -168,6 +169,44 @@ TEST_CASE("bad URLs and options are refused before any request") {
   o = test_options();
   o.password = "secret";
   CHECK(error_of([&] { rdzv::etcd_store s("etcd://127.0.0.1:1", o); }).code() == errc::invalid_argument);
+}
+
+TEST_CASE("a watch reports the range's keys, then each put and erasure in it, a lapsed lease's too") {
+  etcd_server etcd;
+  rdzv::etcd_store s(etcd.url(), test_options());
+  elastic::test::check_feed_behaviour(s);
+}
+
+TEST_CASE("a watch asks etcd nothing while its range is quiet and loses nothing when etcd restarts") {
+  etcd_server etcd;
+  rdzv::etcd_store s(etcd.url(), test_options(30s));
+  rdzv::etcd_store other(etcd.url(), test_options(30s));
+  using mirror = std::map<std::string, std::string>;
+  other.set("w/a", "1");
+  auto feed = s.watch("w/", "w0");
+  auto m = elastic::test::follow_feed(*feed, {}, [](const mirror& x) { return x.contains("w/a"); }, 5s);
+  REQUIRE(m.contains("w/a"));
+  // A key that arrives through the stream: it is open. From here, quiet: a second of waiting,
+  // with writes outside the range, costs this client no request.
+  other.set("w/a", "1.");
+  m = elastic::test::follow_feed(*feed, m, [](const mirror& x) { return x.at("w/a") == "1."; }, 5s);
+  other.set("w/a", "1");
+  m = elastic::test::follow_feed(*feed, m, [](const mirror& x) { return x.at("w/a") == "1"; }, 5s);
+  const auto before = s.requests();
+  other.set("x/elsewhere", "1");
+  CHECK_FALSE(feed->wait(1s));
+  CHECK(s.requests() == before);
+  // etcd dies and comes back: what changed after is delivered, and the stream is back.
+  etcd.kill();
+  etcd.restart();
+  other.set("w/b", "2");
+  m = elastic::test::follow_feed(*feed, m, [](const mirror& x) { return x.contains("w/b"); }, 20s);
+  CHECK(m == mirror{{"w/a", "1"}, {"w/b", "2"}});
+  other.erase("w/a");
+  m = elastic::test::follow_feed(*feed, m, [](const mirror& x) { return !x.contains("w/a"); }, 10s);
+  CHECK(m == mirror{{"w/b", "2"}});
+  // Destroying a feed whose stream is idle ends its thread (the test's timeout bounds it).
+  feed.reset();
 }
 
 TEST_CASE("set, get, erase, list and compare_set behave like a map") {

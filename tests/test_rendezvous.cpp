@@ -539,7 +539,7 @@ TEST_CASE("garbage under the run's keys is errc::corrupt naming the key") {
     t.s.set(key, "banana");
   }
   SECTION("a round's outcome") {
-    key = "/elastic/job/round/1/closed";
+    key = "/elastic/job/closed/1";
     t.s.set(key, "members\nno incarnation here");
   }
   SECTION("a join record") {
@@ -559,12 +559,13 @@ TEST_CASE("garbage under the run's keys is errc::corrupt naming the key") {
 
 namespace {
 
-/// Forwards to a store; holds every attempt to close a round at a latch until `racers` would-be
-/// closers have arrived, so that they all race at the store, and counts who wins.
+/// Forwards to a store; holds every claim of a round's closer at a latch until `racers` would-be
+/// closers have arrived, so that they all race at the store, and counts who wins the claim and
+/// how often the round's outcome is written.
 class racing_store final : public rdzv::store {
  public:
   racing_store(rdzv::store& s, std::ptrdiff_t racers) : s_(s), racers_(racers), gate_(racers) {}
-  std::atomic<int> attempts{0}, wins{0};
+  std::atomic<int> attempts{0}, wins{0}, closings{0};
 
   void set(std::string_view k, std::string_view v, rdzv::lease_id l) override { s_.set(k, v, l); }
   std::optional<std::string> get(std::string_view k) override { return s_.get(k); }
@@ -572,13 +573,14 @@ class racing_store final : public rdzv::store {
   std::int64_t add(std::string_view k, std::int64_t d) override { return s_.add(k, d); }
   bool compare_set(std::string_view k, std::optional<std::string_view> expected, std::string_view desired,
                    rdzv::lease_id l, std::optional<std::string>* actual) override {
-    const bool closing = k.ends_with("/closed") && desired.starts_with("members");
-    if (closing && arrived_++ < racers_) gate_.arrive_and_wait();
+    const bool claim = k.find("/closer/") != std::string_view::npos;
+    if (claim && arrived_++ < racers_) gate_.arrive_and_wait();
     const bool won = s_.compare_set(k, expected, desired, l, actual);
-    if (closing) {
+    if (claim) {
       ++attempts;
       wins += won ? 1 : 0;
     }
+    if (won && k.find("/closed/") != std::string_view::npos) ++closings;
     return won;
   }
   bool erase(std::string_view k) override { return s_.erase(k); }
@@ -597,9 +599,9 @@ class racing_store final : public rdzv::store {
 
 }  // namespace
 
-TEST_CASE("would-be leaders racing close a round exactly once and everyone agrees") {
-  // Every participant sees the round complete (at max_ranks, or at min_ranks with no last call)
-  // and tries to close it; the gate makes them all reach the store before any of them writes.
+TEST_CASE("would-be closers racing close a round exactly once and everyone agrees") {
+  // Every participant sees a round without a closer and claims it; the gate makes them all reach
+  // the store before any of them writes. One wins, follows the joins and closes the round.
   for (const auto& [min, max, last_call] : {std::tuple{4u, 4u, 200}, std::tuple{3u, 8u, 0}}) {
     for (int iteration = 0; iteration < 25; ++iteration) {
       scratch_store t;
@@ -618,7 +620,10 @@ TEST_CASE("would-be leaders racing close a round exactly once and everyone agree
       INFO(all);
       REQUIRE(errors.empty());
       CHECK(racing.attempts == n);
-      CHECK(racing.wins == 1);
+      // A claim held at the gate may land after the winner closed the round and left (its
+      // claim lapsing with its lease): it wins a closed round and does nothing there.
+      CHECK(racing.wins >= 1);
+      CHECK(racing.closings == 1);
       std::vector<std::size_t> ranks;
       for (const auto& g : got) {
         CHECK(g.members == got[0].members);
@@ -629,7 +634,7 @@ TEST_CASE("would-be leaders racing close a round exactly once and everyone agree
       CHECK(got[0].bootstrap == "leader " + got[0].members[0] + " of 0");
       std::sort(ranks.begin(), ranks.end());
       for (std::size_t k = 0; k < ranks.size(); ++k) CHECK(ranks[k] == k);
-      const auto closed = t.s.get("/elastic/race/round/1/closed");
+      const auto closed = t.s.get("/elastic/race/closed/1");
       REQUIRE(closed);
       CHECK(closed->starts_with("members\n"));
       CHECK(std::count(closed->begin(), closed->end(), '\n') == n);

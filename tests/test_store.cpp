@@ -58,6 +58,11 @@ TEST_CASE("set, get, erase, list and compare_set behave like a map") {
   elastic::test::check_map_behaviour(t.s);
 }
 
+TEST_CASE("a watch reports the range's keys, then each put and erasure in it, a lapsed lease's too") {
+  scratch_store t;
+  elastic::test::check_feed_behaviour(t.s);
+}
+
 TEST_CASE("bad keys, values and counters get clear errors") {
   scratch_store t;
   CHECK(error_of([&] { t.s.set("", "v"); }).code() == errc::invalid_argument);

@@ -2,6 +2,8 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <utility>
@@ -47,6 +49,60 @@ inline void check_map_behaviour(elastic::rendezvous::store& s) {
   CHECK(s.get("run/b"));
   CHECK(s.erase("ns-2/a"));
   CHECK(s.erase("ns"));
+}
+
+/// Takes from `feed` until `done(mirror)` holds or `timeout` passes; returns the mirror (the
+/// feed's events applied to `mirror`, starting from what it holds).
+inline std::map<std::string, std::string> follow_feed(elastic::rendezvous::key_feed& feed,
+                                                      std::map<std::string, std::string> mirror,
+                                                      const std::function<bool(const std::map<std::string, std::string>&)>& done,
+                                                      std::chrono::milliseconds timeout) {
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    bool reset = false;
+    auto events = feed.take(reset);
+    if (reset) mirror.clear();
+    for (auto& e : events) {
+      if (e.value) {
+        mirror[e.key] = *e.value;
+      } else {
+        mirror.erase(e.key);
+      }
+    }
+    if (done(mirror) || std::chrono::steady_clock::now() >= until) return mirror;
+    feed.wait(std::chrono::milliseconds(100));
+  }
+}
+
+/// watch(): a copy of the range first, then its puts and erasures (a lease's expiry among
+/// them), and nothing from outside the range.
+inline void check_feed_behaviour(elastic::rendezvous::store& s) {
+  using namespace std::chrono_literals;
+  using mirror = std::map<std::string, std::string>;
+  s.set("feed/a", "1");
+  s.set("feed/b", "2");
+  s.set("feee", "outside");
+  auto feed = s.watch("feed/", "feed0");
+  REQUIRE(feed);
+  auto m = follow_feed(*feed, {}, [](const mirror& x) { return x.size() >= 2; }, 5s);
+  CHECK(m == mirror{{"feed/a", "1"}, {"feed/b", "2"}});
+
+  s.set("feed/c", "3");
+  s.set("feed/a", "one");
+  CHECK(s.erase("feed/b"));
+  s.set("fee", "outside");
+  s.set("feed0", "outside");
+  m = follow_feed(*feed, m, [](const mirror& x) { return x.size() == 2 && x.contains("feed/c") && x.at("feed/a") == "one"; }, 5s);
+  CHECK(m == mirror{{"feed/a", "one"}, {"feed/c", "3"}});
+
+  // A key whose lease lapses is reported erased.
+  const auto lease = s.grant(1s);
+  s.set("feed/leased", "x", lease);
+  m = follow_feed(*feed, m, [](const mirror& x) { return x.contains("feed/leased"); }, 5s);
+  CHECK(m.contains("feed/leased"));
+  m = follow_feed(*feed, m, [](const mirror& x) { return !x.contains("feed/leased"); }, 10s);
+  CHECK_FALSE(m.contains("feed/leased"));
+  CHECK(m == mirror{{"feed/a", "one"}, {"feed/c", "3"}});
 }
 
 }  // namespace elastic::test

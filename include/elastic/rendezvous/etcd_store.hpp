@@ -13,6 +13,7 @@
 //   erase_prefix /v3/kv/deleterange with range_end
 //   compare_set  /v3/kv/txn: value == expected, or version == 0 for "absent"
 //   wait         a range check, then a watch from the next revision (no event can slip between)
+//   watch        a range read, then one watch stream held open from the revision after it
 //   grant, keep_alive, revoke   /v3/lease/{grant,keepalive,revoke}
 // Keys live under etcd_options::prefix (a namespace: "/elastic/" by default) and travel
 // base64-encoded, as the gateway wants bytes.
@@ -34,6 +35,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -49,6 +51,7 @@
 #include <elastic/internal/names.hpp>
 #include <elastic/error.hpp>
 #include <elastic/rendezvous/detail/etcd_gateway.hpp>
+#include <elastic/rendezvous/detail/etcd_feed.hpp>
 #include <elastic/rendezvous/detail/etcd_reply.hpp>
 #include <elastic/rendezvous/detail/etcd_watch.hpp>
 #include <elastic/rendezvous/etcd_options.hpp>
@@ -241,6 +244,12 @@ class etcd_store final : public store {
     });
     std::sort(out.begin(), out.end());  // etcd sends key order already; this makes it a promise
     return out;
+  }
+
+  /// One range read, then one watch stream held open: nothing is asked of etcd while nothing in
+  /// [from, to) changes (detail/etcd_feed.hpp).
+  std::unique_ptr<key_feed> watch(std::string_view from, std::string_view to) override {
+    return std::make_unique<detail::etcd_feed>(gateway_, full_key(from), full_key(to), gateway_.options().prefix.size());
   }
 
   lease_id grant(std::chrono::milliseconds ttl) override {

@@ -16,14 +16,16 @@
 //                             by compare_set, so concurrent bumps make one step.
 //   P/round/<r>/join/<id>     "<incarnation> new" or "<incarnation> <prev round>:<prev rank>".
 //                             Leased: a joiner that dies stops counting.
-//   P/round/<r>/closed        the outcome of round r, written once by compare_set from absent, so
-//                             of two would-be closers (leaders) the store picks exactly one:
+//   P/closer/<r>              "<id>", leased: the one joiner of round r that follows the joins and
+//                             closes it (the first to claim it; another claims it if it dies).
+//   P/closed/<r>              the outcome of round r, written once by compare_set from absent, so
+//                             of two would-be closers the store picks exactly one:
 //                               "members\n<id> <incarnation>\n..."   in rank order, or
 //                               "abandoned\n<why>"                    the join timeout ran out.
-//   P/round/<r>/bootstrap     the blob rank 0 publishes (NCCL unique id, Gloo store prefix, ...).
+//   P/bootstrap/<r>           the blob rank 0 publishes (NCCL unique id, Gloo store prefix, ...).
 //   P/alive/<id>              "<incarnation>", leased: the heartbeat. It vanishes at most
 //                             heartbeat_timeout after the participant's last keep_alive.
-//   P/waiting/<id>            "<incarnation>", leased: a late joiner waiting for the next round.
+//   P/pending/<id>            "<incarnation>", leased: a late joiner waiting for the next round.
 //   P/left/<id>               "<incarnation>": the participant left on purpose (leave(): it is done,
 //                             not dead). Not leased; it names one incarnation, so a restart under
 //                             the same id is not taken for it.
@@ -39,10 +41,13 @@
 // wait for the last call. Ranks: survivors of round r-1 first, in their previous rank order, then
 // newcomers by id; the first max_ranks of that order are the members.
 //
-// Membership after a round is watched by poll(), meant for each safe point of the training loop
-// (one or three store reads): a member whose alive key is gone or holds another incarnation has
-// departed; a waiting key is a pending join; a round number past ours means another member
-// already started the next round. The caller then calls next_round() (a departure must first be
+// Each participant follows the keys from P/alive/ to P/round (detail/run_view.hpp: one feed;
+// on etcd one watch stream) and answers every question of membership from that copy: on etcd a
+// participant asks the store nothing while nothing changes, whatever the number of ranks. Only
+// the closer of an open round follows its joins. Membership after a round is watched by poll(),
+// meant for each safe point of the training loop: a member whose alive key is gone or holds
+// another incarnation has departed; a pending key is a join; a round number past ours means
+// another member already started the next round. The caller then calls next_round() (a departure must first be
 // handled by the communicator: revoke/abort), which bumps r -> r+1 and joins it.
 //
 // A preemption notice (preemption_handler::requested(), checkpoint/preemption.hpp) cuts every
@@ -50,6 +55,11 @@
 // bootstrap. Each looks at the notice at least every 100 ms (in practice every few ms) and
 // throws errc::interrupted: a process waiting for a group that may never re-form exits 75 with
 // its newest committed checkpoint standing, instead of being SIGKILLed at the end of the grace.
+//
+// Store requests per round: each joiner sets its join record and tries once to claim the
+// closer; the closer reads the joins once and follows them; one compare_set closes the round,
+// one set publishes the bootstrap; the leader erases round r-2's keys in a few requests. Each
+// member reads the outcome and the bootstrap from its feed.
 //
 // The store must be safe to call from two threads: a background thread renews the lease.
 #pragma once
@@ -59,6 +69,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <span>
@@ -81,6 +92,7 @@
 #include <elastic/rendezvous/detail/rank_order.hpp>
 #include <elastic/rendezvous/detail/resolve_options.hpp>
 #include <elastic/rendezvous/detail/round_records.hpp>
+#include <elastic/rendezvous/detail/run_view.hpp>
 #include <elastic/rendezvous/rendezvous_options.hpp>
 #include <elastic/rendezvous/run_keys.hpp>
 #include <elastic/rendezvous/store.hpp>
@@ -164,6 +176,7 @@ class rendezvous {
                                        {"previous_round", current_.round}});
       for (;;) {
         check_notice("joining");
+        view_.refresh();
         const std::int64_t r = read_round();
         const auto outcome = read_outcome(r);
         if (outcome.kind == detail::round_outcome::state::abandoned) {
@@ -204,24 +217,20 @@ class rendezvous {
     membership_change ch;
     ch.self_lost = keeper_.lost();
     if (current_.round == 0) return ch;
+    view_.refresh();
     ch.round_advanced = read_round() > current_.round;
-    std::map<std::string, std::string, std::less<>> alive;
-    for (auto& [k, v] : store_.list(prefix_ + "/alive/")) alive.emplace(k.substr(prefix_.size() + 7), v);
     for (const auto& m : members_) {
-      auto it = alive.find(m.id);
-      if (it != alive.end() && it->second == m.incarnation) continue;
+      const auto alive = view_.get(key_alive(m.id));
+      if (alive == m.incarnation) continue;
       ch.departed.push_back(m.id);
-      const bool on_purpose = it == alive.end() && store_.get(prefix_ + "/left/" + m.id) == m.incarnation;
+      const bool on_purpose = !alive && view_.get(prefix_ + "/left/" + m.id) == m.incarnation;
       if (on_purpose) ch.left.push_back(m.id);
       if (reported_.insert(m.id).second) {
         events_.emit("rendezvous_departure", {{"participant", m.id}, {"round", current_.round}, {"left", on_purpose}});
       }
     }
-    for (auto& [k, v] : store_.list(prefix_ + "/waiting/")) {
-      const std::string id = k.substr(prefix_.size() + 9);
-      if (contains(members_, {id, v})) continue;
-      auto it = alive.find(id);
-      if (it != alive.end() && it->second == v) ch.joining.push_back(id);
+    for (auto& [id, v] : view_.under(prefix_ + "/pending/")) {
+      if (!contains(members_, {id, v}) && is_alive({id, v})) ch.joining.push_back(id);
     }
     return ch;
   }
@@ -267,10 +276,12 @@ class rendezvous {
   std::string key_round(std::int64_t r, std::string_view leaf) const {
     return fmt::format("{}/round/{}/{}", prefix_, r, leaf);
   }
+  /// P/<kind>/<r>: a round's closer, outcome ("closed") or bootstrap, in the view's range.
+  std::string key_of(std::string_view kind, std::int64_t r) const { return fmt::format("{}/{}/{}", prefix_, kind, r); }
   std::string key_alive(std::string_view id) const {
     return elastic::rendezvous::alive_key(opts_.key_prefix, opts_.run_id, id);
   }
-  std::string key_waiting() const { return prefix_ + "/waiting/" + opts_.participant_id; }
+  std::string key_pending() const { return prefix_ + "/pending/" + opts_.participant_id; }
 
   detail::member self() const { return {opts_.participant_id, incarnation_}; }
 
@@ -303,6 +314,7 @@ class rendezvous {
     keeper_.start(opts_.heartbeat_interval, run_key(opts_.key_prefix, opts_.run_id));
     register_run(fresh);
     check_config();
+    if (!view_.open()) view_.open(store_, prefix_);
     publish_alive(fresh);
   }
 
@@ -364,33 +376,44 @@ class rendezvous {
     }
   }
 
+  /// The round number, as the view has it (created as 1 when the run has none yet), and never
+  /// below what this participant has seen the store hold: a view that lags behind our own bump
+  /// must not send us back into the round we just left.
   std::int64_t read_round() {
     const std::string key = key_round();
-    auto v = store_.get(key);
+    auto v = view_.get(key);
     if (!v) {
       std::optional<std::string> actual;
-      if (store_.compare_set(key, std::nullopt, "1", 0, &actual)) return 1;
+      if (store_.compare_set(key, std::nullopt, "1", 0, &actual)) {
+        return round_floor_ = std::max<std::int64_t>(round_floor_, 1);
+      }
       v = actual;
       if (!v) return read_round();
     }
     const auto r = internal::parse_integer(*v);
     if (!r || *r < 1) throw detail::corrupt_key(key, *v, "a round number (a positive integer)", prefix_);
-    return *r;
+    return round_floor_ = std::max<std::int64_t>(round_floor_, *r);
   }
 
   detail::round_outcome read_outcome(std::int64_t r) {
-    const std::string key = key_round(r, "closed");
-    return detail::parse_outcome(key, store_.get(key), prefix_);
+    const std::string key = key_of("closed", r);
+    return detail::parse_outcome(key, view_.get(key), prefix_);
   }
 
-  void bump(std::int64_t r) { store_.compare_set(key_round(), std::to_string(r), std::to_string(r + 1)); }
+  /// Moves the round r -> r+1 (done already when the store holds another number: then it is
+  /// past r, since rounds only advance).
+  void bump(std::int64_t r) {
+    store_.compare_set(key_round(), std::to_string(r), std::to_string(r + 1));
+    round_floor_ = std::max(round_floor_, r + 1);
+  }
 
-  bool is_alive(const detail::member& m) { return store_.get(key_alive(m.id)) == m.incarnation; }
+  bool is_alive(const detail::member& m) const { return view_.get(key_alive(m.id)) == m.incarnation; }
 
-  std::vector<detail::join_entry> read_joins(std::int64_t r) {
+  /// Round r's join records, parsed from the closer's copy of them (key -> value).
+  std::vector<detail::join_entry> parse_joins(std::int64_t r, const detail::run_view::keys& records) const {
     const std::string prefix = key_round(r, "join/");
     std::vector<detail::join_entry> out;
-    for (auto& [k, v] : store_.list(prefix)) out.push_back(detail::parse_join(k, k.substr(prefix.size()), v, prefix_));
+    for (const auto& [k, v] : records) out.push_back(detail::parse_join(k, k.substr(prefix.size()), v, prefix_));
     return out;
   }
 
@@ -400,15 +423,16 @@ class rendezvous {
     if (r < 2) return false;
     const auto prev = read_outcome(r - 1);
     if (prev.kind != detail::round_outcome::state::members) return false;
-    std::vector<detail::member> expected;
-    for (auto& [k, v] : store_.list(prefix_ + "/alive/")) {
-      detail::member m{k.substr(prefix_.size() + 7), v};
-      if (contains(prev.members, m)) expected.push_back(m);
+    std::set<std::pair<std::string_view, std::string_view>> joined;
+    for (const auto& j : joins) joined.emplace(j.who.id, j.who.incarnation);
+    const auto in = [&](const detail::member& m) { return joined.contains({m.id, m.incarnation}); };
+    for (const auto& m : prev.members) {
+      if (is_alive(m) && !in(m)) return false;
     }
-    for (auto& [k, v] : store_.list(prefix_ + "/waiting/")) expected.push_back({k.substr(prefix_.size() + 9), v});
-    return std::all_of(expected.begin(), expected.end(), [&](const detail::member& m) {
-      return std::any_of(joins.begin(), joins.end(), [&](const detail::join_entry& j) { return j.who == m; });
-    });
+    for (auto& [id, v] : view_.under(prefix_ + "/pending/")) {
+      if (!in({id, v})) return false;
+    }
+    return true;
   }
 
   /// Joins open round r and waits for it to close. Returns its members when we are one of
@@ -418,27 +442,71 @@ class rendezvous {
     // When min_ranks had joined (max(): not yet). Not an optional: GCC 12 warns of a maybe-
     // uninitialized optional<time_point> here at -O2, which users building with -Werror would hit.
     clock::time_point quorum_since = clock::time_point::max();
+    closer c;
     for (;;) {
       if (preemption_handler::requested()) {
         store_.erase(mine);
         check_notice(fmt::format("waiting for round {} to close", r));
       }
+      view_.refresh();
       if (auto end = round_end(r, mine)) return end->members;
-      const auto joins = read_joins(r);
       const auto now = clock::now();
-      if (time_to_close(r, joins, now, quorum_since)) {
-        // Of all would-be closers the store lets exactly one write; the others read its list.
-        store_.compare_set(key_round(r, "closed"), std::nullopt,
-                           detail::format_members(
-                               detail::rank_order(joins, r, static_cast<std::size_t>(opts_.max_ranks))));
-        continue;
+      if (!c.joins) claim_closer(r, c, now);
+      if (c.joins) {
+        const auto joins = parse_joins(r, c.follow());
+        if (time_to_close(r, joins, now, quorum_since)) {
+          // Of all would-be closers (a closer and one that thinks it died) the store lets
+          // exactly one write; the others read its list.
+          store_.compare_set(key_of("closed", r), std::nullopt,
+                             detail::format_members(
+                                 detail::rank_order(joins, r, static_cast<std::size_t>(opts_.max_ranks))));
+          continue;
+        }
       }
       if (now >= deadline) {
-        abandon_round(r, joins.size(), mine);
+        abandon_round(r, mine);
         continue;
       }
-      wait_for_outcome(r);
+      // The closer wakes on a join, the others on the outcome; both look again within 50 ms
+      // (a preemption notice, the last call running out).
+      if (c.joins) {
+        c.joins->wait(std::chrono::milliseconds(std::min<std::int64_t>(50, step_.count() * 4)));
+      } else {
+        view_.wait(std::chrono::milliseconds(50));
+      }
     }
+  }
+
+  /// The closer's side of an open round: its copy of the join records, kept by a feed.
+  struct closer {
+    std::unique_ptr<key_feed> joins;
+    detail::run_view::keys records;
+    clock::time_point tried{};
+    const detail::run_view::keys& follow() {
+      bool reset = false;
+      auto events = joins->take(reset);
+      if (reset) records.clear();
+      for (auto& e : events) {
+        if (e.value) {
+          records.insert_or_assign(std::move(e.key), *std::move(e.value));
+        } else {
+          records.erase(e.key);
+        }
+      }
+      return records;
+    }
+  };
+
+  /// Claims round r's closer key when the view shows none (the first joiner, or the closer
+  /// died): the winner follows the joins. A claim the view has not caught up with yet is not
+  /// tried again within half a second.
+  void claim_closer(std::int64_t r, closer& c, clock::time_point now) {
+    const std::string key = key_of("closer", r);
+    if (view_.get(key) || now - c.tried < std::chrono::milliseconds(500)) return;
+    c.tried = now;
+    if (!store_.compare_set(key, std::nullopt, opts_.participant_id, keeper_.lease())) return;
+    // Keys under P/round/<r>/join/ up to the next byte after '/' ('0'): ids never hold a '/'.
+    c.joins = store_.watch(key_round(r, "join/"), key_round(r, "join0"));
   }
 
   /// Our join record for round r, leased, saying where we stood in the round before; its key.
@@ -458,6 +526,7 @@ class rendezvous {
   /// Whether round r is over for us (our join record `mine` is erased when it ended without
   /// us); throws errc::timeout when it was abandoned.
   std::optional<ended> round_end(std::int64_t r, const std::string& mine) {
+    // From the view: refreshed by the caller.
     const auto outcome = read_outcome(r);
     if (outcome.kind == detail::round_outcome::state::members) {
       if (contains(outcome.members, self())) return ended{outcome.members};
@@ -492,9 +561,10 @@ class rendezvous {
     return close;
   }
 
-  /// The join timeout ran out with `joined` in round r: abandons it, and when the store takes
-  /// our verdict throws it (errc::timeout). Returns when another outcome was written first.
-  void abandon_round(std::int64_t r, std::size_t joined, const std::string& mine) {
+  /// The join timeout ran out in round r: abandons it, and when the store takes our verdict
+  /// throws it (errc::timeout). Returns when another outcome was written first.
+  void abandon_round(std::int64_t r, const std::string& mine) {
+    const std::size_t joined = store_.list(key_round(r, "join/")).size();
     std::string why =
         current_.round > 0
             ? fmt::format("round {} of run '{}': the group fell to {} participants, below min_ranks {}, and no "
@@ -505,19 +575,9 @@ class rendezvous {
                           r, opts_.run_id, joined, opts_.min_ranks, opts_.join_timeout.count(), other_runs_hint());
     // Abandoning is decided by the store as closing is: either everyone gets members, or
     // everyone stops with the same reason.
-    if (store_.compare_set(key_round(r, "closed"), std::nullopt, "abandoned\n" + why)) {
+    if (store_.compare_set(key_of("closed", r), std::nullopt, "abandoned\n" + why)) {
       store_.erase(mine);
       throw error(errc::timeout, why);
-    }
-  }
-
-  /// Waits up to one step for round r's outcome to appear.
-  void wait_for_outcome(std::int64_t r) {
-    try {
-      const std::string k = key_round(r, "closed");
-      store_.wait(std::span<const std::string>(&k, 1), step_);
-    } catch (const error& e) {
-      if (e.code() != errc::timeout) throw;
     }
   }
 
@@ -527,28 +587,29 @@ class rendezvous {
     std::size_t live = 0;
     for (const auto& m : members) live += is_alive(m) ? 1 : 0;
     if (members.size() >= static_cast<std::size_t>(opts_.max_ranks) && live == members.size()) {
-      store_.erase(key_waiting());
+      store_.erase(key_pending());
       throw error(errc::capacity_exhausted,
                   fmt::format("participant '{}' refused: run '{}' is full, round {} has max_ranks {} live members; "
                               "retry after one leaves, or raise max_ranks for the next run",
                               opts_.participant_id, opts_.run_id, r, opts_.max_ranks));
     }
-    store_.set(key_waiting(), incarnation_, keeper_.lease());
+    store_.set(key_pending(), incarnation_, keeper_.lease());
     for (;;) {
       if (preemption_handler::requested()) {
-        store_.erase(key_waiting());
+        store_.erase(key_pending());
         check_notice(fmt::format("waiting for round {} to end", r));
       }
+      view_.refresh();
       if (read_round() != r) return;
       if (live == 0) bump(r);  // no member left to start the next round: we do
       if (clock::now() >= deadline) {
-        store_.erase(key_waiting());
+        store_.erase(key_pending());
         throw error(errc::timeout,
                     fmt::format("participant '{}' of run '{}' waited {} ms for round {} to end, and its members "
                                 "never started the next one: do they call poll() and next_round() at safe points?",
                                 opts_.participant_id, opts_.run_id, opts_.join_timeout.count(), r));
       }
-      std::this_thread::sleep_for(step_);
+      view_.wait(std::chrono::milliseconds(50));
       live = 0;
       for (const auto& m : members) live += is_alive(m) ? 1 : 0;
     }
@@ -568,9 +629,9 @@ class rendezvous {
       if (members[i] == self()) info.rank = static_cast<int>(i);
     }
     info.leader = members.front().id;
-    const std::string key = key_round(r, "bootstrap");
+    const std::string key = key_of("bootstrap", r);
     if (info.rank == 0) {
-      if (auto have = store_.get(key)) {
+      if (auto have = store_.get(key)) {  // the store's word, not the view's: never two blobs
         info.bootstrap = *have;  // join() again in the same round
       } else {
         info.bootstrap = make_bootstrap ? make_bootstrap(info) : key_round(r, "gloo/");
@@ -580,26 +641,23 @@ class rendezvous {
     } else {
       for (;;) {
         if (preemption_handler::requested()) check_notice(fmt::format("waiting for the bootstrap of round {}", r));
-        if (auto v = store_.get(key)) {
+        view_.refresh();
+        if (auto v = view_.get(key)) {
           info.bootstrap = *v;
           break;
         }
-        // Liveness first, then the key again: a leader that published and left at once is
-        // not a leader that died before publishing.
-        if (!is_alive(members.front()) && !store_.get(key)) return std::nullopt;
+        // The view takes changes in the store's order: a leader that published and left at
+        // once shows its bootstrap before its departure.
+        if (!is_alive(members.front())) return std::nullopt;
         if (clock::now() >= deadline) {
           throw error(errc::timeout, fmt::format("round {} of run '{}': leader '{}' published no bootstrap within {} "
                                                  "ms of the join",
                                                  r, opts_.run_id, info.leader, opts_.join_timeout.count()));
         }
-        try {
-          store_.wait(std::span<const std::string>(&key, 1), step_);
-        } catch (const error& e) {
-          if (e.code() != errc::timeout) throw;
-        }
+        view_.wait(std::chrono::milliseconds(50));
       }
     }
-    store_.erase(key_waiting());
+    store_.erase(key_pending());
     const bool again = current_.round == r;
     current_ = info;
     members_ = members;
@@ -619,11 +677,20 @@ class rendezvous {
   }
 
   /// Rounds before r-1 are history nobody reads: the leader erases them (r-1 stays, as the
-  /// previous rank order newcomers are compared against).
+  /// previous rank order newcomers are compared against): round r-2's own keys in one
+  /// erase_prefix, and the closers, outcomes and bootstraps of every round before r-1 the view
+  /// still holds (abandoned rounds' among them), one request each.
   void collect_garbage(std::int64_t r) {
     if (r < 3) return;
     try {
-      for (auto& [k, v] : store_.list(fmt::format("{}/round/{}/", prefix_, r - 2))) store_.erase(k);
+      store_.erase_prefix(fmt::format("{}/round/{}/", prefix_, r - 2));
+      for (const std::string_view kind : {"closer", "closed", "bootstrap"}) {
+        const std::string dir = fmt::format("{}/{}/", prefix_, kind);
+        for (const auto& [round, v] : view_.under(dir)) {
+          const auto n = internal::parse_integer(round);
+          if (n && *n < r - 1) store_.erase(dir + round);
+        }
+      }
     } catch (const error&) {
     }
   }
@@ -633,10 +700,12 @@ class rendezvous {
   event_log events_;
   std::string prefix_;
   std::chrono::milliseconds step_{10};
+  std::int64_t round_floor_ = 0;  // the highest round number the store is known to have held
   std::string incarnation_;
   round_info current_;
   std::vector<detail::member> members_;
   std::set<std::string> reported_;
+  detail::run_view view_;        // the run's membership keys, as a feed keeps them
   detail::lease_keeper keeper_;  // last: its thread stops before the members it uses go away
 };
 

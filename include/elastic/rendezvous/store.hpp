@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -21,6 +22,8 @@
 #include <elastic/internal/env.hpp>
 #include <elastic/internal/names.hpp>
 #include <elastic/error.hpp>
+#include <elastic/rendezvous/detail/polled_feed.hpp>
+#include <elastic/rendezvous/key_feed.hpp>
 
 namespace elastic::inline v1::rendezvous {
 
@@ -80,6 +83,14 @@ class store {
     std::size_t n = 0;
     for (const auto& kv : list(prefix)) n += erase(kv.first) ? 1 : 0;
     return n;
+  }
+
+  /// The keys in [from, to) and every change to them from now on (key_feed.hpp). This one lists
+  /// the range at each look (one list() per take(), a 2 ms sleep per wait()); a store that can
+  /// push changes overrides it (etcd: one watch stream, nothing asked while nothing changes).
+  [[nodiscard]] virtual std::unique_ptr<key_feed> watch(std::string_view from, std::string_view to) {
+    return std::make_unique<detail::polled_feed>([this](std::string_view p) { return list(p); }, std::string(from),
+                                                 std::string(to), std::chrono::milliseconds(2));
   }
 
   /// A lease that expires `ttl` after its last keep_alive().

@@ -1,0 +1,36 @@
+// A feed of the keys in a range of a store: first what the range holds, then every change to it,
+// so a reader keeps a mirror of the range without asking the store again. Stores that can push
+// changes (etcd: one watch stream) make waiting and watching cost nothing while nothing happens;
+// the others are polled (store::watch's default), one list() per look.
+#pragma once
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace elastic::inline v1::rendezvous {
+
+/// One change to a key: its new value, or nothing when it was erased (or its lease expired).
+struct key_event {
+  std::string key;
+  std::optional<std::string> value;
+};
+
+/// The keys of a range [from, to) and their changes, in the store's order. The first take()
+/// returns the range's contents as puts. Thread-safe for one reader and the feed's own thread.
+class key_feed {
+ public:
+  virtual ~key_feed() = default;
+
+  /// What arrived since the last call. `reset` becomes true when the feed lost its place (the
+  /// store forgot the history it was following): the events returned are then a fresh copy of
+  /// the whole range, and a mirror must drop what it held first.
+  [[nodiscard]] virtual std::vector<key_event> take(bool& reset) = 0;
+
+  /// Blocks until take() may have something, for at most `timeout`; false when nothing came. A
+  /// polled feed cannot tell: it sleeps a short while and returns true.
+  virtual bool wait(std::chrono::milliseconds timeout) = 0;
+};
+
+}  // namespace elastic::inline v1::rendezvous
