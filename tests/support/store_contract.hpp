@@ -1,6 +1,7 @@
 // What every store must do, checked the same way for each backend.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <functional>
 #include <map>
@@ -103,6 +104,27 @@ inline void check_feed_behaviour(elastic::rendezvous::store& s) {
   m = follow_feed(*feed, m, [](const mirror& x) { return !x.contains("feed/leased"); }, 10s);
   CHECK_FALSE(m.contains("feed/leased"));
   CHECK(m == mirror{{"feed/a", "one"}, {"feed/c", "3"}});
+
+  // Erasures only, from now on, each with the value the key held.
+  s.set("feed/d", "4");
+  auto gone = s.watch("feed/", "feed0", elastic::rendezvous::feed_options{false, false, true});
+  s.set("feed/a", "uno");
+  CHECK(s.erase("feed/c"));
+  CHECK(s.erase("feed/d"));
+  std::vector<elastic::rendezvous::key_event> got;
+  const auto until = std::chrono::steady_clock::now() + 5s;
+  while (got.size() < 2 && std::chrono::steady_clock::now() < until) {
+    bool reset = false;
+    for (auto& e : gone->take(reset)) got.push_back(std::move(e));
+    if (got.size() < 2) gone->wait(100ms);
+  }
+  REQUIRE(got.size() == 2);
+  std::sort(got.begin(), got.end(), [](const auto& x, const auto& y) { return x.key < y.key; });
+  CHECK(got[0].key == "feed/c");
+  CHECK_FALSE(got[0].value);
+  CHECK(got[0].previous == "3");
+  CHECK(got[1].key == "feed/d");
+  CHECK(got[1].previous == "4");
 }
 
 }  // namespace elastic::test

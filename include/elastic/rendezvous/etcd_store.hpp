@@ -248,8 +248,9 @@ class etcd_store final : public store {
 
   /// One range read, then one watch stream held open: nothing is asked of etcd while nothing in
   /// [from, to) changes (detail/etcd_feed.hpp).
-  std::unique_ptr<key_feed> watch(std::string_view from, std::string_view to) override {
-    return std::make_unique<detail::etcd_feed>(gateway_, full_key(from), full_key(to), gateway_.options().prefix.size());
+  std::unique_ptr<key_feed> watch(std::string_view from, std::string_view to, feed_options o = {}) override {
+    return std::make_unique<detail::etcd_feed>(gateway_, full_key(from), full_key(to), gateway_.options().prefix.size(),
+                                               o);
   }
 
   lease_id grant(std::chrono::milliseconds ttl) override {

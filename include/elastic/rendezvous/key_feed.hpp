@@ -15,10 +15,21 @@ namespace elastic::inline v1::rendezvous {
 struct key_event {
   std::string key;
   std::optional<std::string> value;
+  std::optional<std::string> previous;  ///< an erasure's last value, when feed_options::previous
+};
+
+/// What a feed reports. A reader that only needs to hear of erasures (heartbeat keys: a
+/// departure) says so, and a store that pushes changes sends it nothing else: N participants
+/// starting together then cost each other no N puts apiece.
+struct feed_options {
+  bool snapshot = true;   ///< first the range's contents, as puts (false: changes from now on only)
+  bool puts = true;       ///< report puts (false: erasures only)
+  bool previous = false;  ///< an erasure carries the value the key held (key_event::previous)
 };
 
 /// The keys of a range [from, to) and their changes, in the store's order. The first take()
-/// returns the range's contents as puts. Thread-safe for one reader and the feed's own thread.
+/// returns the range's contents as puts (unless feed_options say otherwise). Thread-safe for one
+/// reader and the feed's own thread.
 class key_feed {
  public:
   virtual ~key_feed() = default;

@@ -41,9 +41,10 @@
 // wait for the last call. Ranks: survivors of round r-1 first, in their previous rank order, then
 // newcomers by id; the first max_ranks of that order are the members.
 //
-// Each participant follows the keys from P/alive/ to P/round (detail/run_view.hpp: one feed;
-// on etcd one watch stream) and answers every question of membership from that copy: on etcd a
-// participant asks the store nothing while nothing changes, whatever the number of ranks. Only
+// Each participant follows the keys from P/bootstrap/ to P/round and the erasures of P/alive/
+// keys (detail/run_view.hpp: two feeds; on etcd two watch streams) and answers every question of
+// membership from that copy: on etcd a participant asks the store nothing while nothing changes,
+// whatever the number of ranks. Only
 // the closer of an open round follows its joins. Membership after a round is watched by poll(),
 // meant for each safe point of the training loop: a member whose alive key is gone or holds
 // another incarnation has departed; a pending key is a join; a round number past ours means
@@ -218,12 +219,12 @@ class rendezvous {
     ch.self_lost = keeper_.lost();
     if (current_.round == 0) return ch;
     view_.refresh();
+    if (view_.stale()) view_.read_alive(members_);
     ch.round_advanced = read_round() > current_.round;
     for (const auto& m : members_) {
-      const auto alive = view_.get(key_alive(m.id));
-      if (alive == m.incarnation) continue;
+      if (is_alive(m)) continue;
       ch.departed.push_back(m.id);
-      const bool on_purpose = !alive && view_.get(prefix_ + "/left/" + m.id) == m.incarnation;
+      const bool on_purpose = view_.get(prefix_ + "/left/" + m.id) == m.incarnation;
       if (on_purpose) ch.left.push_back(m.id);
       if (reported_.insert(m.id).second) {
         events_.emit("rendezvous_departure", {{"participant", m.id}, {"round", current_.round}, {"left", on_purpose}});
@@ -407,7 +408,7 @@ class rendezvous {
     round_floor_ = std::max(round_floor_, r + 1);
   }
 
-  bool is_alive(const detail::member& m) const { return view_.get(key_alive(m.id)) == m.incarnation; }
+  bool is_alive(const detail::member& m) const { return view_.alive(m.id, m.incarnation); }
 
   /// Round r's join records, parsed from the closer's copy of them (key -> value).
   std::vector<detail::join_entry> parse_joins(std::int64_t r, const detail::run_view::keys& records) const {
@@ -505,6 +506,13 @@ class rendezvous {
     if (view_.get(key) || now - c.tried < std::chrono::milliseconds(500)) return;
     c.tried = now;
     if (!store_.compare_set(key, std::nullopt, opts_.participant_id, keeper_.lease())) return;
+    // Whether the previous round's members still live decides when this one may close early:
+    // a closer that was not one of them learns it with one read.
+    if (r >= 2 && current_.round != r - 1) {
+      if (const auto prev = read_outcome(r - 1); prev.kind == detail::round_outcome::state::members) {
+        view_.read_alive(prev.members);
+      }
+    }
     // Keys under P/round/<r>/join/ up to the next byte after '/' ('0'): ids never hold a '/'.
     c.joins = store_.watch(key_round(r, "join/"), key_round(r, "join0"));
   }
@@ -584,6 +592,7 @@ class rendezvous {
   /// Round r is closed without us: refuse when it is full of live members, else wait (as a
   /// registered waiter the members see at their next poll) until the round number moves.
   void wait_for_next_round(std::int64_t r, const std::vector<detail::member>& members, clock::time_point deadline) {
+    view_.read_alive(members);  // they may have ended before our feeds began
     std::size_t live = 0;
     for (const auto& m : members) live += is_alive(m) ? 1 : 0;
     if (members.size() >= static_cast<std::size_t>(opts_.max_ranks) && live == members.size()) {

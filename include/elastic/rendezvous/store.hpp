@@ -88,9 +88,10 @@ class store {
   /// The keys in [from, to) and every change to them from now on (key_feed.hpp). This one lists
   /// the range at each look (one list() per take(), a 2 ms sleep per wait()); a store that can
   /// push changes overrides it (etcd: one watch stream, nothing asked while nothing changes).
-  [[nodiscard]] virtual std::unique_ptr<key_feed> watch(std::string_view from, std::string_view to) {
+  [[nodiscard]] virtual std::unique_ptr<key_feed> watch(std::string_view from, std::string_view to,
+                                                        feed_options o = {}) {
     return std::make_unique<detail::polled_feed>([this](std::string_view p) { return list(p); }, std::string(from),
-                                                 std::string(to), std::chrono::milliseconds(2));
+                                                 std::string(to), std::chrono::milliseconds(2), o);
   }
 
   /// A lease that expires `ttl` after its last keep_alive().

@@ -33,8 +33,8 @@ class etcd_feed final : public key_feed {
  public:
   /// Follows the etcd keys [from, to) (full keys); reports them without their first `strip`
   /// bytes (the store's namespace). Reads the range now: throws what the store's reads throw.
-  etcd_feed(etcd_gateway& gateway, std::string from, std::string to, std::size_t strip)
-      : gateway_(gateway), from_(std::move(from)), to_(std::move(to)), strip_(strip) {
+  etcd_feed(etcd_gateway& gateway, std::string from, std::string to, std::size_t strip, feed_options o = {})
+      : gateway_(gateway), from_(std::move(from)), to_(std::move(to)), strip_(strip), options_(o) {
     std::vector<key_event> first;
     revision_ = read_range(first);
     queue_ = std::move(first);
@@ -70,14 +70,18 @@ class etcd_feed final : public key_feed {
   using json = internal::json;
   using clock = std::chrono::steady_clock;
 
-  /// The range as it is now, as puts; returns the revision it was read at.
+  /// The range as it is now, as puts (none without feed_options::snapshot: then only the
+  /// revision is read); returns the revision it was read at.
   std::int64_t read_range(std::vector<key_event>& out) {
     json body;
     body["key"] = base64_encode(from_);
     body["range_end"] = base64_encode(to_);
+    if (!options_.snapshot) body["count_only"] = true;
     return gateway_.request("/v3/kv/range", body, [&](const json& r) {
       if (const auto* kvs = r.find("kvs")) {
-        for (const auto& e : kvs->elements()) out.push_back({bytes_field(e, "key").substr(strip_), bytes_field(e, "value")});
+        for (const auto& e : kvs->elements()) {
+          out.push_back({bytes_field(e, "key").substr(strip_), bytes_field(e, "value"), std::nullopt});
+        }
       }
       return int_field(r.at("header"), "revision");
     });
@@ -124,6 +128,8 @@ class etcd_feed final : public key_feed {
     create["key"] = base64_encode(from_);
     create["range_end"] = base64_encode(to_);
     create["start_revision"] = std::to_string(revision_ + 1);
+    if (!options_.puts) create["filters"].push_back("NOPUT");
+    if (options_.previous) create["prev_kv"] = true;
     json body;
     body["create_request"] = std::move(create);
     const std::string text = body.dump();
@@ -208,7 +214,10 @@ class etcd_feed final : public key_feed {
       const bool erased = type && type->as_string() == "DELETE";
       std::string key = bytes_field(kv, "key");
       if (key.size() < strip_) continue;
-      got.push_back({key.substr(strip_), erased ? std::nullopt : std::optional(bytes_field(kv, "value"))});
+      std::optional<std::string> previous;
+      if (const auto* p = e.find("prev_kv"); erased && p && options_.previous) previous = bytes_field(*p, "value");
+      got.push_back({key.substr(strip_), erased ? std::nullopt : std::optional(bytes_field(kv, "value")),
+                     std::move(previous)});
       last = std::max(last, int_field(kv, "mod_revision"));
     }
     std::lock_guard lk(mu_);
@@ -222,6 +231,7 @@ class etcd_feed final : public key_feed {
   etcd_gateway& gateway_;
   const std::string from_, to_;
   const std::size_t strip_;
+  const feed_options options_;
 
   std::mutex mu_;
   std::condition_variable cv_;

@@ -22,25 +22,25 @@ class polled_feed final : public key_feed {
   using lister = std::function<std::vector<std::pair<std::string, std::string>>(std::string_view prefix)>;
 
   /// Follows [from, to) through `list`; wait() sleeps at most `period` (a look's latency).
-  polled_feed(lister list, std::string from, std::string to, std::chrono::milliseconds period)
-      : list_(std::move(list)), from_(std::move(from)), to_(std::move(to)), period_(period) {
+  polled_feed(lister list, std::string from, std::string to, std::chrono::milliseconds period, feed_options o = {})
+      : list_(std::move(list)), from_(std::move(from)), to_(std::move(to)), period_(period), options_(o) {
     const auto end = std::mismatch(from_.begin(), from_.end(), to_.begin(), to_.end()).first;
     prefix_.assign(from_.begin(), end);
+    if (!options_.snapshot) seen_ = look();  // changes from now on
   }
 
   std::vector<key_event> take(bool& reset) override {
     reset = false;
-    std::map<std::string, std::string, std::less<>> now;
-    for (auto& [k, v] : list_(prefix_)) {
-      if (k >= from_ && k < to_) now.emplace(std::move(k), std::move(v));
-    }
+    auto now = look();
     std::vector<key_event> out;
-    for (const auto& [k, v] : now) {
-      const auto it = seen_.find(k);
-      if (it == seen_.end() || it->second != v) out.push_back({k, v});
+    if (options_.puts) {
+      for (const auto& [k, v] : now) {
+        const auto it = seen_.find(k);
+        if (it == seen_.end() || it->second != v) out.push_back({k, v, std::nullopt});
+      }
     }
-    for (const auto& [k, v] : seen_) {
-      if (!now.contains(k)) out.push_back({k, std::nullopt});
+    for (auto& [k, v] : seen_) {
+      if (!now.contains(k)) out.push_back({k, std::nullopt, options_.previous ? std::optional(std::move(v)) : std::nullopt});
     }
     seen_ = std::move(now);
     return out;
@@ -52,9 +52,18 @@ class polled_feed final : public key_feed {
   }
 
  private:
+  std::map<std::string, std::string, std::less<>> look() {
+    std::map<std::string, std::string, std::less<>> now;
+    for (auto& [k, v] : list_(prefix_)) {
+      if (k >= from_ && k < to_) now.emplace(std::move(k), std::move(v));
+    }
+    return now;
+  }
+
   lister list_;
   std::string from_, to_, prefix_;
   std::chrono::milliseconds period_;
+  feed_options options_;
   std::map<std::string, std::string, std::less<>> seen_;
 };
 

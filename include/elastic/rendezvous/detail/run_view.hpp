@@ -1,9 +1,13 @@
-// A participant's copy of its run's membership keys, kept by a key feed: the keys from
-// P/alive/ up to P/round (heartbeats, outcomes, closers, bootstraps, the bounds, departures on
-// purpose, pending joiners, the round number) and none of a round's own keys (P/round/<r>/...:
-// joins, communicator bootstraps), which change often and concern fewer readers. Every wait of
-// the rendezvous and every poll() reads this copy: on etcd, that costs the store nothing until a
-// key in the range changes.
+// A participant's copy of its run's membership keys, kept by two key feeds:
+// - the keys from P/bootstrap/ up to P/round (outcomes, closers, bootstraps, the bounds,
+//   departures on purpose, pending joiners, the round number), none of a round's own keys
+//   (P/round/<r>/...: joins, communicator bootstraps), which change often and concern fewer
+//   readers;
+// - the heartbeat keys P/alive/, erasures only, each with the incarnation it ended: a departure.
+//   Their puts (N participants starting, each seen by N) are not sent, and the copy takes a
+//   member for alive unless it saw that incarnation end or a read of the keys missed it.
+// Every wait of the rendezvous and every poll() reads this copy: on etcd, that costs the store
+// nothing until a key changes.
 #pragma once
 
 #include <chrono>
@@ -11,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -25,21 +30,21 @@ class run_view {
  public:
   using keys = std::map<std::string, std::string, std::less<>>;
 
-  /// The range a run's view follows, under run prefix P: [P/alive/, P/round] (the byte after
-  /// "P/round" is '\0', so "P/round/..." lies beyond it).
-  static std::string range_from(std::string_view prefix) { return std::string(prefix) + "/alive/"; }
-  static std::string range_to(std::string_view prefix) { return std::string(prefix) + "/round" + '\0'; }
-
   [[nodiscard]] bool open() const noexcept { return feed_ != nullptr; }
 
-  /// Starts following the run under `prefix` in `s` (reads the range once).
+  /// Starts following the run under `prefix` in `s` (reads the membership keys once).
   void open(store& s, std::string_view prefix) {
-    feed_ = s.watch(range_from(prefix), range_to(prefix));
+    store_ = &s;
+    alive_prefix_ = std::string(prefix) + "/alive/";
+    // [P/bootstrap/, P/round]: the byte after "P/round" is '\0', so "P/round/..." lies beyond.
+    feed_ = s.watch(std::string(prefix) + "/bootstrap/", std::string(prefix) + "/round" + '\0');
+    gone_ = s.watch(alive_prefix_, std::string(prefix) + "/alive0", feed_options{false, false, true});
     keys_.clear();
+    ended_.clear();
     refresh();
   }
 
-  /// Takes in what the feed has (nothing asked of a pushing store; one list() of a polled one).
+  /// Takes in what the feeds have (nothing asked of a pushing store; a list() of a polled one).
   void refresh() {
     bool reset = false;
     auto events = feed_->take(reset);
@@ -51,6 +56,14 @@ class run_view {
         keys_.erase(e.key);
       }
     }
+    events = gone_->take(reset);
+    for (auto& e : events) {
+      if (e.previous && e.key.starts_with(alive_prefix_)) ended_.emplace(e.key.substr(alive_prefix_.size()), *e.previous);
+    }
+    if (reset) {
+      // The erasures in the gap are lost: what the heartbeat keys hold now says who ended.
+      stale_ = true;
+    }
   }
 
   /// Waits up to `timeout` for a change (a polled feed: a short sleep), then takes it in.
@@ -58,6 +71,28 @@ class run_view {
     feed_->wait(timeout);
     refresh();
   }
+
+  /// Whether the participant `id` in its life `incarnation` is alive, as far as the view knows.
+  [[nodiscard]] bool alive(const std::string& id, const std::string& incarnation) const {
+    return !ended_.contains({id, incarnation});
+  }
+
+  /// Reads the heartbeat keys (one list) and takes each of `lives` without one for ended: for a
+  /// reader that needs to know of lives that ended before its feeds began (a newcomer), or after
+  /// a feed lost its place.
+  template <class Lives>
+  void read_alive(const Lives& lives) {
+    std::map<std::string, std::string, std::less<>> now;
+    for (auto& [k, v] : store_->list(alive_prefix_)) now.emplace(k.substr(alive_prefix_.size()), std::move(v));
+    for (const auto& l : lives) {
+      const auto it = now.find(l.id);
+      if (it == now.end() || it->second != l.incarnation) ended_.emplace(l.id, l.incarnation);
+    }
+    stale_ = false;
+  }
+
+  /// Whether a feed of heartbeats lost its place since the last read_alive().
+  [[nodiscard]] bool stale() const noexcept { return stale_; }
 
   [[nodiscard]] std::optional<std::string> get(std::string_view key) const {
     const auto it = keys_.find(key);
@@ -75,8 +110,13 @@ class run_view {
   }
 
  private:
-  std::unique_ptr<key_feed> feed_;
+  store* store_ = nullptr;
+  std::string alive_prefix_;
+  std::unique_ptr<key_feed> feed_;  // the membership keys but the heartbeats
+  std::unique_ptr<key_feed> gone_;  // the heartbeats' erasures
   keys keys_;
+  std::set<std::pair<std::string, std::string>> ended_;  // (id, incarnation) whose heartbeat ended
+  bool stale_ = false;
 };
 
 }  // namespace elastic::inline v1::rendezvous::detail
