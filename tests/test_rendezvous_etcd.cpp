@@ -1,12 +1,16 @@
 // Rendezvous rounds over a real etcd with a few dozen participants, each with its own client (as
 // separate hosts would have): the store load of a formed, idle group must be its heartbeats
 // alone, not a per-rank poll; a departure is still seen by every member and a round re-forms.
+#include <signal.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -16,8 +20,10 @@
 
 #include "support/catch.hpp"
 #include "support/etcd_server.hpp"
+#include "support/process.hpp"
 
 using namespace std::chrono_literals;
+using elastic::test::child_process;
 using elastic::test::etcd_server;
 namespace rdzv = elastic::rendezvous;
 using clock_type = std::chrono::steady_clock;
@@ -154,4 +160,68 @@ TEST_CASE("32 participants over etcd: an idle round asks etcd for heartbeats onl
   // Seen in the test's log: the figures behind the bound.
   WARN("first round " << first_round << " s; idle " << idle_requests << " requests in " << idle_s << " s for " << n
                       << " participants; re-round " << reround << " s");
+}
+
+namespace {
+
+/// The next line of `p` starting with `prefix` (others skipped); nothing on timeout.
+std::optional<std::string> line_starting(child_process& p, const std::string& prefix, std::chrono::milliseconds timeout) {
+  const auto until = clock_type::now() + timeout;
+  while (clock_type::now() < until) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - clock_type::now());
+    auto line = p.read_line(std::max(left, 1ms));
+    if (!line) return std::nullopt;
+    if (line->starts_with("error")) FAIL("participant failed: " << *line);
+    if (line->starts_with(prefix)) return line;
+  }
+  return std::nullopt;
+}
+
+/// The world size of a "round N rank R world W ..." line.
+long world_of(const std::string& line) {
+  std::istringstream in(line);
+  std::string w;
+  long round = 0, rank = 0, world = 0;
+  in >> w >> round >> w >> rank >> w >> world;
+  return world;
+}
+
+}  // namespace
+
+TEST_CASE("a participant frozen with its lease alive is declared gone by its peers' heartbeats, and rejoins when it "
+          "thaws") {
+  etcd_server etcd;
+  // Leases of 60 s: only the peer heartbeats (1.5 s of silence) can notice the frozen one in time.
+  const std::vector<std::string> opts{"--hb",     "1000", "--hb-timeout", "60000", "--last-call", "2000",
+                                      "--join-timeout", "60000", "--peer-silence", "1500", "--poll", "50"};
+  std::vector<child_process> ps;
+  for (int i = 0; i < 4; ++i) {
+    std::vector<std::string> argv{ELASTIC_RDZV_WORKER, etcd.url(), "frozen", "3", "4", "p" + std::to_string(i), "stay"};
+    argv.insert(argv.end(), opts.begin(), opts.end());
+    ps.push_back(child_process::spawn(argv));
+  }
+  for (auto& p : ps) REQUIRE(line_starting(p, "round 1 ", 30s));
+  ps[2].kill(SIGSTOP);
+  const auto frozen_at = clock_type::now();
+  for (int i : {0, 1, 3}) {
+    // Well inside the 60 s lease: the lease cannot be what noticed.
+    const auto change = line_starting(ps[i], "change ", 20s);
+    REQUIRE(change);
+    CHECK(change->find("departed=p2") != std::string::npos);
+    const auto round = line_starting(ps[i], "round ", 20s);
+    REQUIRE(round);
+    CHECK(world_of(*round) == 3);
+  }
+  WARN("a frozen participant noticed and a round of 3 formed in "
+       << std::chrono::duration<double>(clock_type::now() - frozen_at).count() << " s (lease: 60 s)");
+  // Thawed, it finds itself declared gone, joins as a new life, and the group takes it back.
+  ps[2].kill(SIGCONT);
+  REQUIRE(line_starting(ps[2], "change ", 20s));
+  for (auto& p : ps) {
+    std::optional<std::string> round;
+    while ((round = line_starting(p, "round ", 30s)) && world_of(*round) != 4) {
+    }
+    REQUIRE(round);
+  }
+  // Each child_process SIGKILLs and reaps its process when it goes.
 }

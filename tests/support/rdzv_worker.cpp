@@ -3,6 +3,7 @@
 //
 //   rdzv_worker STORE RUN MIN MAX ID MODE [--hb MS] [--hb-timeout MS] [--last-call MS]
 //                                         [--join-timeout MS] [--poll MS] [--life MS]
+//                                         [--peer-silence MS]
 //     STORE  an shm store's name, or a store URL (shm://NAME, etcd://HOST:PORT)
 //     ID     the participant id, or - for the default (HOST:PID:RANDOM)
 //     MODE   once: join one round, report it, leave (exit 0)
@@ -15,6 +16,7 @@
 //                                                        preemption notice, SIGTERM, cut it short)
 //
 // The leader's bootstrap is "boot:<leader id>:<round>". Events go to ELASTIC_EVENTS when set.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -69,6 +71,10 @@ int main(int argc, char** argv) {
     else if (k == "--join-timeout") o.join_timeout = v;
     else if (k == "--poll") poll = v;
     else if (k == "--life") life = v;
+    else if (k == "--peer-silence") {
+      o.peer_silence_timeout = v;
+      o.peer_heartbeat_interval = std::min(o.peer_heartbeat_interval, v / 4);
+    }
     else {
       std::fprintf(stderr, "rdzv_worker: unknown option %s\n", argv[i]);
       return 2;

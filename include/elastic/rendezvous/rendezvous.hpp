@@ -26,6 +26,10 @@
 //   P/alive/<id>              "<incarnation>", leased: the heartbeat. It vanishes at most
 //                             heartbeat_timeout after the participant's last keep_alive.
 //   P/pending/<id>            "<incarnation>", leased: a late joiner waiting for the next round.
+//   P/gone/<id>               "<incarnation>": that life of the participant was declared gone by
+//                             a member that stopped hearing its peer heartbeats
+//                             (detail/peer_beacon.hpp). Join records and outcomes carry each
+//                             participant's heartbeat address as a last field.
 //   P/left/<id>               "<incarnation>": the participant left on purpose (leave(): it is done,
 //                             not dead). Not leased; it names one incarnation, so a restart under
 //                             the same id is not taken for it.
@@ -90,6 +94,7 @@
 #include <elastic/events.hpp>
 #include <elastic/rendezvous/detail/lease_keeper.hpp>
 #include <elastic/rendezvous/detail/participant_id.hpp>
+#include <elastic/rendezvous/detail/peer_beacon.hpp>
 #include <elastic/rendezvous/detail/rank_order.hpp>
 #include <elastic/rendezvous/detail/resolve_options.hpp>
 #include <elastic/rendezvous/detail/round_records.hpp>
@@ -178,6 +183,12 @@ class rendezvous {
       for (;;) {
         check_notice("joining");
         view_.refresh();
+        if (!is_alive(self())) {
+          // A peer declared this life gone while it was stalled: join as a new one.
+          declared_gone_ = true;
+          start_session();
+          continue;
+        }
         const std::int64_t r = read_round();
         const auto outcome = read_outcome(r);
         if (outcome.kind == detail::round_outcome::state::abandoned) {
@@ -220,6 +231,12 @@ class rendezvous {
     if (current_.round == 0) return ch;
     view_.refresh();
     if (view_.stale()) view_.read_alive(members_);
+    if (!is_alive(self())) {
+      ch.self_lost = true;  // a peer declared us gone (we were frozen or cut off): rejoin anew
+      declared_gone_ = true;
+    } else {
+      check_peers();
+    }
     ch.round_advanced = read_round() > current_.round;
     for (const auto& m : members_) {
       if (is_alive(m)) continue;
@@ -247,6 +264,7 @@ class rendezvous {
   /// `done` it first says so (P/left/<id>): the others see a departure on purpose
   /// (membership_change::left), one that owes them no collective; without, a death.
   void leave(bool done = false) noexcept {
+    beacon_.reset();
     if (done && current_.round > 0) {
       try {
         store_.set(prefix_ + "/left/" + opts_.participant_id, incarnation_);
@@ -303,7 +321,8 @@ class rendezvous {
   /// A lease, the heartbeat thread, the run's claims and our alive key; again after our lease
   /// lapsed (the group declared us dead: we come back as a new incarnation).
   void start_session() {
-    if (keeper_.lease() != 0 && !keeper_.lost()) return;
+    if (keeper_.lease() != 0 && !keeper_.lost() && !declared_gone_) return;
+    declared_gone_ = false;
     const lease_id fresh = store_.grant(opts_.heartbeat_timeout);
     if (const lease_id old = keeper_.replace(fresh); old != 0) {
       try {
@@ -317,6 +336,49 @@ class rendezvous {
     check_config();
     if (!view_.open()) view_.open(store_, prefix_);
     publish_alive(fresh);
+    start_beacon();
+  }
+
+  /// The peer heartbeats (rendezvous_options::peer_silence_timeout), once per participant; a
+  /// socket that cannot be had leaves them off, said in an event: the lease still notices.
+  void start_beacon() {
+    if (opts_.peer_silence_timeout.count() == 0 || store_.local()) return;
+    if (!beacon_) {
+      const std::string host = !opts_.peer_address.empty()
+                                   ? opts_.peer_address
+                                   : internal::env_string("ELASTIC_HOST_ADDR").value_or("127.0.0.1");
+      try {
+        beacon_ = std::make_unique<detail::peer_beacon>(host, opts_.run_id, opts_.peer_heartbeat_interval,
+                                                        opts_.peer_silence_timeout);
+      } catch (const error& e) {
+        events_.emit("rendezvous_peer_heartbeats_off", {{"participant", opts_.participant_id}, {"message", e.what()}});
+        return;
+      }
+    }
+    beacon_->identify(opts_.participant_id, incarnation_);
+  }
+
+  /// Peers whose heartbeats stopped: a warning at half the silence timeout, and at all of it
+  /// the store is told (P/gone/<id>), so every member sees the departure at once.
+  void check_peers() {
+    if (!beacon_) return;
+    std::vector<detail::beacon_peer> quiet, silent;
+    beacon_->take(quiet, silent);
+    for (const auto& p : quiet) {
+      events_.emit("rendezvous_peer_quiet", {{"participant", opts_.participant_id},
+                                             {"peer", p.id},
+                                             {"round", current_.round},
+                                             {"silent_ms", opts_.peer_silence_timeout.count() / 2}});
+    }
+    for (const auto& p : silent) {
+      if (!is_alive({p.id, p.incarnation})) continue;
+      store_.set(prefix_ + "/gone/" + p.id, p.incarnation);
+      view_.mark_ended(p.id, p.incarnation);
+      events_.emit("rendezvous_peer_gone", {{"participant", opts_.participant_id},
+                                            {"peer", p.id},
+                                            {"round", current_.round},
+                                            {"silent_ms", opts_.peer_silence_timeout.count()}});
+    }
   }
 
   /// The run's registration: other runs' participants see it (live_runs), and a participant
@@ -414,7 +476,10 @@ class rendezvous {
   std::vector<detail::join_entry> parse_joins(std::int64_t r, const detail::run_view::keys& records) const {
     const std::string prefix = key_round(r, "join/");
     std::vector<detail::join_entry> out;
-    for (const auto& [k, v] : records) out.push_back(detail::parse_join(k, k.substr(prefix.size()), v, prefix_));
+    for (const auto& [k, v] : records) {
+      auto j = detail::parse_join(k, k.substr(prefix.size()), v, prefix_);
+      if (is_alive(j.who)) out.push_back(std::move(j));  // a life declared gone does not count
+    }
     return out;
   }
 
@@ -450,6 +515,7 @@ class rendezvous {
         check_notice(fmt::format("waiting for round {} to close", r));
       }
       view_.refresh();
+      if (!is_alive(self())) return std::nullopt;  // declared gone: join() starts a new life
       if (auto end = round_end(r, mine)) return end->members;
       const auto now = clock::now();
       if (!c.joins) claim_closer(r, c, now);
@@ -458,9 +524,11 @@ class rendezvous {
         if (time_to_close(r, joins, now, quorum_since)) {
           // Of all would-be closers (a closer and one that thinks it died) the store lets
           // exactly one write; the others read its list.
+          std::map<std::string, std::string, std::less<>> addresses;
+          for (const auto& j : joins) addresses.emplace(j.who.id, j.address);
           store_.compare_set(key_of("closed", r), std::nullopt,
                              detail::format_members(
-                                 detail::rank_order(joins, r, static_cast<std::size_t>(opts_.max_ranks))));
+                                 detail::rank_order(joins, r, static_cast<std::size_t>(opts_.max_ranks)), addresses));
           continue;
         }
       }
@@ -522,7 +590,8 @@ class rendezvous {
     const std::string mine = key_round(r, "join/" + opts_.participant_id);
     const std::string prev =
         current_.round > 0 ? fmt::format("{}:{}", current_.round, current_.rank) : std::string("new");
-    store_.set(mine, incarnation_ + " " + prev, keeper_.lease());
+    store_.set(mine, incarnation_ + " " + prev + (beacon_ ? " " + beacon_->address() : std::string()),
+               keeper_.lease());
     return mine;
   }
 
@@ -646,7 +715,7 @@ class rendezvous {
         info.bootstrap = make_bootstrap ? make_bootstrap(info) : key_round(r, "gloo/");
         store_.set(key, info.bootstrap);
       }
-      collect_garbage(r);
+      collect_garbage(r, members);
     } else {
       for (;;) {
         if (preemption_handler::requested()) check_notice(fmt::format("waiting for the bootstrap of round {}", r));
@@ -667,6 +736,14 @@ class rendezvous {
       }
     }
     store_.erase(key_pending());
+    if (beacon_) {
+      const auto outcome = read_outcome(r);
+      std::vector<detail::beacon_peer> peers;
+      for (std::size_t i = 0; i < outcome.members.size(); ++i) {
+        peers.push_back({outcome.members[i].id, outcome.members[i].incarnation, outcome.addresses[i]});
+      }
+      beacon_->follow(peers, static_cast<std::size_t>(info.rank));
+    }
     const bool again = current_.round == r;
     current_ = info;
     members_ = members;
@@ -688,10 +765,15 @@ class rendezvous {
   /// Rounds before r-1 are history nobody reads: the leader erases them (r-1 stays, as the
   /// previous rank order newcomers are compared against): round r-2's own keys in one
   /// erase_prefix, and the closers, outcomes and bootstraps of every round before r-1 the view
-  /// still holds (abandoned rounds' among them), one request each.
-  void collect_garbage(std::int64_t r) {
-    if (r < 3) return;
+  /// still holds (abandoned rounds' among them), one request each; and the declarations of
+  /// lives gone that are not members of round r.
+  void collect_garbage(std::int64_t r, const std::vector<detail::member>& members) {
     try {
+      // Declarations of lives that are not in this round: done with.
+      for (const auto& [id, v] : view_.under(prefix_ + "/gone/")) {
+        if (!contains(members, {id, v})) store_.erase(prefix_ + "/gone/" + id);
+      }
+      if (r < 3) return;
       store_.erase_prefix(fmt::format("{}/round/{}/", prefix_, r - 2));
       for (const std::string_view kind : {"closer", "closed", "bootstrap"}) {
         const std::string dir = fmt::format("{}/{}/", prefix_, kind);
@@ -710,11 +792,13 @@ class rendezvous {
   std::string prefix_;
   std::chrono::milliseconds step_{10};
   std::int64_t round_floor_ = 0;  // the highest round number the store is known to have held
+  bool declared_gone_ = false;    // a peer declared this life gone: the next join starts a new one
   std::string incarnation_;
   round_info current_;
   std::vector<detail::member> members_;
   std::set<std::string> reported_;
   detail::run_view view_;        // the run's membership keys, as a feed keeps them
+  std::unique_ptr<detail::peer_beacon> beacon_;  // peer heartbeats (stores that span hosts)
   detail::lease_keeper keeper_;  // last: its thread stops before the members it uses go away
 };
 

@@ -27,6 +27,16 @@ struct rendezvous_options {
   std::chrono::milliseconds last_call_timeout{std::chrono::seconds(30)};  ///< wait past min_ranks
   std::chrono::milliseconds heartbeat_interval{std::chrono::seconds(5)};  ///< lease renewal period
   std::chrono::milliseconds heartbeat_timeout{std::chrono::seconds(30)};  ///< silent this long: dead
+  /// Members also beat to each other over UDP (each to the next two in rank order) and declare
+  /// one whose beats stopped for peer_silence_timeout gone, so a host that vanished is seen in
+  /// seconds rather than at its lease's expiry; a member only starved that long rejoins as a
+  /// new incarnation (half the timeout in, a rendezvous_peer_quiet warning says who is late).
+  /// 0: off. On by default on stores that span hosts (etcd), off on shm:// (one host).
+  std::chrono::milliseconds peer_silence_timeout{std::chrono::seconds(2)};
+  std::chrono::milliseconds peer_heartbeat_interval{std::chrono::milliseconds(250)};
+  /// The address the peer heartbeats listen on: empty: $ELASTIC_HOST_ADDR (elastic-run sets it
+  /// to this host's address towards the store), else 127.0.0.1.
+  std::string peer_address{};
   /// empty: ELASTIC_PARTICIPANT_ID, else HOST:PID:RANDOM; [A-Za-z0-9._:@-], 1..128
   std::string participant_id{};
   std::string key_prefix = "/elastic";   ///< where the run's keys live in the store

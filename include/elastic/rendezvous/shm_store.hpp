@@ -98,6 +98,8 @@ struct store_layout {
 
 class shm_store final : public store {
  public:
+  [[nodiscard]] bool local() const noexcept override { return true; }
+
   /// Opens the store NAME, creating it if it does not exist.
   explicit shm_store(std::string_view name, std::chrono::milliseconds ready_timeout = std::chrono::seconds(2))
       : name_(name) {

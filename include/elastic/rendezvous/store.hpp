@@ -94,6 +94,10 @@ class store {
                                                  std::string(to), std::chrono::milliseconds(2), o);
   }
 
+  /// Whether every participant of this store is on this host (shm://): then a participant that
+  /// dies is seen by its launcher at once, and peers need not beat to each other.
+  [[nodiscard]] virtual bool local() const noexcept { return false; }
+
   /// A lease that expires `ttl` after its last keep_alive().
   virtual lease_id grant(std::chrono::milliseconds ttl) = 0;
   /// Renews `lease`; throws errc::not_found when it has already expired (its keys are gone).

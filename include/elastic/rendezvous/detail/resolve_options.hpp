@@ -86,6 +86,13 @@ inline void check_timeouts(const rendezvous_options& opts) {
                                opts.join_timeout.count(), opts.last_call_timeout.count(),
                                opts.heartbeat_interval.count(), opts.heartbeat_timeout.count()));
   }
+  if (opts.peer_silence_timeout < milliseconds(0) ||
+      (opts.peer_silence_timeout > milliseconds(0) &&
+       (opts.peer_heartbeat_interval <= milliseconds(0) || opts.peer_heartbeat_interval * 2 > opts.peer_silence_timeout))) {
+    refuse_options(fmt::format("peer heartbeats every {} ms, gone after {} ms of silence: need a positive interval at "
+                               "most half the silence timeout (or a silence timeout of 0: off)",
+                               opts.peer_heartbeat_interval.count(), opts.peer_silence_timeout.count()));
+  }
 }
 
 /// Fills in `opts` from the environment and checks it, in the order a user fixes them: run id,

@@ -6,9 +6,11 @@
 // Fuzzed by tests/fuzz/fuzz_rendezvous_record.cpp.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <map>
 #include <set>
 #include <string>
 #include <string_view>
@@ -35,6 +37,7 @@ struct round_outcome {
   enum class state { open, members, abandoned };
   state kind = state::open;
   std::vector<member> members;
+  std::vector<std::string> addresses;  ///< each member's peer-heartbeat address ("": none), in rank order
   std::string why;  ///< abandoned: the reason
 };
 
@@ -43,7 +46,16 @@ struct join_entry {
   member who;
   std::int64_t prev_round = 0;  ///< 0: a newcomer
   std::int64_t prev_rank = 0;  ///< its rank in prev_round
+  std::string address;          ///< where its peer heartbeats listen ("": none)
 };
+
+/// A peer-heartbeat address as records carry it: "ip:port" or "[ipv6]:port", no spaces.
+inline bool valid_address(std::string_view a) noexcept {
+  return !a.empty() && a.size() <= 64 && std::all_of(a.begin(), a.end(), [](char c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F') || c == '.' || c == ':' ||
+           c == '[' || c == ']';
+  });
+}
 
 /// The run's bounds, in ranks, as P/config holds them.
 struct group_bounds {
@@ -83,9 +95,15 @@ inline std::optional<group_bounds> parse_config(std::string_view v) noexcept {
 /// Participant ids joined with ',' (the members field of events).
 inline std::string join_names(const std::vector<std::string>& ids) { return fmt::format("{}", fmt::join(ids, ",")); }
 
-inline std::string format_members(const std::vector<member>& members) {
+/// "members\n<id> <incarnation>[ <address>]\n..." with each member's address from `addresses`
+/// (by id) when it has one.
+inline std::string format_members(const std::vector<member>& members,
+                                  const std::map<std::string, std::string, std::less<>>& addresses = {}) {
   std::string out = "members";
-  for (const auto& m : members) out += "\n" + m.id + " " + m.incarnation;
+  for (const auto& m : members) {
+    out += "\n" + m.id + " " + m.incarnation;
+    if (const auto it = addresses.find(m.id); it != addresses.end() && !it->second.empty()) out += " " + it->second;
+  }
   return out;
 }
 
@@ -108,11 +126,16 @@ inline round_outcome parse_outcome(std::string_view key, const std::optional<std
     const std::string_view line = rest.substr(0, nl);
     rest = nl == std::string_view::npos ? std::string_view() : rest.substr(nl + 1);
     const auto sp = line.find(' ');
-    if (sp == std::string_view::npos || !valid_participant(line.substr(0, sp)) ||
-        !valid_incarnation(line.substr(sp + 1)) || !seen.emplace(line.substr(0, sp)).second) {
-      throw corrupt_key(key, v, "a member list ('<participant id> <incarnation>' per line)", run_prefix);
+    const auto sp2 = sp == std::string_view::npos ? sp : line.find(' ', sp + 1);
+    const std::string_view incarnation =
+        sp == std::string_view::npos ? std::string_view() : line.substr(sp + 1, sp2 == sp ? sp2 : sp2 - sp - 1);
+    const std::string_view address = sp2 == std::string_view::npos ? std::string_view() : line.substr(sp2 + 1);
+    if (sp == std::string_view::npos || !valid_participant(line.substr(0, sp)) || !valid_incarnation(incarnation) ||
+        (sp2 != std::string_view::npos && !valid_address(address)) || !seen.emplace(line.substr(0, sp)).second) {
+      throw corrupt_key(key, v, "a member list ('<participant id> <incarnation> [<address>]' per line)", run_prefix);
     }
-    out.members.push_back({std::string(line.substr(0, sp)), std::string(line.substr(sp + 1))});
+    out.members.push_back({std::string(line.substr(0, sp)), std::string(incarnation)});
+    out.addresses.emplace_back(address);
   }
   if (out.members.empty()) throw corrupt_key(key, v, "a member list (it is empty)", run_prefix);
   return out;
@@ -120,11 +143,18 @@ inline round_outcome parse_outcome(std::string_view key, const std::optional<std
 
 inline join_entry parse_join(std::string_view key, std::string_view id, std::string_view value,
                              std::string_view run_prefix) {
-  auto bad = [&] { return corrupt_key(key, value, "a join record ('<incarnation> new|<round>:<rank>')", run_prefix); };
+  auto bad = [&] {
+    return corrupt_key(key, value, "a join record ('<incarnation> new|<round>:<rank> [<address>]')", run_prefix);
+  };
   const auto sp = value.find(' ');
   if (sp == std::string_view::npos || !valid_participant(id) || !valid_incarnation(value.substr(0, sp))) throw bad();
-  join_entry e{{std::string(id), std::string(value.substr(0, sp))}, 0, 0};
-  const std::string_view prev = value.substr(sp + 1);
+  join_entry e{{std::string(id), std::string(value.substr(0, sp))}, 0, 0, {}};
+  std::string_view prev = value.substr(sp + 1);
+  if (const auto sp2 = prev.find(' '); sp2 != std::string_view::npos) {
+    if (!valid_address(prev.substr(sp2 + 1))) throw bad();
+    e.address = std::string(prev.substr(sp2 + 1));
+    prev = prev.substr(0, sp2);
+  }
   if (prev == "new") return e;
   const auto colon = prev.find(':');
   if (colon == std::string_view::npos) throw bad();

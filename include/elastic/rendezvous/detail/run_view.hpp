@@ -1,6 +1,7 @@
 // A participant's copy of its run's membership keys, kept by two key feeds:
 // - the keys from P/bootstrap/ up to P/round (outcomes, closers, bootstraps, the bounds,
-//   departures on purpose, pending joiners, the round number), none of a round's own keys
+//   members declared gone by their peers, departures on purpose, pending joiners, the round
+//   number), none of a round's own keys
 //   (P/round/<r>/...: joins, communicator bootstraps), which change often and concern fewer
 //   readers;
 // - the heartbeat keys P/alive/, erasures only, each with the incarnation it ended: a departure.
@@ -36,6 +37,7 @@ class run_view {
   void open(store& s, std::string_view prefix) {
     store_ = &s;
     alive_prefix_ = std::string(prefix) + "/alive/";
+    gone_prefix_ = std::string(prefix) + "/gone/";
     // [P/bootstrap/, P/round]: the byte after "P/round" is '\0', so "P/round/..." lies beyond.
     feed_ = s.watch(std::string(prefix) + "/bootstrap/", std::string(prefix) + "/round" + '\0');
     gone_ = s.watch(alive_prefix_, std::string(prefix) + "/alive0", feed_options{false, false, true});
@@ -73,9 +75,16 @@ class run_view {
   }
 
   /// Whether the participant `id` in its life `incarnation` is alive, as far as the view knows.
+  /// A life ends when its heartbeat key is erased, or when a peer declared it gone
+  /// (P/gone/<id>: its peer heartbeats stopped).
   [[nodiscard]] bool alive(const std::string& id, const std::string& incarnation) const {
-    return !ended_.contains({id, incarnation});
+    if (ended_.contains({id, incarnation})) return false;
+    const auto gone = keys_.find(gone_prefix_ + id);
+    return gone == keys_.end() || gone->second != incarnation;
   }
+
+  /// Takes the life `incarnation` of `id` for ended (we declared it gone ourselves).
+  void mark_ended(const std::string& id, const std::string& incarnation) { ended_.emplace(id, incarnation); }
 
   /// Reads the heartbeat keys (one list) and takes each of `lives` without one for ended: for a
   /// reader that needs to know of lives that ended before its feeds began (a newcomer), or after
@@ -111,7 +120,7 @@ class run_view {
 
  private:
   store* store_ = nullptr;
-  std::string alive_prefix_;
+  std::string alive_prefix_, gone_prefix_;
   std::unique_ptr<key_feed> feed_;  // the membership keys but the heartbeats
   std::unique_ptr<key_feed> gone_;  // the heartbeats' erasures
   keys keys_;
