@@ -552,16 +552,7 @@ class rendezvous {
     detail::run_view::keys records;
     clock::time_point tried{};
     const detail::run_view::keys& follow() {
-      bool reset = false;
-      auto events = joins->take(reset);
-      if (reset) records.clear();
-      for (auto& e : events) {
-        if (e.value) {
-          records.insert_or_assign(std::move(e.key), *std::move(e.value));
-        } else {
-          records.erase(e.key);
-        }
-      }
+      detail::take_into(*joins, records);
       return records;
     }
   };

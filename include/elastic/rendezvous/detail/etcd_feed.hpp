@@ -183,14 +183,9 @@ class etcd_feed final : public key_feed {
   static std::size_t on_data(char* data, std::size_t, std::size_t n, void* p) {
     auto& f = *static_cast<etcd_feed*>(p);
     try {
-      f.buffer_.append(data, n);
-      for (std::size_t nl; (nl = f.buffer_.find('\n')) != std::string::npos;) {
-        const std::string line = f.buffer_.substr(0, nl);
-        f.buffer_.erase(0, nl + 1);
-        if (line.find_first_not_of(" \r\t") == std::string::npos) continue;
-        if (!f.on_message(json::parse(line))) return 0;
-      }
-      return n;
+      return take_lines(f.buffer_, data, n, [&](const std::string& line) { return f.on_message(json::parse(line)); })
+                 ? n
+                 : 0;
     } catch (...) {
       return 0;  // a message we cannot read: end this stream; the next one starts where we were
     }

@@ -59,6 +59,20 @@ inline std::string bytes_field(const internal::json& obj, std::string_view name)
   return *std::move(v);
 }
 
+/// Appends `n` bytes of a stream of JSON lines (the gateway's streaming replies) to `buffer` and
+/// hands each whole, non-blank line to `on_line`, until it returns false; false then.
+template <class OnLine>
+bool take_lines(std::string& buffer, const char* data, std::size_t n, OnLine&& on_line) {
+  buffer.append(data, n);
+  for (std::size_t nl; (nl = buffer.find('\n')) != std::string::npos;) {
+    const std::string line = buffer.substr(0, nl);
+    buffer.erase(0, nl + 1);
+    if (line.find_first_not_of(" \r\t") == std::string::npos) continue;
+    if (!on_line(line)) return false;
+  }
+  return true;
+}
+
 /// A key's value and the revision that last changed it (0: never), from a range reply.
 struct etcd_kv {
   std::string value;

@@ -66,14 +66,7 @@ struct watch_stream {
   static std::size_t on_data(char* data, std::size_t, std::size_t n, void* p) {
     auto& s = *static_cast<watch_stream*>(p);
     try {
-      s.buffer.append(data, n);
-      for (std::size_t nl; (nl = s.buffer.find('\n')) != std::string::npos;) {
-        const std::string line = s.buffer.substr(0, nl);
-        s.buffer.erase(0, nl + 1);
-        if (line.find_first_not_of(" \r\t") == std::string::npos) continue;
-        if (s.settle(line)) return 0;
-      }
-      return n;
+      return take_lines(s.buffer, data, n, [&](const std::string& line) { return !s.settle(line); }) ? n : 0;
     } catch (...) {
       s.result = watch_result::failed;
       s.done = true;

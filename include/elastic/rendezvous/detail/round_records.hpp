@@ -1,7 +1,8 @@
 // The records a rendezvous keeps in the store (the key schema is at the top of
 // rendezvous/rendezvous.hpp): the run's bounds ("min_nodes=M max_nodes=N", a wire name kept for
-// groups already running: both count ranks), a round's outcome ("members\n<id> <incarnation>..."
-// or "abandoned\n<why>") and a join ("<incarnation> new|<round>:<rank>"). Each is written and
+// groups already running: both count ranks), a round's outcome ("members\n<id> <incarnation>
+// [<address>]..." or "abandoned\n<why>") and a join ("<incarnation> new|<round>:<rank>
+// [<address>]"; the address is where the participant's peer heartbeats listen). Each is written and
 // read here only; a record that does not parse is errc::corrupt naming the key and what to do.
 // Fuzzed by tests/fuzz/fuzz_rendezvous_record.cpp.
 #pragma once

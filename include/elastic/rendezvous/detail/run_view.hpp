@@ -27,9 +27,26 @@
 
 namespace elastic::inline v1::rendezvous::detail {
 
+/// A copy of keys, and the changes a feed brings applied to it.
+using key_copy = std::map<std::string, std::string, std::less<>>;
+
+/// Takes what `feed` has into `copy` (dropping the copy first when the feed lost its place).
+inline void take_into(key_feed& feed, key_copy& copy) {
+  bool reset = false;
+  auto events = feed.take(reset);
+  if (reset) copy.clear();
+  for (auto& e : events) {
+    if (e.value) {
+      copy.insert_or_assign(std::move(e.key), *std::move(e.value));
+    } else {
+      copy.erase(e.key);
+    }
+  }
+}
+
 class run_view {
  public:
-  using keys = std::map<std::string, std::string, std::less<>>;
+  using keys = key_copy;
 
   [[nodiscard]] bool open() const noexcept { return feed_ != nullptr; }
 
@@ -48,17 +65,9 @@ class run_view {
 
   /// Takes in what the feeds have (nothing asked of a pushing store; a list() of a polled one).
   void refresh() {
+    take_into(*feed_, keys_);
     bool reset = false;
-    auto events = feed_->take(reset);
-    if (reset) keys_.clear();
-    for (auto& e : events) {
-      if (e.value) {
-        keys_.insert_or_assign(std::move(e.key), *std::move(e.value));
-      } else {
-        keys_.erase(e.key);
-      }
-    }
-    events = gone_->take(reset);
+    auto events = gone_->take(reset);
     for (auto& e : events) {
       if (e.previous && e.key.starts_with(alive_prefix_)) ended_.emplace(e.key.substr(alive_prefix_.size()), *e.previous);
     }
