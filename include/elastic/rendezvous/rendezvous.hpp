@@ -472,23 +472,11 @@ class rendezvous {
 
   bool is_alive(const detail::member& m) const { return view_.alive(m.id, m.incarnation); }
 
-  /// Round r's join records, parsed from the closer's copy of them (key -> value).
-  std::vector<detail::join_entry> parse_joins(std::int64_t r, const detail::run_view::keys& records) const {
-    const std::string prefix = key_round(r, "join/");
-    std::vector<detail::join_entry> out;
-    for (const auto& [k, v] : records) {
-      auto j = detail::parse_join(k, k.substr(prefix.size()), v, prefix_);
-      if (is_alive(j.who)) out.push_back(std::move(j));  // a life declared gone does not count
-    }
-    return out;
-  }
-
   /// Whether everyone the group expects in round r has joined: the live members of round r-1
   /// and the live waiters. Lets a recovery round close without waiting for the last call.
-  bool expected_all_joined(std::int64_t r, const std::vector<detail::join_entry>& joins) {
-    if (r < 2) return false;
-    const auto prev = read_outcome(r - 1);
-    if (prev.kind != detail::round_outcome::state::members) return false;
+  bool expected_all_joined(std::int64_t r, const std::vector<detail::join_entry>& joins,
+                           const detail::round_outcome& prev) {
+    if (r < 2 || prev.kind != detail::round_outcome::state::members) return false;
     std::set<std::pair<std::string_view, std::string_view>> joined;
     for (const auto& j : joins) joined.emplace(j.who.id, j.who.incarnation);
     const auto in = [&](const detail::member& m) { return joined.contains({m.id, m.incarnation}); };
@@ -520,8 +508,8 @@ class rendezvous {
       const auto now = clock::now();
       if (!c.joins) claim_closer(r, c, now);
       if (c.joins) {
-        const auto joins = parse_joins(r, c.follow());
-        if (time_to_close(r, joins, now, quorum_since)) {
+        const auto joins = follow_joins(r, c);
+        if (time_to_close(r, joins, c.previous, now, quorum_since)) {
           // Of all would-be closers (a closer and one that thinks it died) the store lets
           // exactly one write; the others read its list.
           std::map<std::string, std::string, std::less<>> addresses;
@@ -546,16 +534,36 @@ class rendezvous {
     }
   }
 
-  /// The closer's side of an open round: its copy of the join records, kept by a feed.
+  /// The closer's side of an open round: the join records, kept by a feed and parsed once
+  /// each, and the previous round's outcome (read once).
   struct closer {
     std::unique_ptr<key_feed> joins;
-    detail::run_view::keys records;
+    std::map<std::string, detail::join_entry, std::less<>> records;
+    detail::round_outcome previous;
     clock::time_point tried{};
-    const detail::run_view::keys& follow() {
-      detail::take_into(*joins, records);
-      return records;
-    }
   };
+
+  /// Takes in round r's join changes; returns the joins of lives not declared gone.
+  std::vector<detail::join_entry> follow_joins(std::int64_t r, closer& c) {
+    const std::string prefix = key_round(r, "join/");
+    bool reset = false;
+    auto events = c.joins->take(reset);
+    if (reset) c.records.clear();
+    for (auto& e : events) {
+      if (e.value) {
+        c.records.insert_or_assign(e.key, detail::parse_join(e.key, std::string_view(e.key).substr(prefix.size()),
+                                                             *e.value, prefix_));
+      } else {
+        c.records.erase(e.key);
+      }
+    }
+    std::vector<detail::join_entry> out;
+    out.reserve(c.records.size());
+    for (const auto& [k, j] : c.records) {
+      if (is_alive(j.who)) out.push_back(j);  // a life declared gone does not count
+    }
+    return out;
+  }
 
   /// Claims round r's closer key when the view shows none (the first joiner, or the closer
   /// died): the winner follows the joins. A claim the view has not caught up with yet is not
@@ -567,9 +575,10 @@ class rendezvous {
     if (!store_.compare_set(key, std::nullopt, opts_.participant_id, keeper_.lease())) return;
     // Whether the previous round's members still live decides when this one may close early:
     // a closer that was not one of them learns it with one read.
-    if (r >= 2 && current_.round != r - 1) {
-      if (const auto prev = read_outcome(r - 1); prev.kind == detail::round_outcome::state::members) {
-        view_.read_alive(prev.members);
+    if (r >= 2) {
+      c.previous = read_outcome(r - 1);
+      if (current_.round != r - 1 && c.previous.kind == detail::round_outcome::state::members) {
+        view_.read_alive(c.previous.members);
       }
     }
     // Keys under P/round/<r>/join/ up to the next byte after '/' ('0'): ids never hold a '/'.
@@ -616,13 +625,13 @@ class rendezvous {
 
   /// Whether round r should close now: max_ranks joined, or min_ranks joined and the last call
   /// (counted from `quorum_since`, which this keeps) ran out or everyone expected is in.
-  bool time_to_close(std::int64_t r, const std::vector<detail::join_entry>& joins, clock::time_point now,
-                     clock::time_point& quorum_since) {
+  bool time_to_close(std::int64_t r, const std::vector<detail::join_entry>& joins,
+                     const detail::round_outcome& previous, clock::time_point now, clock::time_point& quorum_since) {
     const auto joined = joins.size();
     bool close = joined >= static_cast<std::size_t>(opts_.max_ranks);
     if (!close && joined >= static_cast<std::size_t>(opts_.min_ranks)) {
       if (quorum_since == clock::time_point::max()) quorum_since = now;
-      close = now - quorum_since >= opts_.last_call_timeout || expected_all_joined(r, joins);
+      close = now - quorum_since >= opts_.last_call_timeout || expected_all_joined(r, joins, previous);
     } else if (joined < static_cast<std::size_t>(opts_.min_ranks)) {
       quorum_since = clock::time_point::max();
     }
