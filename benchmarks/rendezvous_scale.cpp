@@ -23,7 +23,12 @@
 //
 //   rendezvous_scale [--sizes=4,16,64,128,256,512,1024] [--cap-s=120] [--idle-s=5]
 //                    [--max-processes=64] [--hb-interval-ms=500] [--hb-timeout-ms=2000]
-//                    [--poll-ms=50] [--label=TEXT] [--out=FILE]
+//                    [--poll-ms=50] [--hosts=H] [--label=TEXT] [--out=FILE]
+//
+// --hosts=H puts the participant processes in H network namespaces (dealt in turn), each joined
+// by a veth to a bridge in this namespace where etcd also listens, as H hosts would reach one
+// etcd (root and iproute2; tests/two_hosts_netns.sh does the same with two). The namespaces
+// share this machine's CPUs: it separates the network paths, not the hardware.
 #include <curl/curl.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -34,12 +39,14 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <memory>
 #include <optional>
 #include <set>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -83,6 +90,7 @@ struct settings {
   int hb_timeout_ms = 2000;
   int poll_ms = 50;
   int sample_ms = 250;
+  int hosts = 0;  // 0: every process in this network namespace; else that many namespaces
   std::string label;
   std::string out;
   std::string participant = ELASTIC_RDZV_PARTICIPANT;
@@ -93,8 +101,11 @@ struct result {
   int n = 0;
   int processes = 0;
   int max_per_process = 0;
+  int hosts = 0;
+  int failed = 0;  // participants whose join()/next_round() threw (out of the group)
   int formed = 0;  // participants with a round when the first-round wait ended
   std::optional<double> first_round_s, retired_s, silent_s;
+  std::optional<double> first_partial_s;  // when the last of `formed` got its round (not all did)
   bool retired_tried = false, silent_tried = false;
   std::optional<double> idle_client, idle_etcd, peak_client, peak_etcd, etcd_cpu_pct;
   std::string note;
@@ -152,6 +163,66 @@ std::optional<double> cpu_seconds(pid_t pid) {
   return ticks / static_cast<double>(::sysconf(_SC_CLK_TCK));
 }
 
+/// `hosts` network namespaces, each joined by a veth to a bridge in this namespace, where etcd
+/// also listens: participant processes placed in them reach etcd as other hosts would, over a
+/// link of their own (as tests/two_hosts_netns.sh does with two). Needs root and iproute2;
+/// everything is removed by the destructor (a namespace's veth goes with it).
+class netns_hosts {
+ public:
+  explicit netns_hosts(int hosts) {
+    if (hosts <= 0) return;
+    if (::geteuid() != 0) throw std::runtime_error("--hosts needs root (network namespaces)");
+    if (hosts > 250) throw std::runtime_error("--hosts: at most 250");
+    const int pid = ::getpid();
+    tag_ = fmt::format("rs{}", pid % 100000);
+    net_ = fmt::format("10.233.{}", pid % 250);
+    try {
+      sh(fmt::format("ip link add {0}b type bridge && ip addr add {1}.1/24 dev {0}b && ip link set {0}b up", tag_, net_));
+      bridge_ = true;
+      for (int i = 0; i < hosts; ++i) {
+        const std::string ns = fmt::format("{}h{}", tag_, i);
+        sh(fmt::format("ip netns add {}", ns));
+        names_.push_back(ns);
+        sh(fmt::format("ip link add {0}v{1} type veth peer name {0}p{1} && ip link set {0}p{1} netns {2} && "
+                       "ip link set {0}v{1} master {0}b && ip link set {0}v{1} up && "
+                       "ip -n {2} addr add {3}.{4}/24 dev {0}p{1} && ip -n {2} link set {0}p{1} up && "
+                       "ip -n {2} link set lo up",
+                       tag_, i, ns, net_, i + 2));
+      }
+    } catch (...) {
+      remove();
+      throw;
+    }
+  }
+  netns_hosts(const netns_hosts&) = delete;
+  netns_hosts& operator=(const netns_hosts&) = delete;
+  ~netns_hosts() { remove(); }
+
+  [[nodiscard]] int count() const { return static_cast<int>(names_.size()); }
+  /// The address etcd serves the namespaces on (the bridge's).
+  [[nodiscard]] std::string gateway() const { return net_ + ".1"; }
+  /// The command prefix that runs a program in host `i`'s namespace (ip netns exec execs it, so
+  /// the child's pid is the program's).
+  [[nodiscard]] std::vector<std::string> prefix(int i) const {
+    return {"/usr/sbin/ip", "netns", "exec", names_[static_cast<std::size_t>(i) % names_.size()]};
+  }
+
+ private:
+  static void sh(const std::string& cmd) {
+    if (std::system((cmd + " 2>&1").c_str()) != 0) throw std::runtime_error("failed: " + cmd);
+  }
+  void remove() noexcept {
+    for (const auto& ns : names_) std::system(fmt::format("ip netns del {} 2>/dev/null", ns).c_str());
+    names_.clear();
+    if (bridge_) std::system(fmt::format("ip link del {}b 2>/dev/null", tag_).c_str());
+    bridge_ = false;
+  }
+
+  std::string tag_, net_;
+  std::vector<std::string> names_;
+  bool bridge_ = false;
+};
+
 /// One participant process and what it said.
 struct host_proc {
   child_process child;
@@ -164,7 +235,7 @@ struct host_proc {
 /// The run: processes, what they reported, and the participants' newest rounds.
 class run_state {
  public:
-  run_state(const settings& cfg, int n, const etcd_server& etcd, const std::string& dir)
+  run_state(const settings& cfg, int n, const etcd_server& etcd, const netns_hosts& hosts, const std::string& dir)
       : cfg_(cfg), n_(n), go_(dir + "/go") {
     // The victims come first, one process each; the rest are spread evenly.
     const int procs = std::min(n, cfg.max_processes);
@@ -174,17 +245,23 @@ class run_state {
       const int g = i < 2 || procs <= 2 ? std::min(i, procs - 1) : 2 + (i - 2) % (procs - 2);
       groups[static_cast<std::size_t>(g)].push_back(id);
     }
-    for (auto& g : groups) {
+    // In namespaces, processes are dealt to hosts in turn (the victims to hosts 0 and 1).
+    const std::string url =
+        hosts.count() > 0 ? fmt::format("etcd://{}:{}", hosts.gateway(), etcd.port()) : etcd.url();
+    for (std::size_t i = 0; i < groups.size(); ++i) {
       std::string ids;
-      for (const auto& id : g) ids += (ids.empty() ? "" : ",") + id;
+      for (const auto& id : groups[i]) ids += (ids.empty() ? "" : ",") + id;
       host_proc h;
-      h.ids = g;
-      h.child = child_process::spawn(
-          {cfg.participant, "--store=" + etcd.url(), "--run=scale", fmt::format("--min={}", std::max(1, n - 2)),
-           fmt::format("--max={}", n), "--ids=" + ids, "--go=" + go_, fmt::format("--poll-ms={}", cfg.poll_ms),
-           fmt::format("--hb-interval-ms={}", cfg.hb_interval_ms), fmt::format("--hb-timeout-ms={}", cfg.hb_timeout_ms),
-           fmt::format("--sample-ms={}", cfg.sample_ms),
-           fmt::format("--join-timeout-ms={}", static_cast<long long>(cfg.cap_s * 2000))});
+      h.ids = groups[i];
+      std::vector<std::string> argv;
+      if (hosts.count() > 0) argv = hosts.prefix(static_cast<int>(i));
+      argv.insert(argv.end(),
+                  {cfg.participant, "--store=" + url, "--run=scale", fmt::format("--min={}", std::max(1, n - 2)),
+                   fmt::format("--max={}", n), "--ids=" + ids, "--go=" + go_, fmt::format("--poll-ms={}", cfg.poll_ms),
+                   fmt::format("--hb-interval-ms={}", cfg.hb_interval_ms),
+                   fmt::format("--hb-timeout-ms={}", cfg.hb_timeout_ms), fmt::format("--sample-ms={}", cfg.sample_ms),
+                   fmt::format("--join-timeout-ms={}", static_cast<long long>(cfg.cap_s * 2000))});
+      h.child = child_process::spawn(std::move(argv));
       procs_.push_back(std::move(h));
     }
   }
@@ -237,6 +314,7 @@ class run_state {
     for (const auto& p : procs_) {
       if (p.gone) continue;
       for (const auto& id : p.ids) {
+        if (failed_.contains(id)) continue;
         auto it = first_past_.find(id);
         if (it == first_past_.end()) continue;
         auto r = it->second.upper_bound(round);
@@ -250,13 +328,15 @@ class run_state {
   [[nodiscard]] int live_participants() const {
     int c = 0;
     for (const auto& p : procs_)
-      if (!p.gone) c += static_cast<int>(p.ids.size());
+      if (!p.gone)
+        for (const auto& id : p.ids) c += failed_.contains(id) ? 0 : 1;
     return c;
   }
   /// The newest round any participant reported.
   [[nodiscard]] std::int64_t newest_round() const { return newest_; }
   [[nodiscard]] std::int64_t last_round_line_ns() const { return last_line_ns_; }
   [[nodiscard]] const std::vector<std::string>& errors() const { return errors_; }
+  [[nodiscard]] int failed() const { return static_cast<int>(failed_.size()); }
 
   /// The stores' request total over all live processes at `bucket`, when each of them reported it.
   [[nodiscard]] std::optional<std::uint64_t> requests_at(std::int64_t bucket) const {
@@ -291,7 +371,12 @@ class run_state {
       in >> bucket >> total;
       p.requests[bucket] = total;
     } else if (what == "error") {
-      if (errors_.size() < 5) errors_.push_back(line);
+      // Its join()/next_round() threw: it is out of the group, as an elastic_group whose
+      // rebuild failed would be; the others are timed without it.
+      std::string id;
+      in >> id;
+      failed_.insert(id);
+      if (errors_.size() < 3) errors_.push_back(line);
     }
   }
 
@@ -303,6 +388,7 @@ class run_state {
   std::int64_t newest_ = 0;
   std::int64_t last_line_ns_ = 0;
   std::vector<std::string> errors_;
+  std::set<std::string> failed_;
 };
 
 /// Waits (draining) until nobody has completed a round for `quiet_s`, at most `cap_s`.
@@ -317,14 +403,25 @@ void sleep_draining(run_state& run, double s) {
 result measure(const settings& cfg, int n) {
   result res;
   res.n = n;
-  etcd_server etcd;
+  netns_hosts hosts(cfg.hosts);
+  etcd_server::options eo;
+  if (hosts.count() > 0) eo.extra_client_hosts.push_back(hosts.gateway());
+  etcd_server etcd(eo);
   elastic::test::temp_dir dir;
-  run_state run(cfg, n, etcd, dir.path());
+  run_state run(cfg, n, etcd, hosts, dir.path());
+  res.hosts = hosts.count();
+  // What a participant threw (a join timeout, a refusal) goes into the note on every path.
+  auto done = [&]() -> result {
+    res.failed = run.failed();
+    if (res.failed > 0) res.note += fmt::format("{} participant(s) threw and left the group, e.g.", res.failed);
+    for (const auto& e : run.errors()) res.note += " [" + e + "]";
+    return res;
+  };
   res.processes = run.processes();
   res.max_per_process = run.max_per_process();
   if (!run.all_ready(60)) {
     res.note = "participants did not start within 60 s";
-    return res;
+    return done();
   }
 
   // First round, sampling etcd's count every second for the peak.
@@ -344,6 +441,8 @@ result measure(const settings& cfg, int n) {
   });
   res.formed = run.past(0).first;
   if (formed) res.first_round_s = (run.past(0).second - t0) / 1e9;
+  else if (res.formed > 0) res.first_partial_s = (run.past(0).second - t0) / 1e9;
+
   const std::int64_t formed_at = formed ? run.past(0).second : now_ns();
   sleep_draining(run, 1.0);
   sample_etcd();
@@ -367,10 +466,13 @@ result measure(const settings& cfg, int n) {
   }
   if (etcd_samples.size() > 1) res.peak_etcd = epeak;
   if (!formed) {
-    res.note = fmt::format("{} of {} had a round after {:.0f} s", res.formed, n, cfg.cap_s);
-    return res;
+    res.note = res.first_partial_s ? fmt::format("{} of {} had a round after {:.0f} s, the last of them at {:.1f} s",
+                                                 res.formed, n, cfg.cap_s, *res.first_partial_s)
+                                   : fmt::format("none of {} had a round after {:.0f} s", n, cfg.cap_s);
+    return done();
   }
 
+  if (interrupted) return done();
   // Idle: a formed round with every watcher polling.
   settle(run, 1.0, cfg.cap_s);
   {
@@ -392,11 +494,14 @@ result measure(const settings& cfg, int n) {
   }
 
   // A death that elastic-run retires: SIGKILL, reap, erase the alive key.
+  if (interrupted) return done();
   {
     res.retired_tried = true;
     const std::int64_t round = run.newest_round();
     host_proc& victim = run.proc(0);
-    rdzv::etcd_store admin(etcd.url());
+    rdzv::etcd_options admin_options;
+    admin_options.unavailable_timeout = std::chrono::seconds(5);  // elastic-run retries in the background
+    rdzv::etcd_store admin(etcd.url(), admin_options);
     const std::int64_t t = now_ns();
     victim.child.kill(SIGKILL);
     victim.child.wait_for(milliseconds(5000));
@@ -404,19 +509,20 @@ result measure(const settings& cfg, int n) {
     try {
       admin.erase(rdzv::alive_key(rdzv::rendezvous_options{}.key_prefix, "scale", victim.ids.front()));
     } catch (const std::exception& e) {
-      res.note += fmt::format("erasing the alive key failed: {}; ", e.what());
+      res.note += fmt::format("erasing the alive key failed: {}. ", e.what());
     }
-    const int survivors = run.live_participants();
-    if (run.wait(cfg.cap_s, [&] { return run.past(round).first == survivors; })) {
+    // Survivors: those alive and still in the group (one that throws meanwhile is not waited for).
+    auto all_past = [&] { return run.live_participants() > 0 && run.past(round).first == run.live_participants(); };
+    if (run.wait(cfg.cap_s, all_past)) {
       res.retired_s = (run.past(round).second - t) / 1e9;
     } else {
-      res.note += fmt::format("retired: {} of {} re-formed; ", run.past(round).first, survivors);
-      return res;
+      res.note += fmt::format("retired: {} of {} re-formed. ", run.past(round).first, run.live_participants());
+      return done();
     }
   }
 
   // A silent vanish: SIGSTOP, nobody is told; the lease must expire.
-  if (run.processes() > 2) {
+  if (run.processes() > 2 && !interrupted) {
     settle(run, 1.0, cfg.cap_s);
     res.silent_tried = true;
     const std::int64_t round = run.newest_round();
@@ -424,16 +530,16 @@ result measure(const settings& cfg, int n) {
     const std::int64_t t = now_ns();
     victim.child.kill(SIGSTOP);
     victim.gone = true;
-    const int survivors = run.live_participants();
-    if (run.wait(cfg.cap_s, [&] { return run.past(round).first == survivors; })) {
+    // Survivors: those alive and still in the group (one that throws meanwhile is not waited for).
+    auto all_past = [&] { return run.live_participants() > 0 && run.past(round).first == run.live_participants(); };
+    if (run.wait(cfg.cap_s, all_past)) {
       res.silent_s = (run.past(round).second - t) / 1e9;
     } else {
-      res.note += fmt::format("silent: {} of {} re-formed; ", run.past(round).first, survivors);
+      res.note += fmt::format("silent: {} of {} re-formed. ", run.past(round).first, run.live_participants());
     }
     victim.child.kill(SIGKILL);  // a stopped process takes SIGKILL; the destructor reaps it
   }
-  if (!run.errors().empty()) res.note += run.errors().front();
-  return res;
+  return done();
 }
 
 std::string seconds_or_none(const std::optional<double>& s, bool tried, double cap) {
@@ -478,6 +584,7 @@ int main(int argc, char** argv) {
     else if (key == "--hb-interval-ms") cfg.hb_interval_ms = static_cast<int>(number());
     else if (key == "--hb-timeout-ms") cfg.hb_timeout_ms = static_cast<int>(number());
     else if (key == "--poll-ms") cfg.poll_ms = static_cast<int>(number());
+    else if (key == "--hosts") cfg.hosts = static_cast<int>(number());
     else if (key == "--label") cfg.label = value;
     else if (key == "--out") cfg.out = value;
     else if (key == "--participant") cfg.participant = value;
@@ -517,8 +624,9 @@ int main(int argc, char** argv) {
       r.n = n;
       r.note = fmt::format("failed: {}", e.what());
     }
-    const std::string layout = r.max_per_process <= 1 ? fmt::format("{} procs", r.processes)
-                                                       : fmt::format("{} procs <={} thr", r.processes, r.max_per_process);
+    std::string layout = r.max_per_process <= 1 ? fmt::format("{} procs", r.processes)
+                                                 : fmt::format("{} procs <={} thr", r.processes, r.max_per_process);
+    if (r.hosts > 0) layout += fmt::format(" {} ns", r.hosts);
     const std::string idle =
         r.idle_client ? fmt::format("{:.0f} ({:.1f})", *r.idle_client, *r.idle_client / n) : std::string("-");
     std::printf("%6d  %-16s  %-14s  %-16s  %-16s  %-22s  %-10s  %-15s  %s\n", n, layout.c_str(),
@@ -547,11 +655,11 @@ int main(int argc, char** argv) {
         if (static_cast<unsigned char>(c) >= 0x20) note += c;
       }
       out << fmt::format(
-          "{}{{\"n\":{},\"processes\":{},\"max_per_process\":{},\"formed\":{},\"first_round_s\":{},"
+          "{}{{\"n\":{},\"processes\":{},\"max_per_process\":{},\"hosts\":{},\"failed\":{},\"formed\":{},\"first_round_s\":{},\"first_partial_s\":{},"
           "\"retired_reround_s\":{},\"silent_reround_s\":{},\"idle_requests_per_s_client\":{},"
           "\"idle_requests_per_s_etcd\":{},\"peak_requests_per_s_client\":{},\"peak_requests_per_s_etcd\":{},"
           "\"etcd_cpu_idle_pct\":{},\"note\":\"{}\"}}",
-          i == 0 ? "" : ",", r.n, r.processes, r.max_per_process, r.formed, json_number(r.first_round_s),
+          i == 0 ? "" : ",", r.n, r.processes, r.max_per_process, r.hosts, r.failed, r.formed, json_number(r.first_round_s), json_number(r.first_partial_s),
           json_number(r.retired_s), json_number(r.silent_s), json_number(r.idle_client), json_number(r.idle_etcd),
           json_number(r.peak_client), json_number(r.peak_etcd), json_number(r.etcd_cpu_pct), note);
     }
