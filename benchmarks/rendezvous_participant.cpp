@@ -154,20 +154,22 @@ int main(int argc, char** argv) {
     ps.push_back(std::move(p));
     from = comma + 1;
   }
+  // The request counter, read at ticks aligned on the monotonic clock, for the driver to add up
+  // across processes tick by tick; from before the start line, so the driver has every tick of
+  // the first round.
+  std::jthread sampler([&ps, step = sample_ms * 1'000'000](std::stop_token st) {
+    for (std::int64_t bucket = now_ns() / step + 1; !st.stop_requested(); ++bucket) {
+      std::this_thread::sleep_until(std::chrono::steady_clock::time_point(std::chrono::nanoseconds(bucket * step)));
+      std::uint64_t total = 0;
+      for (const auto& p : ps) total += p.store->requests();
+      say(fmt::format("requests {} {}", bucket, total));
+    }
+  });
   say("ready");
   // The driver's start line; bounded by the driver, which SIGKILLs us when it gives up.
   while (!std::filesystem::exists(go)) std::this_thread::sleep_for(milliseconds(1));
 
   std::vector<std::jthread> threads;
   for (auto& p : ps) threads.emplace_back([&p, poll_ms] { run(p, milliseconds(poll_ms)); });
-
-  // The request counter, read at ticks aligned on the monotonic clock, for the driver to add up
-  // across processes tick by tick.
-  const std::int64_t step = sample_ms * 1'000'000;
-  for (std::int64_t bucket = now_ns() / step + 1;; ++bucket) {
-    std::this_thread::sleep_until(std::chrono::steady_clock::time_point(std::chrono::nanoseconds(bucket * step)));
-    std::uint64_t total = 0;
-    for (const auto& p : ps) total += p.store->requests();
-    say(fmt::format("requests {} {}", bucket, total));
-  }
+  for (;;) std::this_thread::sleep_for(std::chrono::hours(1));  // the driver SIGKILLs us
 }
