@@ -295,7 +295,9 @@ class run_state {
 
   bool all_ready(double cap_s) {
     return wait(cap_s, [&] {
-      return std::all_of(procs_.begin(), procs_.end(), [](const host_proc& p) { return p.ready; });
+      // A process's first tick of requests must precede the start line, for the peak's first window.
+      return std::all_of(procs_.begin(), procs_.end(),
+                         [](const host_proc& p) { return p.ready && !p.requests.empty(); });
     });
   }
 
