@@ -415,7 +415,10 @@ result measure(const settings& cfg, int n) {
   // What a participant threw (a join timeout, a refusal) goes into the note on every path.
   auto done = [&]() -> result {
     res.failed = run.failed();
-    if (res.failed > 0) res.note += fmt::format("{} participant(s) threw and left the group, e.g.", res.failed);
+    if (res.failed > 0) {
+      res.note += fmt::format("{}{} participant(s) threw and left the group, e.g.", res.note.empty() ? "" : ". ",
+                              res.failed);
+    }
     for (const auto& e : run.errors()) res.note += " [" + e + "]";
     return res;
   };
