@@ -24,13 +24,14 @@ def series(results, key):
     return [(r["n"], r.get(key)) for r in results if key in r]
 
 
-def draw(ax, points, cap, label, style, color):
+def draw(ax, points, cap, label, style, color, shift=1.0):
     done = [(n, v) for n, v in points if v is not None]
     if done:
         ax.plot([n for n, _ in done], [v for _, v in done], style, color=color, label=label, marker="o", ms=4)
     missed = [n for n, v in points if v is None]
     if missed and cap:
-        ax.plot(missed, [cap] * len(missed), "^", color=color, mfc="none", ms=8,
+        # Nudged sideways, so that several series that all missed the cap stay apart.
+        ax.plot([n * shift for n in missed], [cap] * len(missed), "^", color=color, mfc="none", ms=8,
                 label=None if done else label)
 
 
@@ -39,35 +40,38 @@ def main(argv):
         print(__doc__, file=sys.stderr)
         return 2
     out, files = argv[1], argv[2:]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5.2))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(14, 8))
     styles = ["-", "--", ":", "-."]
     sizes = set()
     for k, path in enumerate(files):
         with open(path) as f:
             run = json.load(f)
-        label = run.get("label") or path
+        # The label up to its first ':' names the lines ("before", "after, ..."); the rest (the
+        # commit) is in the file.
+        label = (run.get("label") or path).split(":")[0]
         style = styles[k % len(styles)]
+        shift = 1.03 ** k
         res = run["results"]
         sizes.update(r["n"] for r in res)
         cap = run.get("cap_s")
         if run.get("benchmark") == "torch_rendezvous_scale":
             # A re-round is only tried where the first round formed.
             rer = [(r["n"], r.get("reround_s")) for r in res if r.get("first_round_s") is not None]
-            draw(left, series(res, "first_round_s"), cap, f"torch c10d first round ({label})", style, "tab:gray")
-            draw(left, rer, cap, f"torch c10d re-round after a kill ({label})", style, "black")
+            draw(left, series(res, "first_round_s"), cap, f"torch c10d first round ({label})", style, "tab:gray", shift)
+            draw(left, rer, cap, f"torch c10d re-round after a kill ({label})", style, "black", shift)
             continue
         formed = [r for r in res if r.get("first_round_s") is not None]
-        draw(left, series(res, "first_round_s"), cap, f"first round ({label})", style, "tab:blue")
+        draw(left, series(res, "first_round_s"), cap, f"first round ({label})", style, "tab:blue", shift)
         draw(left, series(formed, "retired_reround_s"), cap, f"re-round, retired death ({label})", style,
-             "tab:orange")
+             "tab:orange", shift)
         draw(left, series(formed, "silent_reround_s"), cap,
              f"re-round, silent vanish, {run.get('heartbeat_timeout_ms', 0) / 1000:g} s heartbeat timeout ({label})",
-             style, "tab:red")
+             style, "tab:red", shift)
         draw(right, series(formed, "idle_requests_per_s_client"), None, f"idle, counted by the clients ({label})",
              style, "tab:green")
         draw(right, series(formed, "idle_requests_per_s_etcd"), None, f"idle, etcd /metrics ({label})", style,
              "tab:purple")
-        draw(right, series(formed, "peak_requests_per_s_client"), None, f"peak while forming, clients ({label})",
+        draw(right, series(res, "peak_requests_per_s_client"), None, f"peak while forming, clients ({label})",
              style, "tab:olive")
     for ax in (left, right):
         ax.set_xscale("log", base=2)
@@ -75,7 +79,7 @@ def main(argv):
         ax.set_yscale("log")
         ax.set_xlabel("participants N")
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.12))
     left.set_ylabel("seconds (triangle: none within the cap)")
     left.set_title("Rounds over one etcd")
     right.set_ylabel("store requests / s, all participants")
