@@ -65,7 +65,7 @@ class etcd_server {
     std::chrono::milliseconds ready_timeout = std::chrono::seconds(20);
     /// Addresses of this host to serve clients on besides 127.0.0.1 (e.g. a bridge that network
     /// namespaces reach it through); each must be assigned already.
-    std::vector<std::string> extra_client_hosts;
+    std::vector<std::string> extra_client_hosts{};
   };
 
   etcd_server() : etcd_server(options{}) {}
