@@ -19,11 +19,13 @@
 //   peak req/s       the highest 1 s window while the first round formed (both counts)
 //   etcd CPU         utime+stime of the etcd process over the idle window, % of one core
 // Every wait is capped (--cap-s): a size that does not form, or does not re-form, is reported as
-// "none in X s". A table goes to stdout, JSON to --out=FILE (plot_rendezvous_scale.py draws it).
+// "none in X s". A participant whose join() or next_round() throws (a lease that lapsed under
+// load) is named in the note and no longer waited for. A table goes to stdout, JSON to
+// --out=FILE (plot_rendezvous_scale.py draws it).
 //
 //   rendezvous_scale [--sizes=4,16,64,128,256,512,1024] [--cap-s=120] [--idle-s=5]
 //                    [--max-processes=64] [--hb-interval-ms=500] [--hb-timeout-ms=2000]
-//                    [--poll-ms=50] [--hosts=H] [--label=TEXT] [--out=FILE]
+//                    [--poll-ms=50] [--hosts=H] [--label=TEXT] [--out=FILE] [--participant=PATH]
 //
 // --hosts=H puts the participant processes in H network namespaces (dealt in turn), each joined
 // by a veth to a bridge in this namespace where etcd also listens, as H hosts would reach one
@@ -55,6 +57,7 @@
 #include <fmt/format.h>
 
 #include <elastic/internal/env.hpp>
+#include <elastic/internal/json_text.hpp>
 #include <elastic/rendezvous/etcd_store.hpp>
 #include <elastic/rendezvous/rendezvous_options.hpp>
 #include <elastic/rendezvous/run_keys.hpp>
@@ -553,6 +556,12 @@ std::string seconds_or_none(const std::optional<double>& s, bool tried, double c
 }
 std::string rate(const std::optional<double>& r) { return r ? fmt::format("{:.0f}", *r) : "-"; }
 std::string json_number(const std::optional<double>& v) { return v ? fmt::format("{:.4f}", *v) : "null"; }
+/// `text` as a JSON string literal, quotes included (the library's one escaper).
+std::string json_text(std::string_view text) {
+  std::string out;
+  elastic::internal::append_json_string(out, text);
+  return out;
+}
 
 }  // namespace
 
@@ -648,25 +657,20 @@ int main(int argc, char** argv) {
   if (!cfg.out.empty()) {
     std::ofstream out(cfg.out);
     out << fmt::format(
-        "{{\"benchmark\":\"rendezvous_scale\",\"label\":\"{}\",\"cpus\":{},\"heartbeat_interval_ms\":{},"
+        "{{\"benchmark\":\"rendezvous_scale\",\"label\":{},\"cpus\":{},\"heartbeat_interval_ms\":{},"
         "\"heartbeat_timeout_ms\":{},\"poll_ms\":{},\"cap_s\":{},\"idle_s\":{},\"max_processes\":{},\"results\":[",
-        cfg.label, std::thread::hardware_concurrency(), cfg.hb_interval_ms, cfg.hb_timeout_ms, cfg.poll_ms, cfg.cap_s,
+        json_text(cfg.label), std::thread::hardware_concurrency(), cfg.hb_interval_ms, cfg.hb_timeout_ms, cfg.poll_ms, cfg.cap_s,
         cfg.idle_s, cfg.max_processes);
     for (std::size_t i = 0; i < results.size(); ++i) {
       const auto& r = results[i];
-      std::string note;
-      for (char c : r.note) {
-        if (c == '"' || c == '\\') note += '\\';
-        if (static_cast<unsigned char>(c) >= 0x20) note += c;
-      }
       out << fmt::format(
           "{}{{\"n\":{},\"processes\":{},\"max_per_process\":{},\"hosts\":{},\"failed\":{},\"formed\":{},\"first_round_s\":{},\"first_partial_s\":{},"
           "\"retired_reround_s\":{},\"silent_reround_s\":{},\"idle_requests_per_s_client\":{},"
           "\"idle_requests_per_s_etcd\":{},\"peak_requests_per_s_client\":{},\"peak_requests_per_s_etcd\":{},"
-          "\"etcd_cpu_idle_pct\":{},\"note\":\"{}\"}}",
+          "\"etcd_cpu_idle_pct\":{},\"note\":{}}}",
           i == 0 ? "" : ",", r.n, r.processes, r.max_per_process, r.hosts, r.failed, r.formed, json_number(r.first_round_s), json_number(r.first_partial_s),
           json_number(r.retired_s), json_number(r.silent_s), json_number(r.idle_client), json_number(r.idle_etcd),
-          json_number(r.peak_client), json_number(r.peak_etcd), json_number(r.etcd_cpu_pct), note);
+          json_number(r.peak_client), json_number(r.peak_etcd), json_number(r.etcd_cpu_pct), json_text(r.note));
     }
     out << "]}\n";
     if (!out) {
