@@ -63,6 +63,9 @@ class etcd_server {
     std::string trusted_ca_file;
     /// How long start() and restart() wait for /health to say true.
     std::chrono::milliseconds ready_timeout = std::chrono::seconds(20);
+    /// Addresses of this host to serve clients on besides 127.0.0.1 (e.g. a bridge that network
+    /// namespaces reach it through); each must be assigned already.
+    std::vector<std::string> extra_client_hosts{};
   };
 
   etcd_server() : etcd_server(options{}) {}
@@ -120,7 +123,8 @@ class etcd_server {
   /// Starts etcd and waits for it; false if it exited at once and `may_fail` (ports taken).
   bool start(bool may_fail) {
     const std::string scheme = tls() ? "https" : "http";
-    const std::string client = scheme + "://127.0.0.1:" + std::to_string(client_port_);
+    std::string client = scheme + "://127.0.0.1:" + std::to_string(client_port_);
+    for (const auto& h : options_.extra_client_hosts) client += "," + scheme + "://" + h + ":" + std::to_string(client_port_);
     const std::string peer = "http://127.0.0.1:" + std::to_string(peer_port_);
     std::vector<std::string> argv{ELASTIC_ETCD_SERVER, "--name", "default", "--data-dir", data_,
                                   "--listen-client-urls", client, "--advertise-client-urls", client,

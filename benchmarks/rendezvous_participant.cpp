@@ -1,0 +1,175 @@
+// One process of rendezvous_scale: it hosts one or more participants of a run's rendezvous over
+// etcd, each with its own etcd_store (its own connections, its own lease) and its own rendezvous
+// object on its own thread, so that etcd sees as many independent clients as there are
+// participants. Each participant does what an elastic_group does with its rendezvous: join(),
+// then the membership watcher's poll() every --poll-ms (comm/group_options.hpp's poll_interval,
+// a fixed delay between polls as internal::periodic_thread sleeps), and next_round() as soon as a
+// poll sees any change. It uses the library's public API only (join, poll, next_round), so the
+// benchmark measures whatever rendezvous.hpp does.
+//
+//   rendezvous_participant --store=URL --run=ID --min=M --max=N --ids=A,B,... --go=FILE
+//                          [--poll-ms=50] [--hb-interval-ms=500] [--hb-timeout-ms=2000]
+//                          [--last-call-ms=30000] [--join-timeout-ms=600000] [--sample-ms=250]
+//
+// It reports on stdout, one line each (CLOCK_MONOTONIC nanoseconds, comparable across processes):
+//   ready                             every store and rendezvous object is made
+//   round ID ROUND WORLD T_NS         participant ID completed join()/next_round() at T_NS
+//   requests BUCKET TOTAL             HTTP requests all of this process's stores sent so far, read
+//                                     at the tick BUCKET * sample-ms (ticks aligned on the clock,
+//                                     so every process reads at the same instants)
+//   error ID MESSAGE                  join()/next_round() threw: that participant stops
+// Participants wait for the file --go to exist before joining (the driver's start line). The
+// process dies with its parent (PR_SET_PDEATHSIG): the driver SIGKILLs it at the end anyway.
+#include <signal.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <elastic/internal/env.hpp>
+#include <elastic/rendezvous/etcd_store.hpp>
+#include <elastic/rendezvous/rendezvous.hpp>
+
+namespace {
+
+namespace rdzv = elastic::rendezvous;
+using std::chrono::milliseconds;
+
+std::mutex out_mu;
+void say(const std::string& line) {
+  std::lock_guard lk(out_mu);
+  std::fwrite(line.data(), 1, line.size(), stdout);
+  std::fputc('\n', stdout);
+  std::fflush(stdout);
+}
+
+std::int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+struct participant {
+  std::unique_ptr<rdzv::etcd_store> store;
+  std::unique_ptr<rdzv::rendezvous> rdzv;
+  std::string id;
+};
+
+void run(participant& p, milliseconds poll_every) {
+  try {
+    auto info = p.rdzv->join();
+    say(fmt::format("round {} {} {} {}", p.id, info.round, info.world_size, now_ns()));
+    for (;;) {
+      std::this_thread::sleep_for(poll_every);
+      rdzv::membership_change ch;
+      try {
+        ch = p.rdzv->poll();
+      } catch (const elastic::error&) {
+        continue;  // the watcher reports a store that does not answer and polls again
+      }
+      if (!ch.any()) continue;
+      info = p.rdzv->next_round();
+      say(fmt::format("round {} {} {} {}", p.id, info.round, info.world_size, now_ns()));
+    }
+  } catch (const std::exception& e) {
+    std::string msg = e.what();
+    for (auto& c : msg)
+      if (c == '\n') c = ' ';
+    say(fmt::format("error {} {}", p.id, msg));
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const pid_t parent = ::getppid();
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != parent) return 1;
+
+  std::string store_url, run_id, go, ids;
+  long long min_ranks = 0, max_ranks = 0, poll_ms = 50, hb_interval_ms = 500, hb_timeout_ms = 2000,
+            last_call_ms = 30000, join_timeout_ms = 600000, sample_ms = 250;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    const auto eq = a.find('=');
+    const auto key = a.substr(0, eq);
+    const std::string value(eq == std::string_view::npos ? std::string_view() : a.substr(eq + 1));
+    auto number = [&](long long& out) {
+      const auto n = elastic::internal::parse_integer(value);
+      if (!n || *n <= 0) {
+        std::fprintf(stderr, "rendezvous_participant: %s needs a positive number\n", std::string(key).c_str());
+        std::exit(2);
+      }
+      out = *n;
+    };
+    if (key == "--store") store_url = value;
+    else if (key == "--run") run_id = value;
+    else if (key == "--go") go = value;
+    else if (key == "--ids") ids = value;
+    else if (key == "--min") number(min_ranks);
+    else if (key == "--max") number(max_ranks);
+    else if (key == "--poll-ms") number(poll_ms);
+    else if (key == "--hb-interval-ms") number(hb_interval_ms);
+    else if (key == "--hb-timeout-ms") number(hb_timeout_ms);
+    else if (key == "--last-call-ms") number(last_call_ms);
+    else if (key == "--join-timeout-ms") number(join_timeout_ms);
+    else if (key == "--sample-ms") number(sample_ms);
+    else {
+      std::fprintf(stderr, "rendezvous_participant: unknown argument %s\n", argv[i]);
+      return 2;
+    }
+  }
+  if (store_url.empty() || run_id.empty() || go.empty() || ids.empty() || max_ranks == 0) {
+    std::fprintf(stderr, "usage: rendezvous_participant --store=URL --run=ID --min=M --max=N --ids=A,B --go=FILE\n");
+    return 2;
+  }
+
+  std::vector<participant> ps;
+  for (std::size_t from = 0; from <= ids.size();) {
+    const auto comma = std::min(ids.find(',', from), ids.size());
+    participant p;
+    p.id = ids.substr(from, comma - from);
+    rdzv::rendezvous_options o;
+    o.run_id = run_id;
+    o.participant_id = p.id;
+    o.min_ranks = static_cast<int>(min_ranks);
+    o.max_ranks = static_cast<int>(max_ranks);
+    o.heartbeat_interval = milliseconds(hb_interval_ms);
+    o.heartbeat_timeout = milliseconds(hb_timeout_ms);
+    o.last_call_timeout = milliseconds(last_call_ms);
+    o.join_timeout = milliseconds(join_timeout_ms);
+    o.events = elastic::event_log{};  // no events file: nothing but the store's own traffic
+    p.store = std::make_unique<rdzv::etcd_store>(store_url);
+    p.rdzv = std::make_unique<rdzv::rendezvous>(*p.store, std::move(o));
+    ps.push_back(std::move(p));
+    from = comma + 1;
+  }
+  // The request counter, read at ticks aligned on the monotonic clock, for the driver to add up
+  // across processes tick by tick; from before the start line, so the driver has every tick of
+  // the first round.
+  std::jthread sampler([&ps, step = sample_ms * 1'000'000](std::stop_token st) {
+    for (std::int64_t bucket = now_ns() / step + 1; !st.stop_requested(); ++bucket) {
+      std::this_thread::sleep_until(std::chrono::steady_clock::time_point(std::chrono::nanoseconds(bucket * step)));
+      std::uint64_t total = 0;
+      for (const auto& p : ps) total += p.store->requests();
+      say(fmt::format("requests {} {}", bucket, total));
+    }
+  });
+  say("ready");
+  // The driver's start line; bounded by the driver, which SIGKILLs us when it gives up.
+  while (!std::filesystem::exists(go)) std::this_thread::sleep_for(milliseconds(1));
+
+  std::vector<std::jthread> threads;
+  for (auto& p : ps) threads.emplace_back([&p, poll_ms] { run(p, milliseconds(poll_ms)); });
+  for (;;) std::this_thread::sleep_for(std::chrono::hours(1));  // the driver SIGKILLs us
+}

@@ -1,0 +1,682 @@
+// Rendezvous at scale: N participants of one run over a real etcd (Debian's /usr/bin/etcd, one
+// member on 127.0.0.1, free ports, a temporary data directory), for N = 4 ... 1024. Each
+// participant is what an elastic_group makes of its rendezvous: join(), the membership watcher's
+// poll() every 50 ms, next_round() on a change (rendezvous_participant.cpp). Up to
+// --max-processes participants run one process each; beyond, the participants share that many
+// processes as threads, each with its own etcd_store and rendezvous object (etcd sees N clients
+// all the same), except the two victims, which always have a process of their own.
+//
+// Per N, on a fresh etcd:
+//   first round      from the start line until every participant has its round_info
+//   retired re-round SIGKILL one participant, reap it, erase its alive key (as elastic-run does
+//                    with a dead worker), until every survivor completed next_round()
+//   silent re-round  SIGSTOP another one (nothing tells anyone: its lease must expire), until
+//                    every survivor completed next_round()
+//   idle req/s       over --idle-s of a formed round: the HTTP requests the participants' stores
+//                    counted (etcd_store::requests()), and the gRPC calls etcd counted
+//                    (/metrics: grpc_server_started_total; the JSON gateway forwards each HTTP
+//                    request as one gRPC call, a watch as one stream)
+//   peak req/s       the highest 1 s window while the first round formed (both counts)
+//   etcd CPU         utime+stime of the etcd process over the idle window, % of one core
+// Every wait is capped (--cap-s): a size that does not form, or does not re-form, is reported as
+// "none in X s". A participant whose join() or next_round() throws (a lease that lapsed under
+// load) is named in the note and no longer waited for. A table goes to stdout, JSON to
+// --out=FILE (plot_rendezvous_scale.py draws it).
+//
+//   rendezvous_scale [--sizes=4,16,64,128,256,512,1024] [--cap-s=120] [--idle-s=5]
+//                    [--max-processes=64] [--hb-interval-ms=500] [--hb-timeout-ms=2000]
+//                    [--poll-ms=50] [--hosts=H] [--label=TEXT] [--out=FILE] [--participant=PATH]
+//
+// --hosts=H puts the participant processes in H network namespaces (dealt in turn), each joined
+// by a veth to a bridge in this namespace where etcd also listens, as H hosts would reach one
+// etcd (root and iproute2; tests/two_hosts_netns.sh does the same with two). The namespaces
+// share this machine's CPUs: it separates the network paths, not the hardware.
+#include <curl/curl.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <elastic/internal/env.hpp>
+#include <elastic/internal/json_text.hpp>
+#include <elastic/rendezvous/etcd_store.hpp>
+#include <elastic/rendezvous/rendezvous_options.hpp>
+#include <elastic/rendezvous/run_keys.hpp>
+
+#include "support/etcd_server.hpp"
+#include "support/process.hpp"
+
+#ifndef ELASTIC_RDZV_PARTICIPANT
+#define ELASTIC_RDZV_PARTICIPANT "rendezvous_participant"
+#endif
+
+namespace {
+
+namespace rdzv = elastic::rendezvous;
+using elastic::test::child_process;
+using elastic::test::etcd_server;
+using std::chrono::milliseconds;
+using clock_type = std::chrono::steady_clock;
+
+std::atomic<bool> interrupted{false};
+void on_signal(int) { interrupted = true; }
+
+std::int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(clock_type::now().time_since_epoch()).count();
+}
+
+struct settings {
+  std::vector<int> sizes{4, 16, 64, 128, 256, 512, 1024};
+  double cap_s = 120;
+  double idle_s = 5;
+  int max_processes = 64;
+  int hb_interval_ms = 500;
+  int hb_timeout_ms = 2000;
+  int poll_ms = 50;
+  int sample_ms = 250;
+  int hosts = 0;  // 0: every process in this network namespace; else that many namespaces
+  std::string label;
+  std::string out;
+  std::string participant = ELASTIC_RDZV_PARTICIPANT;
+};
+
+/// What one size gave; a nullopt time is "none within the cap".
+struct result {
+  int n = 0;
+  int processes = 0;
+  int max_per_process = 0;
+  int hosts = 0;
+  int failed = 0;  // participants whose join()/next_round() threw (out of the group)
+  int formed = 0;  // participants with a round when the first-round wait ended
+  std::optional<double> first_round_s, retired_s, silent_s;
+  std::optional<double> first_partial_s;  // when the last of `formed` got its round (not all did)
+  bool retired_tried = false, silent_tried = false;
+  std::optional<double> idle_client, idle_etcd, peak_client, peak_etcd, etcd_cpu_pct;
+  std::string note;
+};
+
+/// GET on etcd's client port (for /metrics); empty when it does not answer in 5 s.
+std::string http_get(const std::string& url) {
+  std::unique_ptr<CURL, void (*)(CURL*)> h(::curl_easy_init(), ::curl_easy_cleanup);
+  std::string body;
+  if (!h) return body;
+  ::curl_easy_setopt(h.get(), CURLOPT_URL, url.c_str());
+  ::curl_easy_setopt(h.get(), CURLOPT_NOSIGNAL, 1L);
+  ::curl_easy_setopt(h.get(), CURLOPT_PROXY, "");
+  ::curl_easy_setopt(h.get(), CURLOPT_TIMEOUT_MS, 5000L);
+  ::curl_easy_setopt(h.get(), CURLOPT_WRITEFUNCTION,
+                     +[](char* d, std::size_t, std::size_t n, void* out) {
+                       static_cast<std::string*>(out)->append(d, n);
+                       return n;
+                     });
+  ::curl_easy_setopt(h.get(), CURLOPT_WRITEDATA, &body);
+  if (::curl_easy_perform(h.get()) != CURLE_OK) body.clear();
+  return body;
+}
+
+/// Sum of every series of `metric` in a Prometheus text page; nullopt when the page is empty.
+std::optional<double> metric_sum(const std::string& page, std::string_view metric) {
+  if (page.empty()) return std::nullopt;
+  double sum = 0;
+  std::istringstream in(page);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(metric, 0) != 0) continue;
+    const char next = line.size() > metric.size() ? line[metric.size()] : ' ';
+    if (next != '{' && next != ' ') continue;
+    sum += std::strtod(line.c_str() + line.rfind(' ') + 1, nullptr);
+  }
+  return sum;
+}
+
+/// etcd's gRPC calls so far, as its /metrics counts them (gateway requests included).
+std::optional<double> etcd_calls(const etcd_server& etcd) {
+  return metric_sum(http_get("http://" + etcd.endpoint() + "/metrics"), "grpc_server_started_total");
+}
+
+/// utime + stime of `pid` in seconds.
+std::optional<double> cpu_seconds(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto close = s.rfind(')');
+  if (close == std::string::npos) return std::nullopt;
+  std::istringstream rest(s.substr(close + 2));
+  std::string field;
+  double ticks = 0;
+  for (int i = 3; i <= 15 && rest >> field; ++i)
+    if (i == 14 || i == 15) ticks += std::strtod(field.c_str(), nullptr);
+  return ticks / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
+/// `hosts` network namespaces, each joined by a veth to a bridge in this namespace, where etcd
+/// also listens: participant processes placed in them reach etcd as other hosts would, over a
+/// link of their own (as tests/two_hosts_netns.sh does with two). Needs root and iproute2;
+/// everything is removed by the destructor (a namespace's veth goes with it).
+class netns_hosts {
+ public:
+  explicit netns_hosts(int hosts) {
+    if (hosts <= 0) return;
+    if (::geteuid() != 0) throw std::runtime_error("--hosts needs root (network namespaces)");
+    if (hosts > 250) throw std::runtime_error("--hosts: at most 250");
+    const int pid = ::getpid();
+    tag_ = fmt::format("rs{}", pid % 100000);
+    net_ = fmt::format("10.233.{}", pid % 250);
+    try {
+      sh(fmt::format("ip link add {0}b type bridge && ip addr add {1}.1/24 dev {0}b && ip link set {0}b up", tag_, net_));
+      bridge_ = true;
+      for (int i = 0; i < hosts; ++i) {
+        const std::string ns = fmt::format("{}h{}", tag_, i);
+        sh(fmt::format("ip netns add {}", ns));
+        names_.push_back(ns);
+        sh(fmt::format("ip link add {0}v{1} type veth peer name {0}p{1} && ip link set {0}p{1} netns {2} && "
+                       "ip link set {0}v{1} master {0}b && ip link set {0}v{1} up && "
+                       "ip -n {2} addr add {3}.{4}/24 dev {0}p{1} && ip -n {2} link set {0}p{1} up && "
+                       "ip -n {2} link set lo up",
+                       tag_, i, ns, net_, i + 2));
+      }
+    } catch (...) {
+      remove();
+      throw;
+    }
+  }
+  netns_hosts(const netns_hosts&) = delete;
+  netns_hosts& operator=(const netns_hosts&) = delete;
+  ~netns_hosts() { remove(); }
+
+  [[nodiscard]] int count() const { return static_cast<int>(names_.size()); }
+  /// The address etcd serves the namespaces on (the bridge's).
+  [[nodiscard]] std::string gateway() const { return net_ + ".1"; }
+  /// The command prefix that runs a program in host `i`'s namespace (ip netns exec execs it, so
+  /// the child's pid is the program's).
+  [[nodiscard]] std::vector<std::string> prefix(int i) const {
+    return {"/usr/sbin/ip", "netns", "exec", names_[static_cast<std::size_t>(i) % names_.size()]};
+  }
+
+ private:
+  static void sh(const std::string& cmd) {
+    if (std::system((cmd + " 2>&1").c_str()) != 0) throw std::runtime_error("failed: " + cmd);
+  }
+  void remove() noexcept {
+    for (const auto& ns : names_) std::system(fmt::format("ip netns del {} 2>/dev/null", ns).c_str());
+    names_.clear();
+    if (bridge_) std::system(fmt::format("ip link del {}b 2>/dev/null", tag_).c_str());
+    bridge_ = false;
+  }
+
+  std::string tag_, net_;
+  std::vector<std::string> names_;
+  bool bridge_ = false;
+};
+
+/// One participant process and what it said.
+struct host_proc {
+  child_process child;
+  std::vector<std::string> ids;
+  bool ready = false;
+  bool gone = false;                                 // killed or stopped on purpose
+  std::map<std::int64_t, std::uint64_t> requests;    // bucket -> its stores' total
+};
+
+/// The run: processes, what they reported, and the participants' newest rounds.
+class run_state {
+ public:
+  run_state(const settings& cfg, int n, const etcd_server& etcd, const netns_hosts& hosts, const std::string& dir)
+      : cfg_(cfg), n_(n), go_(dir + "/go") {
+    // The victims come first, one process each; the rest are spread evenly.
+    const int procs = std::min(n, cfg.max_processes);
+    std::vector<std::vector<std::string>> groups(static_cast<std::size_t>(procs));
+    for (int i = 0; i < n; ++i) {
+      const std::string id = fmt::format("p{:04}", n - 1 - i);  // victims: the highest ids, not rank 0
+      const int g = i < 2 || procs <= 2 ? std::min(i, procs - 1) : 2 + (i - 2) % (procs - 2);
+      groups[static_cast<std::size_t>(g)].push_back(id);
+    }
+    // In namespaces, processes are dealt to hosts in turn (the victims to hosts 0 and 1).
+    const std::string url =
+        hosts.count() > 0 ? fmt::format("etcd://{}:{}", hosts.gateway(), etcd.port()) : etcd.url();
+    for (std::size_t i = 0; i < groups.size(); ++i) {
+      std::string ids;
+      for (const auto& id : groups[i]) ids += (ids.empty() ? "" : ",") + id;
+      host_proc h;
+      h.ids = groups[i];
+      std::vector<std::string> argv;
+      if (hosts.count() > 0) argv = hosts.prefix(static_cast<int>(i));
+      argv.insert(argv.end(),
+                  {cfg.participant, "--store=" + url, "--run=scale", fmt::format("--min={}", std::max(1, n - 2)),
+                   fmt::format("--max={}", n), "--ids=" + ids, "--go=" + go_, fmt::format("--poll-ms={}", cfg.poll_ms),
+                   fmt::format("--hb-interval-ms={}", cfg.hb_interval_ms),
+                   fmt::format("--hb-timeout-ms={}", cfg.hb_timeout_ms), fmt::format("--sample-ms={}", cfg.sample_ms),
+                   fmt::format("--join-timeout-ms={}", static_cast<long long>(cfg.cap_s * 2000))});
+      h.child = child_process::spawn(std::move(argv));
+      procs_.push_back(std::move(h));
+    }
+  }
+
+  [[nodiscard]] int processes() const { return static_cast<int>(procs_.size()); }
+  [[nodiscard]] int max_per_process() const {
+    std::size_t m = 0;
+    for (const auto& p : procs_) m = std::max(m, p.ids.size());
+    return static_cast<int>(m);
+  }
+  host_proc& proc(std::size_t i) { return procs_[i]; }
+
+  /// Reads what every process said so far (without waiting).
+  void drain() {
+    for (auto& p : procs_) {
+      while (auto line = p.child.read_line(milliseconds(0))) take(p, *line);
+    }
+  }
+
+  /// Drains until `done()` or the cap or a signal; true if done.
+  template <class Done>
+  bool wait(double cap_s, Done done) {
+    const auto until = clock_type::now() + std::chrono::duration<double>(cap_s);
+    for (;;) {
+      drain();
+      if (done()) return true;
+      if (interrupted || clock_type::now() >= until) return false;
+      std::this_thread::sleep_for(milliseconds(5));
+    }
+  }
+
+  bool all_ready(double cap_s) {
+    return wait(cap_s, [&] {
+      // A process's first tick of requests must precede the start line, for the peak's first window.
+      return std::all_of(procs_.begin(), procs_.end(),
+                         [](const host_proc& p) { return p.ready && !p.requests.empty(); });
+    });
+  }
+
+  /// The start line: participants join once this file exists.
+  std::int64_t start() {
+    const std::int64_t t0 = now_ns();
+    std::ofstream(go_) << t0 << '\n';
+    return t0;
+  }
+
+  /// Participants of live processes whose newest round is past `round`, and the latest time one
+  /// of them got there.
+  [[nodiscard]] std::pair<int, std::int64_t> past(std::int64_t round) const {
+    int count = 0;
+    std::int64_t last = 0;
+    for (const auto& p : procs_) {
+      if (p.gone) continue;
+      for (const auto& id : p.ids) {
+        if (failed_.contains(id)) continue;
+        auto it = first_past_.find(id);
+        if (it == first_past_.end()) continue;
+        auto r = it->second.upper_bound(round);
+        if (r == it->second.end()) continue;
+        ++count;
+        last = std::max(last, r->second);
+      }
+    }
+    return {count, last};
+  }
+  [[nodiscard]] int live_participants() const {
+    int c = 0;
+    for (const auto& p : procs_)
+      if (!p.gone)
+        for (const auto& id : p.ids) c += failed_.contains(id) ? 0 : 1;
+    return c;
+  }
+  /// The newest round any participant reported.
+  [[nodiscard]] std::int64_t newest_round() const { return newest_; }
+  [[nodiscard]] std::int64_t last_round_line_ns() const { return last_line_ns_; }
+  [[nodiscard]] const std::vector<std::string>& errors() const { return errors_; }
+  [[nodiscard]] int failed() const { return static_cast<int>(failed_.size()); }
+
+  /// The stores' request total over all live processes at `bucket`, when each of them reported it.
+  [[nodiscard]] std::optional<std::uint64_t> requests_at(std::int64_t bucket) const {
+    std::uint64_t sum = 0;
+    for (const auto& p : procs_) {
+      if (p.gone) continue;
+      auto it = p.requests.find(bucket);
+      if (it == p.requests.end()) return std::nullopt;
+      sum += it->second;
+    }
+    return sum;
+  }
+  [[nodiscard]] std::int64_t bucket_of(std::int64_t t_ns) const { return t_ns / (cfg_.sample_ms * 1'000'000LL); }
+
+ private:
+  void take(host_proc& p, const std::string& line) {
+    std::istringstream in(line);
+    std::string what;
+    in >> what;
+    if (what == "ready") {
+      p.ready = true;
+    } else if (what == "round") {
+      std::string id;
+      std::int64_t round = 0, world = 0, t = 0;
+      in >> id >> round >> world >> t;
+      first_past_[id].emplace(round, t);  // the first time this participant reached `round`
+      newest_ = std::max(newest_, round);
+      last_line_ns_ = std::max(last_line_ns_, t);
+    } else if (what == "requests") {
+      std::int64_t bucket = 0;
+      std::uint64_t total = 0;
+      in >> bucket >> total;
+      p.requests[bucket] = total;
+    } else if (what == "error") {
+      // Its join()/next_round() threw: it is out of the group, as an elastic_group whose
+      // rebuild failed would be; the others are timed without it.
+      std::string id;
+      in >> id;
+      failed_.insert(id);
+      if (errors_.size() < 3) errors_.push_back(line);
+    }
+  }
+
+  const settings& cfg_;
+  int n_;
+  std::string go_;
+  std::vector<host_proc> procs_;
+  std::map<std::string, std::map<std::int64_t, std::int64_t>> first_past_;  // id -> round -> t_ns
+  std::int64_t newest_ = 0;
+  std::int64_t last_line_ns_ = 0;
+  std::vector<std::string> errors_;
+  std::set<std::string> failed_;
+};
+
+/// Waits (draining) until nobody has completed a round for `quiet_s`, at most `cap_s`.
+void settle(run_state& run, double quiet_s, double cap_s) {
+  run.wait(cap_s, [&] { return run.last_round_line_ns() + static_cast<std::int64_t>(quiet_s * 1e9) < now_ns(); });
+}
+
+void sleep_draining(run_state& run, double s) {
+  run.wait(s, [] { return false; });
+}
+
+result measure(const settings& cfg, int n) {
+  result res;
+  res.n = n;
+  netns_hosts hosts(cfg.hosts);
+  etcd_server::options eo;
+  if (hosts.count() > 0) eo.extra_client_hosts.push_back(hosts.gateway());
+  etcd_server etcd(eo);
+  elastic::test::temp_dir dir;
+  run_state run(cfg, n, etcd, hosts, dir.path());
+  res.hosts = hosts.count();
+  // What a participant threw (a join timeout, a refusal) goes into the note on every path.
+  auto done = [&]() -> result {
+    res.failed = run.failed();
+    if (res.failed > 0) {
+      res.note += fmt::format("{}{} participant(s) threw and left the group, e.g.", res.note.empty() ? "" : ". ",
+                              res.failed);
+    }
+    for (const auto& e : run.errors()) res.note += " [" + e + "]";
+    return res;
+  };
+  res.processes = run.processes();
+  res.max_per_process = run.max_per_process();
+  if (!run.all_ready(60)) {
+    res.note = "participants did not start within 60 s";
+    return done();
+  }
+
+  // First round, sampling etcd's count every second for the peak.
+  std::vector<std::pair<std::int64_t, double>> etcd_samples;
+  auto sample_etcd = [&] {
+    if (auto c = etcd_calls(etcd)) etcd_samples.emplace_back(now_ns(), *c);
+  };
+  sample_etcd();
+  const std::int64_t t0 = run.start();
+  std::int64_t next_sample = t0 + 1'000'000'000;
+  const bool formed = run.wait(cfg.cap_s, [&] {
+    if (now_ns() >= next_sample) {
+      sample_etcd();
+      next_sample += 1'000'000'000;
+    }
+    return run.past(0).first == n;
+  });
+  res.formed = run.past(0).first;
+  if (formed) res.first_round_s = (run.past(0).second - t0) / 1e9;
+  else if (res.formed > 0) res.first_partial_s = (run.past(0).second - t0) / 1e9;
+
+  const std::int64_t formed_at = formed ? run.past(0).second : now_ns();
+  sleep_draining(run, 1.0);
+  sample_etcd();
+
+  // Peak: the busiest 1 s window from the start to a second after the round formed.
+  const int per_s = 1000 / cfg.sample_ms;
+  double peak = 0;
+  bool any = false;
+  for (std::int64_t b = run.bucket_of(t0); b + per_s <= run.bucket_of(formed_at) + per_s; ++b) {
+    auto a = run.requests_at(b), z = run.requests_at(b + per_s);
+    if (a && z) {
+      peak = std::max(peak, static_cast<double>(*z - *a));
+      any = true;
+    }
+  }
+  if (any) res.peak_client = peak;
+  double epeak = 0;
+  for (std::size_t i = 1; i < etcd_samples.size(); ++i) {
+    const double dt = (etcd_samples[i].first - etcd_samples[i - 1].first) / 1e9;
+    if (dt > 0.2) epeak = std::max(epeak, (etcd_samples[i].second - etcd_samples[i - 1].second) / dt);
+  }
+  if (etcd_samples.size() > 1) res.peak_etcd = epeak;
+  if (!formed) {
+    res.note = res.first_partial_s ? fmt::format("{} of {} had a round after {:.0f} s, the last of them at {:.1f} s",
+                                                 res.formed, n, cfg.cap_s, *res.first_partial_s)
+                                   : fmt::format("none of {} had a round after {:.0f} s", n, cfg.cap_s);
+    return done();
+  }
+
+  if (interrupted) return done();
+  // Idle: a formed round with every watcher polling.
+  settle(run, 1.0, cfg.cap_s);
+  {
+    const auto cpu0 = cpu_seconds(etcd.pid());
+    const auto calls0 = etcd_calls(etcd);
+    const std::int64_t w0 = now_ns();
+    const std::int64_t b0 = run.bucket_of(w0) + 1;
+    const std::int64_t b1 = b0 + static_cast<std::int64_t>(cfg.idle_s * 1000 / cfg.sample_ms);
+    run.wait(cfg.idle_s + 30, [&] { return run.requests_at(b1).has_value() && now_ns() >= w0 + cfg.idle_s * 1e9; });
+    const std::int64_t w1 = now_ns();
+    const auto cpu1 = cpu_seconds(etcd.pid());
+    const auto calls1 = etcd_calls(etcd);
+    const double window = (w1 - w0) / 1e9;
+    if (auto a = run.requests_at(b0), z = run.requests_at(b1); a && z) {
+      res.idle_client = static_cast<double>(*z - *a) / ((b1 - b0) * cfg.sample_ms / 1000.0);
+    }
+    if (calls0 && calls1) res.idle_etcd = (*calls1 - *calls0) / window;
+    if (cpu0 && cpu1) res.etcd_cpu_pct = 100 * (*cpu1 - *cpu0) / window;
+  }
+
+  // A death that elastic-run retires: SIGKILL, reap, erase the alive key.
+  if (interrupted) return done();
+  {
+    res.retired_tried = true;
+    const std::int64_t round = run.newest_round();
+    host_proc& victim = run.proc(0);
+    rdzv::etcd_options admin_options;
+    admin_options.unavailable_timeout = std::chrono::seconds(5);  // elastic-run retries in the background
+    rdzv::etcd_store admin(etcd.url(), admin_options);
+    const std::int64_t t = now_ns();
+    victim.child.kill(SIGKILL);
+    victim.child.wait_for(milliseconds(5000));
+    victim.gone = true;
+    try {
+      admin.erase(rdzv::alive_key(rdzv::rendezvous_options{}.key_prefix, "scale", victim.ids.front()));
+    } catch (const std::exception& e) {
+      res.note += fmt::format("erasing the alive key failed: {}. ", e.what());
+    }
+    // Survivors: those alive and still in the group (one that throws meanwhile is not waited for).
+    auto all_past = [&] { return run.live_participants() > 0 && run.past(round).first == run.live_participants(); };
+    if (run.wait(cfg.cap_s, all_past)) {
+      res.retired_s = (run.past(round).second - t) / 1e9;
+    } else {
+      res.note += fmt::format("retired: {} of {} re-formed. ", run.past(round).first, run.live_participants());
+      return done();
+    }
+  }
+
+  // A silent vanish: SIGSTOP, nobody is told; the lease must expire.
+  if (run.processes() > 2 && !interrupted) {
+    settle(run, 1.0, cfg.cap_s);
+    res.silent_tried = true;
+    const std::int64_t round = run.newest_round();
+    host_proc& victim = run.proc(1);
+    const std::int64_t t = now_ns();
+    victim.child.kill(SIGSTOP);
+    victim.gone = true;
+    // Survivors: those alive and still in the group (one that throws meanwhile is not waited for).
+    auto all_past = [&] { return run.live_participants() > 0 && run.past(round).first == run.live_participants(); };
+    if (run.wait(cfg.cap_s, all_past)) {
+      res.silent_s = (run.past(round).second - t) / 1e9;
+    } else {
+      res.note += fmt::format("silent: {} of {} re-formed. ", run.past(round).first, run.live_participants());
+    }
+    victim.child.kill(SIGKILL);  // a stopped process takes SIGKILL; the destructor reaps it
+  }
+  return done();
+}
+
+std::string seconds_or_none(const std::optional<double>& s, bool tried, double cap) {
+  if (s) return *s < 10 ? fmt::format("{:.2f} s", *s) : fmt::format("{:.1f} s", *s);
+  return tried ? fmt::format("none in {:.0f} s", cap) : "-";
+}
+std::string rate(const std::optional<double>& r) { return r ? fmt::format("{:.0f}", *r) : "-"; }
+std::string json_number(const std::optional<double>& v) { return v ? fmt::format("{:.4f}", *v) : "null"; }
+/// `text` as a JSON string literal, quotes included (the library's one escaper).
+std::string json_text(std::string_view text) {
+  std::string out;
+  elastic::internal::append_json_string(out, text);
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  settings cfg;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    const auto eq = a.find('=');
+    const std::string key(a.substr(0, eq));
+    const std::string value(eq == std::string_view::npos ? std::string_view() : a.substr(eq + 1));
+    auto number = [&]() -> double {
+      char* end = nullptr;
+      const double v = std::strtod(value.c_str(), &end);
+      if (value.empty() || *end != '\0' || v <= 0) {
+        std::fprintf(stderr, "rendezvous_scale: %s needs a positive number, not '%s'\n", key.c_str(), value.c_str());
+        std::exit(2);
+      }
+      return v;
+    };
+    if (key == "--sizes") {
+      cfg.sizes.clear();
+      std::istringstream in(value);
+      for (std::string s; std::getline(in, s, ',');) {
+        const auto v = elastic::internal::parse_integer(s);
+        if (!v || *v < 4) {
+          std::fprintf(stderr, "rendezvous_scale: --sizes wants numbers of at least 4, not '%s'\n", s.c_str());
+          return 2;
+        }
+        cfg.sizes.push_back(static_cast<int>(*v));
+      }
+    } else if (key == "--cap-s") cfg.cap_s = number();
+    else if (key == "--idle-s") cfg.idle_s = number();
+    else if (key == "--max-processes") cfg.max_processes = std::max(3, static_cast<int>(number()));
+    else if (key == "--hb-interval-ms") cfg.hb_interval_ms = static_cast<int>(number());
+    else if (key == "--hb-timeout-ms") cfg.hb_timeout_ms = static_cast<int>(number());
+    else if (key == "--poll-ms") cfg.poll_ms = static_cast<int>(number());
+    else if (key == "--hosts") cfg.hosts = static_cast<int>(number());
+    else if (key == "--label") cfg.label = value;
+    else if (key == "--out") cfg.out = value;
+    else if (key == "--participant") cfg.participant = value;
+    else {
+      std::fprintf(stderr, "rendezvous_scale: unknown argument %s (see the comment at the top of "
+                           "benchmarks/rendezvous_scale.cpp)\n", argv[i]);
+      return 2;
+    }
+  }
+  // Each participant holds a few connections to etcd, which must accept them all.
+  rlimit nofile{};
+  if (::getrlimit(RLIMIT_NOFILE, &nofile) == 0) {
+    nofile.rlim_cur = nofile.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &nofile);
+  }
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);
+
+  std::printf("rendezvous_scale: %s; heartbeat %d ms, timeout %d ms; poll every %d ms; cap %.0f s; idle window %.0f s; "
+              "%u CPUs\n",
+              cfg.label.empty() ? "(no label)" : cfg.label.c_str(), cfg.hb_interval_ms, cfg.hb_timeout_ms,
+              cfg.poll_ms, cfg.cap_s, cfg.idle_s, std::thread::hardware_concurrency());
+  std::printf("%6s  %-16s  %-14s  %-16s  %-16s  %-22s  %-10s  %-15s  %s\n", "N", "layout", "first round",
+              "retired re-round", "silent re-round", "idle req/s client (per)", "idle etcd", "peak client/etcd",
+              "etcd CPU idle");
+  std::fflush(stdout);
+  std::vector<result> results;
+  for (int n : cfg.sizes) {
+    if (interrupted) break;
+    result r;
+    try {
+      r = measure(cfg, n);
+    } catch (const std::exception& e) {
+      r.n = n;
+      r.note = fmt::format("failed: {}", e.what());
+    }
+    std::string layout = r.max_per_process <= 1 ? fmt::format("{} procs", r.processes)
+                                                 : fmt::format("{} procs <={} thr", r.processes, r.max_per_process);
+    if (r.hosts > 0) layout += fmt::format(" {} ns", r.hosts);
+    const std::string idle =
+        r.idle_client ? fmt::format("{:.0f} ({:.1f})", *r.idle_client, *r.idle_client / n) : std::string("-");
+    std::printf("%6d  %-16s  %-14s  %-16s  %-16s  %-22s  %-10s  %-15s  %s\n", n, layout.c_str(),
+                seconds_or_none(r.first_round_s, true, cfg.cap_s).c_str(),
+                seconds_or_none(r.retired_s, r.retired_tried, cfg.cap_s).c_str(),
+                seconds_or_none(r.silent_s, r.silent_tried, cfg.cap_s).c_str(), idle.c_str(),
+                rate(r.idle_etcd).c_str(), fmt::format("{}/{}", rate(r.peak_client), rate(r.peak_etcd)).c_str(),
+                r.etcd_cpu_pct ? fmt::format("{:.0f} %", *r.etcd_cpu_pct).c_str() : "-");
+    if (!r.note.empty()) std::printf("        note: %s\n", r.note.c_str());
+    std::fflush(stdout);
+    results.push_back(r);
+  }
+
+  if (!cfg.out.empty()) {
+    std::ofstream out(cfg.out);
+    out << fmt::format(
+        "{{\"benchmark\":\"rendezvous_scale\",\"label\":{},\"cpus\":{},\"heartbeat_interval_ms\":{},"
+        "\"heartbeat_timeout_ms\":{},\"poll_ms\":{},\"cap_s\":{},\"idle_s\":{},\"max_processes\":{},\"results\":[",
+        json_text(cfg.label), std::thread::hardware_concurrency(), cfg.hb_interval_ms, cfg.hb_timeout_ms, cfg.poll_ms, cfg.cap_s,
+        cfg.idle_s, cfg.max_processes);
+    for (std::size_t i = 0; i < results.size(); ++i) {
+      const auto& r = results[i];
+      out << fmt::format(
+          "{}{{\"n\":{},\"processes\":{},\"max_per_process\":{},\"hosts\":{},\"failed\":{},\"formed\":{},\"first_round_s\":{},\"first_partial_s\":{},"
+          "\"retired_reround_s\":{},\"silent_reround_s\":{},\"idle_requests_per_s_client\":{},"
+          "\"idle_requests_per_s_etcd\":{},\"peak_requests_per_s_client\":{},\"peak_requests_per_s_etcd\":{},"
+          "\"etcd_cpu_idle_pct\":{},\"note\":{}}}",
+          i == 0 ? "" : ",", r.n, r.processes, r.max_per_process, r.hosts, r.failed, r.formed, json_number(r.first_round_s), json_number(r.first_partial_s),
+          json_number(r.retired_s), json_number(r.silent_s), json_number(r.idle_client), json_number(r.idle_etcd),
+          json_number(r.peak_client), json_number(r.peak_etcd), json_number(r.etcd_cpu_pct), json_text(r.note));
+    }
+    out << "]}\n";
+    if (!out) {
+      std::fprintf(stderr, "rendezvous_scale: could not write %s\n", cfg.out.c_str());
+      return 1;
+    }
+  }
+  return interrupted ? 130 : 0;
+}
