@@ -26,6 +26,11 @@
 //   rendezvous_scale [--sizes=4,16,64,128,256,512,1024] [--cap-s=120] [--idle-s=5]
 //                    [--max-processes=64] [--hb-interval-ms=500] [--hb-timeout-ms=2000]
 //                    [--poll-ms=50] [--hosts=H] [--label=TEXT] [--out=FILE] [--participant=PATH]
+//                    [--require-idle-per-participant=R]
+//
+// --require-idle-per-participant=R makes it a test (the suite runs one): exit 1 unless every size
+// formed, re-formed after both deaths, and asked etcd at most R requests/s per participant idle;
+// with --hosts and not root it exits 77 (skipped).
 //
 // --hosts=H puts the participant processes in H network namespaces (dealt in turn), each joined
 // by a veth to a bridge in this namespace where etcd also listens, as H hosts would reach one
@@ -94,6 +99,7 @@ struct settings {
   int poll_ms = 50;
   int sample_ms = 250;
   int hosts = 0;  // 0: every process in this network namespace; else that many namespaces
+  double require_idle = 0;  // > 0: fail unless every size formed, re-formed twice, idled below it
   std::string label;
   std::string out;
   std::string participant = ELASTIC_RDZV_PARTICIPANT;
@@ -599,6 +605,7 @@ int main(int argc, char** argv) {
     else if (key == "--hb-timeout-ms") cfg.hb_timeout_ms = static_cast<int>(number());
     else if (key == "--poll-ms") cfg.poll_ms = static_cast<int>(number());
     else if (key == "--hosts") cfg.hosts = static_cast<int>(number());
+    else if (key == "--require-idle-per-participant") cfg.require_idle = number();
     else if (key == "--label") cfg.label = value;
     else if (key == "--out") cfg.out = value;
     else if (key == "--participant") cfg.participant = value;
@@ -607,6 +614,10 @@ int main(int argc, char** argv) {
                            "benchmarks/rendezvous_scale.cpp)\n", argv[i]);
       return 2;
     }
+  }
+  if (cfg.hosts > 0 && cfg.require_idle > 0 && ::geteuid() != 0) {
+    std::printf("rendezvous_scale: skipped: --hosts needs root (network namespaces)\n");
+    return 77;  // the suite's "cannot run here"
   }
   // Each participant holds a few connections to etcd, which must accept them all.
   rlimit nofile{};
@@ -678,5 +689,22 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  return interrupted ? 130 : 0;
+  if (interrupted) return 130;
+  // As a test (--require-idle-per-participant): every size formed and re-formed after both
+  // deaths, and its idle load stayed below the bound: a per-rank poll would be far above it.
+  int failures = 0;
+  for (const auto& r : results) {
+    const bool ok = r.first_round_s && r.retired_s && r.silent_s && r.idle_client && *r.idle_client / r.n <= cfg.require_idle;
+    if (cfg.require_idle > 0 && !ok) {
+      ++failures;
+      std::printf("FAILED at N=%d: first round %s, retired re-round %s, silent re-round %s, idle %s requests/s per "
+                  "participant (at most %.2f wanted)%s%s\n",
+                  r.n, seconds_or_none(r.first_round_s, true, cfg.cap_s).c_str(),
+                  seconds_or_none(r.retired_s, r.retired_tried, cfg.cap_s).c_str(),
+                  seconds_or_none(r.silent_s, r.silent_tried, cfg.cap_s).c_str(),
+                  r.idle_client ? fmt::format("{:.2f}", *r.idle_client / r.n).c_str() : "-", cfg.require_idle,
+                  r.note.empty() ? "" : "; ", r.note.c_str());
+    }
+  }
+  return failures == 0 ? 0 : 1;
 }

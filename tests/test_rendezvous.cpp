@@ -641,3 +641,33 @@ TEST_CASE("would-be closers racing close a round exactly once and everyone agree
     }
   }
 }
+
+TEST_CASE("peer heartbeats: a member heard and then silent is reported, one never heard is only reported unheard") {
+  using rdzv::detail::beacon_peer;
+  using rdzv::detail::peer_beacon;
+  peer_beacon a("127.0.0.1", "run", 50ms, 600ms), b("127.0.0.1", "run", 50ms, 600ms), c("127.0.0.1", "run", 50ms, 600ms);
+  a.identify("a", "1");
+  b.identify("b", "1");
+  c.identify("c", "1");
+  const std::vector<beacon_peer> members{{"a", "1", a.address()}, {"b", "1", b.address()}, {"c", "1", c.address()}};
+  a.follow(members, 0);  // with three members each watches the other two
+  b.follow(members, 1);  // c never follows: it sends nothing, as if its beats could not pass
+  std::vector<beacon_peer> quiet, silent, unheard;
+  const auto until = clock_type::now() + 1s;
+  while (clock_type::now() < until) {
+    a.take(quiet, silent, unheard);
+    std::this_thread::sleep_for(20ms);
+  }
+  CHECK(silent.empty());  // b beats; c was never heard, so it is never judged
+  b.pause();              // b stops beating: heard once, now silent
+  const auto until2 = clock_type::now() + 10s;
+  while (clock_type::now() < until2 && silent.empty()) {
+    a.take(quiet, silent, unheard);
+    std::this_thread::sleep_for(20ms);
+  }
+  REQUIRE(silent.size() == 1);
+  CHECK(silent[0].id == "b");
+  CHECK(std::any_of(quiet.begin(), quiet.end(), [](const beacon_peer& p) { return p.id == "b"; }));
+  REQUIRE(unheard.size() == 1);
+  CHECK(unheard[0].id == "c");
+}

@@ -201,6 +201,9 @@ TEST_CASE("a participant frozen with its lease alive is declared gone by its pee
     ps.push_back(child_process::spawn(argv));
   }
   for (auto& p : ps) REQUIRE(line_starting(p, "round 1 ", 30s));
+  // Its peers must have heard it once (a member never heard is never judged: its beats may not
+  // be able to pass at all); a beat is every 250 ms.
+  std::this_thread::sleep_for(1s);
   ps[2].kill(SIGSTOP);
   const auto frozen_at = clock_type::now();
   for (int i : {0, 1, 3}) {

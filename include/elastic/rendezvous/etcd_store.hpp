@@ -55,6 +55,7 @@
 #include <elastic/rendezvous/detail/etcd_reply.hpp>
 #include <elastic/rendezvous/detail/etcd_watch.hpp>
 #include <elastic/rendezvous/etcd_options.hpp>
+#include <elastic/rendezvous/host_address.hpp>
 #include <elastic/rendezvous/store.hpp>
 #include <elastic/rendezvous/store_url.hpp>
 
@@ -245,6 +246,9 @@ class etcd_store final : public store {
     std::sort(out.begin(), out.end());  // etcd sends key order already; this makes it a promise
     return out;
   }
+
+  /// This host's address towards the first etcd endpoint that routes (host_address.hpp).
+  [[nodiscard]] std::string local_address() const override { return host_address_for(parse_store_url(url())); }
 
   /// One range read, then one watch stream held open: nothing is asked of etcd while nothing in
   /// [from, to) changes (detail/etcd_feed.hpp).

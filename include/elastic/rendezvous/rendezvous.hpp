@@ -182,32 +182,16 @@ class rendezvous {
                                        {"previous_round", current_.round}});
       for (;;) {
         check_notice("joining");
-        view_.refresh();
-        if (!is_alive(self())) {
-          // A peer declared this life gone while it was stalled: join as a new one.
+        try {
+          if (auto info = join_turn(make_bootstrap, start, deadline)) return *info;
+        } catch (const error& e) {
+          // Our lease ran out under us (a store too loaded to renew it in time): the keys it
+          // held are gone, so this life is over; join as a new one while the join timeout lasts.
+          if (e.code() != errc::not_found || std::chrono::steady_clock::now() >= deadline) throw;
+          events_.emit("rendezvous_lease_lost", {{"participant", opts_.participant_id}, {"message", e.what()}});
           declared_gone_ = true;
           start_session();
-          continue;
         }
-        const std::int64_t r = read_round();
-        const auto outcome = read_outcome(r);
-        if (outcome.kind == detail::round_outcome::state::abandoned) {
-          bump(r);
-          continue;
-        }
-        if (outcome.kind == detail::round_outcome::state::open) {
-          auto members = join_round(r, deadline);
-          if (!members) continue;  // closed without us: wait for the next one
-          if (auto info = finish(r, *members, make_bootstrap, start, deadline)) return *info;
-          bump(r);  // the leader died before publishing: form the next round
-          continue;
-        }
-        if (contains(outcome.members, self())) {
-          if (auto info = finish(r, outcome.members, make_bootstrap, start, deadline)) return *info;
-          bump(r);
-          continue;
-        }
-        wait_for_next_round(r, outcome.members, deadline);
       }
     } catch (const error& e) {
       if (e.code() == errc::mismatch || e.code() == errc::capacity_exhausted) {
@@ -291,6 +275,39 @@ class rendezvous {
  private:
   using clock = std::chrono::steady_clock;
 
+  /// One turn of join(): the round as the view has it, joined, waited for or left to the next;
+  /// its outcome when we are a member with the bootstrap, else nothing (another turn).
+  std::optional<round_info> join_turn(const bootstrap_fn& make_bootstrap, clock::time_point start,
+                                      clock::time_point deadline) {
+    view_.refresh();
+    if (!is_alive(self())) {
+      // A peer declared this life gone while it was stalled: join as a new one.
+      declared_gone_ = true;
+      start_session();
+      return std::nullopt;
+    }
+    const std::int64_t r = read_round();
+    const auto outcome = read_outcome(r);
+    if (outcome.kind == detail::round_outcome::state::abandoned) {
+      bump(r);
+      return std::nullopt;
+    }
+    if (outcome.kind == detail::round_outcome::state::open) {
+      auto members = join_round(r, deadline);
+      if (!members) return std::nullopt;  // closed without us: wait for the next one
+      if (auto info = finish(r, *members, make_bootstrap, start, deadline)) return info;
+      bump(r);  // the leader died before publishing: form the next round
+      return std::nullopt;
+    }
+    if (contains(outcome.members, self())) {
+      if (auto info = finish(r, outcome.members, make_bootstrap, start, deadline)) return info;
+      bump(r);
+      return std::nullopt;
+    }
+    wait_for_next_round(r, outcome.members, deadline);
+    return std::nullopt;
+  }
+
   std::string key_round() const { return prefix_ + "/round"; }
   std::string key_round(std::int64_t r, std::string_view leaf) const {
     return fmt::format("{}/round/{}/{}", prefix_, r, leaf);
@@ -344,10 +361,9 @@ class rendezvous {
   void start_beacon() {
     if (opts_.peer_silence_timeout.count() == 0 || store_.local()) return;
     if (!beacon_) {
-      const std::string host = !opts_.peer_address.empty()
-                                   ? opts_.peer_address
-                                   : internal::env_string("ELASTIC_HOST_ADDR").value_or("127.0.0.1");
       try {
+        const std::string host = !opts_.peer_address.empty() ? opts_.peer_address
+                                 : internal::env_string("ELASTIC_HOST_ADDR").value_or(store_.local_address());
         beacon_ = std::make_unique<detail::peer_beacon>(host, opts_.run_id, opts_.peer_heartbeat_interval,
                                                         opts_.peer_silence_timeout);
       } catch (const error& e) {
@@ -362,8 +378,19 @@ class rendezvous {
   /// the store is told (P/gone/<id>), so every member sees the departure at once.
   void check_peers() {
     if (!beacon_) return;
-    std::vector<detail::beacon_peer> quiet, silent;
-    beacon_->take(quiet, silent);
+    std::vector<detail::beacon_peer> quiet, silent, unheard;
+    beacon_->take(quiet, silent, unheard);
+    for (const auto& p : unheard) {
+      events_.emit("rendezvous_peer_unheard",
+                   {{"participant", opts_.participant_id},
+                    {"peer", p.id},
+                    {"address", p.address},
+                    {"message", fmt::format("no peer heartbeat from '{}' at {} reached {} within {} ms: it is "
+                                            "not watched (check peer_address / ELASTIC_HOST_ADDR and firewalls "
+                                            "for UDP); its lease still notices its death",
+                                            p.id, p.address, beacon_->address(),
+                                            opts_.peer_silence_timeout.count())}});
+    }
     for (const auto& p : quiet) {
       events_.emit("rendezvous_peer_quiet", {{"participant", opts_.participant_id},
                                              {"peer", p.id},
@@ -672,6 +699,7 @@ class rendezvous {
                               opts_.participant_id, opts_.run_id, r, opts_.max_ranks));
     }
     store_.set(key_pending(), incarnation_, keeper_.lease());
+    pending_ = true;
     for (;;) {
       if (preemption_handler::requested()) {
         store_.erase(key_pending());
@@ -735,7 +763,7 @@ class rendezvous {
         view_.wait(std::chrono::milliseconds(50));
       }
     }
-    store_.erase(key_pending());
+    if (std::exchange(pending_, false)) store_.erase(key_pending());  // only when we set it
     if (beacon_) {
       const auto outcome = read_outcome(r);
       std::vector<detail::beacon_peer> peers;
@@ -793,6 +821,7 @@ class rendezvous {
   std::chrono::milliseconds step_{10};
   std::int64_t round_floor_ = 0;  // the highest round number the store is known to have held
   bool declared_gone_ = false;    // a peer declared this life gone: the next join starts a new one
+  bool pending_ = false;          // we set P/pending/<id> and have not erased it since
   std::string incarnation_;
   round_info current_;
   std::vector<detail::member> members_;

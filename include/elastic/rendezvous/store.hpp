@@ -97,6 +97,10 @@ class store {
   /// Whether every participant of this store is on this host (shm://): then a participant that
   /// dies is seen by its launcher at once, and peers need not beat to each other.
   [[nodiscard]] virtual bool local() const noexcept { return false; }
+  /// An address of this host that the store's other participants can reach (for the peer
+  /// heartbeats): loopback here; a store across hosts knows better (etcd: the address this
+  /// host uses towards it).
+  [[nodiscard]] virtual std::string local_address() const { return "127.0.0.1"; }
 
   /// A lease that expires `ttl` after its last keep_alive().
   virtual lease_id grant(std::chrono::milliseconds ttl) = 0;

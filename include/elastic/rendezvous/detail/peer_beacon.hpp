@@ -5,6 +5,9 @@
 // for half of `silent_after` is reported quiet (a warning), for all of it silent (the rendezvous
 // then says so in the store, P/gone/<id>, and every member sees a departure). A member that was
 // only starved, not gone, sees itself declared gone and joins again as a new incarnation.
+// Only a member heard at least once (in this life of it) is ever reported silent: where beats
+// cannot pass at all (a firewall, an address others cannot route to), nobody is evicted; the
+// member is reported unheard instead, once, for a warning.
 //
 // A datagram is "EB1 <token> <id> <incarnation>": the token (the run's) keeps runs apart; nothing
 // else is trusted from it. Beats are best effort: a lost one is covered by the next, and the
@@ -24,6 +27,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <stop_token>
 #include <string>
 #include <string_view>
@@ -103,8 +107,9 @@ class peer_beacon {
   }
 
   /// Watched members newly silent for half of silent_after (`quiet`) and for all of it
-  /// (`silent`); each is reported once per follow().
-  void take(std::vector<beacon_peer>& quiet, std::vector<beacon_peer>& silent) {
+  /// (`silent`), each reported once per follow(); `unheard`: watched members never heard at all
+  /// within silent_after (their beats cannot reach us: they are never reported silent).
+  void take(std::vector<beacon_peer>& quiet, std::vector<beacon_peer>& silent, std::vector<beacon_peer>& unheard) {
     std::lock_guard lk(mu_);
     const auto now = clock::now();
     // An observer that was itself stopped (frozen, starved) has not been listening: its
@@ -115,6 +120,13 @@ class peer_beacon {
     }
     for (auto& [id, w] : watched_) {
       const auto gap = now - w.heard;
+      if (!heard_.contains({w.who.id, w.who.incarnation})) {
+        if (!w.warned && gap >= silent_after_) {
+          w.warned = true;
+          unheard.push_back(w.who);
+        }
+        continue;
+      }
       if (!w.warned && gap >= silent_after_ / 2) {
         w.warned = true;
         quiet.push_back(w.who);
@@ -226,7 +238,10 @@ class peer_beacon {
     const std::string_view id = m.substr(0, s), incarnation = m.substr(s + 1);
     std::lock_guard lk(mu_);
     const auto it = watched_.find(id);
-    if (it != watched_.end() && it->second.who.incarnation == incarnation) it->second.heard = clock::now();
+    if (it != watched_.end() && it->second.who.incarnation == incarnation) {
+      it->second.heard = clock::now();
+      if (heard_.size() < 65536) heard_.emplace(it->second.who.id, it->second.who.incarnation);
+    }
   }
 
  public:
@@ -249,6 +264,7 @@ class peer_beacon {
   std::string self_id_, self_incarnation_;        // mu_
   std::vector<sockaddr_pair> targets_;            // mu_
   std::map<std::string, watch, std::less<>> watched_;  // mu_
+  std::set<std::pair<std::string, std::string>> heard_;  // mu_: lives heard at least once
   clock::time_point ticked_ = clock::now();             // mu_: the thread's last turn
   // A turn later than this means this process was stopped: 50 ms turns, with room for a
   // loaded machine.
