@@ -49,6 +49,7 @@ class etcd_feed final : public key_feed {
     {
       // A stream blocked in recv() wakes when its socket is shut down under it.
       std::lock_guard lk(mu_);
+      stopping_ = true;
       if (socket_ != CURL_SOCKET_BAD) ::shutdown(socket_, SHUT_RDWR);
       cv_.notify_all();
     }
@@ -165,7 +166,7 @@ class etcd_feed final : public key_feed {
     const curl_socket_t s = ::socket(a->family, a->socktype | SOCK_CLOEXEC, a->protocol);
     std::lock_guard lk(f.mu_);
     f.socket_ = s;
-    if (f.thread_.get_stop_token().stop_requested() && s != CURL_SOCKET_BAD) ::shutdown(s, SHUT_RDWR);
+    if (f.stopping_ && s != CURL_SOCKET_BAD) ::shutdown(s, SHUT_RDWR);
     return s;
   }
 
@@ -234,6 +235,7 @@ class etcd_feed final : public key_feed {
   bool reset_ = false;                 // guarded by mu_
   std::int64_t revision_ = 0;          // the last revision delivered (mu_ for writes off-thread)
   curl_socket_t socket_ = CURL_SOCKET_BAD;  // the stream's socket, for the destructor (mu_)
+  bool stopping_ = false;                   // the destructor began (mu_)
 
   // The feed thread's own.
   std::string buffer_;
