@@ -218,6 +218,52 @@ TEST_CASE("a rank that hangs (SIGSTOP) is dropped by its peers and killed by the
   for (std::size_t i : {0, 2, 3}) check_finished(f, i, steps, want, "3");
 }
 
+TEST_CASE("a rank frozen inside an allreduce (SIGSTOP) is dropped when its heartbeat lapses and not at Gloo's timeout") {
+  // Gloo's timeout 60 s, the heartbeat's 2 s: the survivors must be done (60 steps, rebuilt
+  // into 3) within 40 s of the start, which only the departure seen by the watcher can give.
+  const std::uint64_t steps = 60;
+  const std::vector<std::string> common{"--every", "10", "--dim", "65536", "--timeout-ms", "60000",
+                                        "--hb-interval-ms", "100", "--hb-timeout-ms", "2000", "--last-call-ms", "300",
+                                        "--join-timeout-ms", "30000", "--poll-ms", "20"};
+  const std::string want = reference_crc(common, steps);
+  scratch s;
+  fleet f(ELASTIC_GROUP_WORKER, s.url, "frozen", common, s.events);
+  const std::vector<std::string> args{"--dir", s.ckpt, "--steps", std::to_string(steps), "--min", "2", "--max", "4"};
+  for (int i = 0; i < 4; ++i) {
+    auto a = args;
+    if (i == 1) a.insert(a.end(), {"--stop-self-at", "15"});  // its peers are in step 15's allreduce
+    f.start("w" + std::to_string(i), a);
+  }
+  const std::vector<std::size_t> survivors{0, 2, 3};
+  const bool ended = f.wait_until([&] { return f.all_ended(survivors); }, 40s);
+  INFO(f.transcript(0) << f.transcript(1) << f.transcript(2) << f.transcript(3));
+  // Frozen with its sockets open, it never ends by itself: reap it.
+  f[1].proc.kill(SIGKILL);
+  REQUIRE(f.wait_until([&] { return f.all_ended({1}); }, 10s));
+  REQUIRE(ended);
+  REQUIRE(f.find(1, "stopping "));
+  for (auto i : survivors) {
+    check_finished(f, i, steps, want, "3");
+    const auto rebuilt = f.find(i, "rebuilt ", [](auto& l) { return field(l, "world") == "3"; });
+    REQUIRE(rebuilt);
+    INFO(*rebuilt);
+    // The allreduce ended because w1 departed, not because it timed out.
+    CHECK(rebuilt->find("departure of w1") != std::string::npos);
+    CHECK(rebuilt->find("did not answer in time") == std::string::npos);
+    const auto stopped = f.find(1, "stopping ");
+    std::printf("rank %s: noticed %.1f ms after the SIGSTOP (heartbeat timeout 2000 ms), trained again %.1f ms after\n",
+                f[i].id.c_str(), (num(*rebuilt, "noticed") - num(*stopped, "t")) / 1e6,
+                (num(*rebuilt, "resynced") - num(*stopped, "t")) / 1e6);
+  }
+  const auto failures = elastic::test::events_named(s.events, "group_failure");
+  CHECK_FALSE(failures.empty());
+  for (const auto& e : failures) {
+    INFO(e);
+    CHECK(e.find("\"code\":\"peer_lost\"") != std::string::npos);
+    CHECK(e.find("w1") != std::string::npos);
+  }
+}
+
 TEST_CASE("a participant of another run shares the store without disturbing the group, and names it when alone") {
   const std::uint64_t steps = 80;
   const std::string want = reference_crc(fast, steps);

@@ -173,6 +173,37 @@ TEST_CASE("a peer that hangs during an allreduce makes the survivors time out", 
   ranks[hung].kill(SIGKILL);
 }
 
+TEST_CASE("a revoke from another thread ends an allreduce waiting for a frozen peer with peer_lost, not at the "
+          "timeout", "[gloo]") {
+  scratch_store st;
+  constexpr auto timeout = 60s;  // what the survivors would otherwise wait
+  constexpr int frozen = 1;
+  auto ranks = spawn_ranks(st, "/round/0/gloo", 4, timeout,
+                           [](int r) { return std::string(r == frozen ? "die" : "revoke"); });
+  for (auto& p : ranks) {
+    REQUIRE(p.read_line(20s) == std::optional<std::string>("connected"));
+    REQUIRE(p.read_line(10s) == std::optional<std::string>("entering"));
+  }
+  ranks[frozen].kill(SIGSTOP);  // alive, connections open, answering nothing
+  int named = 0;
+  for (int r = 0; r < 4; ++r) {
+    if (r == frozen) continue;
+    // Bounded well below the timeout: only the revoke can end the wait in time.
+    auto line = ranks[r].read_line(20s);
+    INFO("rank " << r << " line " << line.value_or("<none>"));
+    REQUIRE(line);
+    CHECK(line->starts_with("error "));
+    // Its own revoke, or a peer's that closed their connection first: the same cause either way.
+    CHECK(field(*line, "code") == "peer_lost");
+    CHECK(field(*line, "ok") == "0");
+    CHECK(field(*line, "later_fails") == "1");
+    named += field(*line, "named") == "1" ? 1 : 0;
+    REQUIRE(ranks[r].read_line(10s) == std::optional<std::string>("done"));
+  }
+  CHECK(named >= 1);  // the first to revoke failed by its own revoke, and its error says why
+  ranks[frozen].kill(SIGKILL);
+}
+
 TEST_CASE("a single-rank gloo communicator reduces to itself and refuses work after abort", "[gloo]") {
   scratch_store st;
   comm::gloo_communicator c(st.s, "/round/0/gloo", 0, 1, 5s);
