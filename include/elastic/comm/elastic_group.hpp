@@ -325,24 +325,50 @@ class elastic_group final : public group_hook {
 
   void fail(std::string_view what, const error& e) {
     failed_ = true;
-    // A revoke by the watcher names what it saw (the lost member), whatever error it caused.
-    const std::string revoked = revoked_cause();
-    failure_ = !revoked.empty() ? fmt::format("{} failed: {} (the communicator was revoked)", what, revoked)
-                                : fmt::format("{} failed: {}", what,
-                                              e.code() == errc::timeout   ? "a peer did not answer in time"
-                                              : e.code() == errc::aborted ? "a member left (the communicator was revoked)"
-                                                                          : "a peer's connection broke");
     noticed_ns_ = internal::monotonic_ns();
-    events_.emit("group_failure", {{"round", round()},
-                                   {"collective", what},
-                                   {"code", to_string(e.code())},
-                                   {"message", e.what()}});
     // A rebuilder gets the communicator back, revoked (in-flight work stopped). Otherwise
     // closing our connections now fails the peers still blocked on us.
     if (keeps_ && revocable) {
       revoke_current();
     } else {
       retire();
+    }
+    // A revoke by the watcher names what it saw (the lost member), whatever error it caused. A
+    // connection that broke may be a peer's revoke for a loss our watcher has yet to see: the
+    // store says so now.
+    std::string cause = revoked_cause();
+    const bool revoked = !cause.empty();
+    if (!revoked && e.code() == errc::peer_lost) cause = lost_now();
+    failure_ = revoked ? fmt::format("{} failed: {} (the communicator was revoked)", what, cause)
+               : e.code() == errc::timeout ? fmt::format("{} failed: a peer did not answer in time", what)
+               : e.code() == errc::aborted ? fmt::format("{} failed: a member left (the communicator was revoked)", what)
+               : cause.empty()             ? fmt::format("{} failed: a peer's connection broke", what)
+                                           : fmt::format("{} failed: a peer's connection broke after the {}", what, cause);
+    events_.emit("group_failure", {{"round", round()},
+                                   {"collective", what},
+                                   {"code", to_string(e.code())},
+                                   {"cause", failure_},
+                                   {"message", e.what()}});
+  }
+
+  /// The members of the round lost (departed, not left on purpose) in `ch`.
+  static std::vector<std::string> lost_members(const rendezvous::membership_change& ch) {
+    std::vector<std::string> lost;
+    for (const auto& id : ch.departed) {
+      if (std::find(ch.left.begin(), ch.left.end(), id) == ch.left.end()) lost.push_back(id);
+    }
+    return lost;
+  }
+
+  /// "departure of <ids>" when the store shows members of the round lost now; empty otherwise
+  /// (or when the store does not answer: the cause is then only less precise).
+  std::string lost_now() {
+    std::lock_guard lk(rdzv_mu_);
+    try {
+      const auto lost = lost_members(rdzv_.poll());
+      return lost.empty() ? std::string() : fmt::format("departure of {}", fmt::join(lost, ","));
+    } catch (const error&) {
+      return {};
     }
   }
 
@@ -558,10 +584,7 @@ class elastic_group final : public group_hook {
       // done: it finished its collectives before it left, and a slower rank may still be
       // completing the last of them (revoking would fail it). So is a member that started the
       // next round of a Gloo group (after newcomers): a rebuilder's is revoked, as NCCL needs.
-      std::vector<std::string> lost;
-      for (const auto& id : ch.departed) {
-        if (std::find(ch.left.begin(), ch.left.end(), id) == ch.left.end()) lost.push_back(id);
-      }
+      const std::vector<std::string> lost = lost_members(ch);
       if (!lost.empty() || ch.self_lost || (keeps_ && ch.round_advanced)) {
         const std::string why =
             !lost.empty() ? fmt::format("member {} of round {} departed (its heartbeat lapsed, or it restarted)",

@@ -7,6 +7,8 @@
 // when a member's heartbeat lapses: a peer frozen with its sockets open never makes Gloo fail.
 #pragma once
 
+#include <signal.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cctype>
@@ -42,6 +44,20 @@
 #include <elastic/rendezvous/store.hpp>
 
 namespace elastic::inline v1::comm {
+
+namespace detail {
+
+/// Gloo writes to its TCP peers without MSG_NOSIGNAL: a write to a peer that just died (or on a
+/// connection revoke() shut down) raises SIGPIPE, whose default action kills the survivor that
+/// was about to recover. The disposition is the process's own, so it is changed only while it is
+/// the default (a handler the program installed is left alone); the write then fails with EPIPE
+/// and the collective throws.
+inline void ignore_sigpipe() noexcept {
+  struct sigaction old {};
+  if (::sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) ::signal(SIGPIPE, SIG_IGN);
+}
+
+}  // namespace detail
 
 /// A Gloo communicator over TCP: `size` ranks that meet under `prefix` in `store`.
 ///
@@ -119,6 +135,7 @@ class gloo_communicator {
         revoked_.store(true, std::memory_order_release);
       }
       failed_.store(true, std::memory_order_release);
+      detail::ignore_sigpipe();  // a send racing the shutdown below fails, and kills nobody
       sockets_.shut_down();
     } catch (...) {
       failed_.store(true, std::memory_order_release);  // no memory for the reason: still unusable
