@@ -127,19 +127,18 @@ class gloo_communicator {
   /// does every later call. The connections close, so the peers' collectives with this rank fail
   /// too. Any thread, while the communicator lives; a second call keeps the first reason.
   void revoke(std::string_view why = "the communicator was revoked") noexcept {
-    try {
-      {
-        std::lock_guard lk(mu_);
-        if (revoked_.load(std::memory_order_relaxed)) return;
+    {
+      std::lock_guard lk(mu_);
+      if (revoked_.load(std::memory_order_relaxed)) return;
+      try {
         revoked_why_ = std::string(why);
-        revoked_.store(true, std::memory_order_release);
+      } catch (...) {  // no memory for the words: the revoke matters more
       }
-      failed_.store(true, std::memory_order_release);
-      detail::ignore_sigpipe();  // a send racing the shutdown below fails, and kills nobody
-      sockets_.shut_down();
-    } catch (...) {
-      failed_.store(true, std::memory_order_release);  // no memory for the reason: still unusable
+      revoked_.store(true, std::memory_order_release);
     }
+    failed_.store(true, std::memory_order_release);
+    detail::ignore_sigpipe();  // a send racing the shutdown below fails, and kills nobody
+    sockets_.shut_down();
   }
 
   /// Combines `buf` across the ranks, in place. bfloat16/float16 buffers are widened to float in a

@@ -14,7 +14,9 @@
 // getsockname of it) are noted with their peers; a revoke shuts down the sockets of the process
 // whose (local, peer) is one of those. A TCP connection's two endpoints are unique on the host,
 // and every socket is looked at through a dup of its descriptor, so a descriptor that Gloo closes
-// (and the process reuses) meanwhile is never taken for a pair's.
+// (and the process reuses) meanwhile is never taken for a pair's. Without /proc/self/fd nothing
+// is found: a revoke then still refuses every later call, and the collective in flight ends at
+// its timeout as before.
 #pragma once
 
 #include <dirent.h>
