@@ -326,6 +326,10 @@ class elastic_group final : public group_hook {
   void fail(std::string_view what, const error& e) {
     failed_ = true;
     noticed_ns_ = internal::monotonic_ns();
+    // Read before the communicator goes: `e` may share its text with the communicator's own copy
+    // of it (last_error()), which the reaper thread destroys.
+    const errc code = e.code();
+    const std::string message = e.what();
     // A rebuilder gets the communicator back, revoked (in-flight work stopped). Otherwise
     // closing our connections now fails the peers still blocked on us.
     if (keeps_ && revocable) {
@@ -338,17 +342,17 @@ class elastic_group final : public group_hook {
     // store says so now.
     std::string cause = revoked_cause();
     const bool revoked = !cause.empty();
-    if (!revoked && e.code() == errc::peer_lost) cause = lost_now();
-    failure_ = revoked ? fmt::format("{} failed: {} (the communicator was revoked)", what, cause)
-               : e.code() == errc::timeout ? fmt::format("{} failed: a peer did not answer in time", what)
-               : e.code() == errc::aborted ? fmt::format("{} failed: a member left (the communicator was revoked)", what)
-               : cause.empty()             ? fmt::format("{} failed: a peer's connection broke", what)
-                                           : fmt::format("{} failed: a peer's connection broke after the {}", what, cause);
+    if (!revoked && code == errc::peer_lost) cause = lost_now();
+    failure_ = revoked                 ? fmt::format("{} failed: {} (the communicator was revoked)", what, cause)
+               : code == errc::timeout ? fmt::format("{} failed: a peer did not answer in time", what)
+               : code == errc::aborted ? fmt::format("{} failed: a member left (the communicator was revoked)", what)
+               : cause.empty()         ? fmt::format("{} failed: a peer's connection broke", what)
+                                       : fmt::format("{} failed: a peer's connection broke after the {}", what, cause);
     events_.emit("group_failure", {{"round", round()},
                                    {"collective", what},
-                                   {"code", to_string(e.code())},
+                                   {"code", to_string(code)},
                                    {"cause", failure_},
-                                   {"message", e.what()}});
+                                   {"message", message}});
   }
 
   /// The members of the round lost (departed, not left on purpose) in `ch`.
