@@ -247,8 +247,8 @@ class elastic_group final : public group_hook {
     open_flight_recorder();
   }
 
-  /// Whether this group keeps and revokes its communicator on a failure (a rebuilder that can
-  /// use it, and a communicator with revoke()).
+  /// Whether the communicator has revoke(): the watcher stops a collective waiting for a lost
+  /// member with it, and a rebuilder's group (keeps_) revokes rather than retires on a failure.
   static constexpr bool revocable = requires(Comm& c) { c.revoke(); };
 
   static rendezvous::rendezvous_options with_events(rendezvous::rendezvous_options o, const event_log& ev) {
