@@ -116,6 +116,22 @@ const std::vector<std::string> fast{"--every", "10", "--dim", "65536", "--timeou
                                     "--hb-interval-ms", "100", "--hb-timeout-ms", "500", "--last-call-ms", "300",
                                     "--join-timeout-ms", "30000", "--poll-ms", "20"};
 
+// Workers whose Gloo timeout (60 s) dwarfs their heartbeat timeout (2 s): a test that waits less
+// than 60 s for them sees a frozen rank dropped at its heartbeat, never at Gloo's timeout.
+const std::vector<std::string> slow_gloo{"--every", "10", "--dim", "65536", "--timeout-ms", "60000",
+                                         "--hb-interval-ms", "100", "--hb-timeout-ms", "2000", "--last-call-ms", "300",
+                                         "--join-timeout-ms", "30000", "--poll-ms", "20"};
+
+/// Starts workers w0 .. w<n-1> with `args`, worker i with `faults[i]` too.
+void start_workers(fleet& f, int n, const std::vector<std::string>& args,
+                   const std::map<int, std::vector<std::string>>& faults) {
+  for (int i = 0; i < n; ++i) {
+    auto a = args;
+    if (auto it = faults.find(i); it != faults.end()) a.insert(a.end(), it->second.begin(), it->second.end());
+    f.start("w" + std::to_string(i), a);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("4 ranks lose one mid-allreduce: the 3 survivors rebuild and finish with the undisturbed weights") {
@@ -216,6 +232,71 @@ TEST_CASE("a rank that hangs (SIGSTOP) is dropped by its peers and killed by the
            e.find("\"target_pid\":" + std::to_string(f[1].proc.pid())) != std::string::npos;
   }));
   for (std::size_t i : {0, 2, 3}) check_finished(f, i, steps, want, "3");
+}
+
+TEST_CASE("a rank frozen inside an allreduce (SIGSTOP) is dropped when its heartbeat lapses and not at Gloo's timeout") {
+  // The survivors must be done (60 steps, rebuilt into 3) within 40 s of the start, which only
+  // the departure seen by the watcher can give (slow_gloo).
+  const std::uint64_t steps = 60;
+  const std::string want = reference_crc(slow_gloo, steps);
+  scratch s;
+  fleet f(ELASTIC_GROUP_WORKER, s.url, "frozen", slow_gloo, s.events);
+  const std::vector<std::string> args{"--dir", s.ckpt, "--steps", std::to_string(steps), "--min", "2", "--max", "4"};
+  start_workers(f, 4, args, {{1, {"--stop-self-at", "15"}}});  // its peers are in step 15's allreduce
+  const std::vector<std::size_t> survivors{0, 2, 3};
+  const bool ended = f.wait_until([&] { return f.all_ended(survivors); }, 40s);
+  INFO(f.transcript(0) << f.transcript(1) << f.transcript(2) << f.transcript(3));
+  // Frozen with its sockets open, it never ends by itself: reap it.
+  f[1].proc.kill(SIGKILL);
+  REQUIRE(f.wait_until([&] { return f.all_ended({1}); }, 10s));
+  REQUIRE(ended);
+  REQUIRE(f.find(1, "stopping "));
+  for (auto i : survivors) {
+    check_finished(f, i, steps, want, "3");
+    const auto rebuilt = f.find(i, "rebuilt ", [](auto& l) { return field(l, "world") == "3"; });
+    REQUIRE(rebuilt);
+    INFO(*rebuilt);
+    // The allreduce ended because w1 departed, not because it timed out.
+    CHECK(rebuilt->find("departure of w1") != std::string::npos);
+    CHECK(rebuilt->find("did not answer in time") == std::string::npos);
+    const auto stopped = f.find(1, "stopping ");
+    std::printf("rank %s: noticed %.1f ms after the SIGSTOP (heartbeat timeout 2000 ms), trained again %.1f ms after\n",
+                f[i].id.c_str(), (num(*rebuilt, "noticed") - num(*stopped, "t")) / 1e6,
+                (num(*rebuilt, "resynced") - num(*stopped, "t")) / 1e6);
+  }
+  const auto failures = elastic::test::events_named(s.events, "group_failure");
+  CHECK_FALSE(failures.empty());
+  for (const auto& e : failures) {
+    INFO(e);
+    CHECK(e.find("\"code\":\"peer_lost\"") != std::string::npos);
+    // Its own watcher's revoke, or a peer's that closed their connection first: w1 either way.
+    CHECK(e.find("departure of w1") != std::string::npos);
+  }
+}
+
+TEST_CASE("a rank frozen while the next round's communicator connects is dropped when its heartbeat lapses") {
+  // w3 dies at step 10; in the connect of round 2 w1 freezes before publishing its address. Only
+  // the round's check (the departure seen in the store) ends the connect of w0 and w2 in time for
+  // them to finish within 40 s, as a group of 2 (slow_gloo).
+  const std::uint64_t steps = 40;
+  const std::string want = reference_crc(slow_gloo, steps);
+  scratch s;
+  fleet f(ELASTIC_GROUP_WORKER, s.url, "frozen_connect", slow_gloo, s.events);
+  const std::vector<std::string> args{"--dir", s.ckpt, "--steps", std::to_string(steps), "--min", "2", "--max", "4"};
+  start_workers(f, 4, args, {{1, {"--stop-in-connect-round", "2"}}, {3, {"--kill-self-at", "10"}}});
+  const std::vector<std::size_t> survivors{0, 2};
+  const bool ended = f.wait_until([&] { return f.all_ended(survivors); }, 40s);
+  INFO(f.transcript(0) << f.transcript(1) << f.transcript(2) << f.transcript(3));
+  f[1].proc.kill(SIGKILL);  // frozen: reap it
+  REQUIRE(f.wait_until([&] { return f.all_ended({1, 3}); }, 10s));
+  REQUIRE(ended);
+  REQUIRE(f.find(1, "stopping round=2"));
+  for (auto i : survivors) check_finished(f, i, steps, want, "2");
+  // The connect of round 2 ended because w1 departed, not at a timeout.
+  const auto failed = elastic::test::events_named(s.events, "group_connect_failed");
+  CHECK(std::any_of(failed.begin(), failed.end(), [](const std::string& e) {
+    return e.find("w1 left round 2 while its communicator was being built") != std::string::npos;
+  }));
 }
 
 TEST_CASE("a participant of another run shares the store without disturbing the group, and names it when alone") {

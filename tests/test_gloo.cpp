@@ -45,6 +45,18 @@ std::vector<elastic::test::child_process> spawn_ranks(const scratch_store& st, c
   return ranks;
 }
 
+/// 4 ranks of `mode_of`, each connected and about to enter its allreduce.
+template <class Mode>
+std::vector<elastic::test::child_process> entered_ranks(const scratch_store& st, std::chrono::milliseconds timeout,
+                                                        Mode mode_of) {
+  auto ranks = spawn_ranks(st, "/round/0/gloo", 4, timeout, mode_of);
+  for (auto& p : ranks) {
+    REQUIRE(p.read_line(20s) == std::optional<std::string>("connected"));
+    REQUIRE(p.read_line(10s) == std::optional<std::string>("entering"));
+  }
+  return ranks;
+}
+
 /// The value of `field=` in a worker's line.
 std::string field(const std::string& line, const std::string& name) {
   const auto at = line.find(name + "=");
@@ -112,12 +124,7 @@ TEST_CASE("a peer SIGKILLed during an allreduce makes the survivors fail within 
   scratch_store st;
   constexpr auto timeout = 3s;
   constexpr int doomed = 1;
-  auto ranks = spawn_ranks(st, "/round/0/gloo", 4, timeout,
-                           [](int r) { return std::string(r == doomed ? "die" : "survive"); });
-  for (auto& p : ranks) {
-    REQUIRE(p.read_line(20s) == std::optional<std::string>("connected"));
-    REQUIRE(p.read_line(10s) == std::optional<std::string>("entering"));
-  }
+  auto ranks = entered_ranks(st, timeout, [](int r) { return std::string(r == doomed ? "die" : "survive"); });
   std::this_thread::sleep_for(200ms);  // the survivors are inside the allreduce now
   ranks[doomed].kill(SIGKILL);
   REQUIRE(ranks[doomed].killed_by(SIGKILL, 5s));
@@ -144,12 +151,7 @@ TEST_CASE("a peer that hangs during an allreduce makes the survivors time out", 
   scratch_store st;
   constexpr auto timeout = 1500ms;
   constexpr int hung = 1;
-  auto ranks = spawn_ranks(st, "/round/0/gloo", 4, timeout,
-                           [](int r) { return std::string(r == hung ? "die" : "survive"); });
-  for (auto& p : ranks) {
-    REQUIRE(p.read_line(20s) == std::optional<std::string>("connected"));
-    REQUIRE(p.read_line(10s) == std::optional<std::string>("entering"));
-  }
+  auto ranks = entered_ranks(st, timeout, [](int r) { return std::string(r == hung ? "die" : "survive"); });
   ranks[hung].kill(SIGSTOP);  // alive, connections open, answering nothing
   int timed_out = 0;
   for (int r = 0; r < 4; ++r) {
@@ -171,6 +173,32 @@ TEST_CASE("a peer that hangs during an allreduce makes the survivors time out", 
   }
   CHECK(timed_out >= 1);
   ranks[hung].kill(SIGKILL);
+}
+
+TEST_CASE("a revoke from another thread ends an allreduce waiting for a frozen peer with peer_lost, not at the "
+          "timeout", "[gloo]") {
+  scratch_store st;
+  constexpr auto timeout = 60s;  // what the survivors would otherwise wait
+  constexpr int frozen = 1;
+  auto ranks = entered_ranks(st, timeout, [](int r) { return std::string(r == frozen ? "die" : "revoke"); });
+  ranks[frozen].kill(SIGSTOP);  // alive, connections open, answering nothing
+  int named = 0;
+  for (int r = 0; r < 4; ++r) {
+    if (r == frozen) continue;
+    // Bounded well below the timeout: only the revoke can end the wait in time.
+    auto line = ranks[r].read_line(20s);
+    INFO("rank " << r << " line " << line.value_or("<none>"));
+    REQUIRE(line);
+    CHECK(line->starts_with("error "));
+    // Its own revoke, or a peer's that closed their connection first: the same cause either way.
+    CHECK(field(*line, "code") == "peer_lost");
+    CHECK(field(*line, "ok") == "0");
+    CHECK(field(*line, "later_fails") == "1");
+    named += field(*line, "named") == "1" ? 1 : 0;
+    REQUIRE(ranks[r].read_line(10s) == std::optional<std::string>("done"));
+  }
+  CHECK(named >= 1);  // the first to revoke failed by its own revoke, and its error says why
+  ranks[frozen].kill(SIGKILL);
 }
 
 TEST_CASE("a single-rank gloo communicator reduces to itself and refuses work after abort", "[gloo]") {

@@ -10,7 +10,10 @@
 //                from root 1, one line per check in the same form
 //   die          prints "entering", then sleeps without joining the collective (the test kills it)
 //   others       prints "entering", runs one allreduce and prints
-//                "error code=<errc> ok=<0|1> ms=<elapsed>" or "finished" if it completed
+//                "error code=<errc> ok=<0|1> ms=<elapsed> later_fails=<0|1> named=<0|1>" or
+//                "finished" if it completed; in mode "revoke" another thread revokes the
+//                communicator 300 ms into the allreduce, naming member "w9" (named=1: the error
+//                says so)
 // and ends with "done". Exit code 0 unless setup failed.
 #include <unistd.h>
 
@@ -151,6 +154,13 @@ int main(int argc, char** argv) {
       say("entering");
       std::vector<float> buf(1 << 16, 1.0f);
       const auto t0 = std::chrono::steady_clock::now();
+      std::jthread revoker;
+      if (mode == "revoke") {  // as an elastic group's watcher does when a member's heartbeat lapses
+        revoker = std::jthread([&c] {
+          std::this_thread::sleep_for(300ms);
+          c.revoke("member w9 of round 1 departed");
+        });
+      }
       try {
         c.allreduce(std::span<float>(buf), comm::reduce_op::sum);
         say("finished");
@@ -166,7 +176,8 @@ int main(int argc, char** argv) {
           later_fails = true;
         }
         say("error code=" + std::string(elastic::to_string(e.code())) + " ok=" + (c.ok() ? "1" : "0") +
-            " ms=" + std::to_string(ms) + " later_fails=" + (later_fails ? "1" : "0"));
+            " ms=" + std::to_string(ms) + " later_fails=" + (later_fails ? "1" : "0") +
+            " named=" + (std::string(e.what()).find("member w9 of round 1 departed") != std::string::npos ? "1" : "0"));
       }
     }
     say("done");

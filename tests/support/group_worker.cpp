@@ -13,6 +13,8 @@
 //   rebuilt round=R world=W rank=r cause=<...> noticed=<ns> met=<ns> connected=<ns> resynced=<ns>
 //   killing t=<ns>                      (--kill-self-at: just before the SIGKILL)
 //   stopping t=<ns>                     (--stop-self-at: just before the SIGSTOP)
+//   stopping round=R t=<ns>             (--stop-in-connect-round R: just before the SIGSTOP, when
+//                                        round R formed and before its communicator connects)
 //   final step=N crc=<hex> reason=<finished|preempted|stopped> redone=<n>
 // Errors: "error code=<errc> <message>" and exit 3.
 #include <signal.h>
@@ -73,10 +75,15 @@ int main(int argc, char** argv) {
   // --shard 1: also a fixed slice (add_shard), which a group refuses; --shard 2: moments
   // partitioned across the group (add_partitioned), ZeRO-1 style.
   long long shard = 0;
+  long long stop_in_connect = 0;  // a hang in the connect of this round's communicator
   const job_options o = elastic::test::parse_job_options(argc, argv, "elastic_group_worker", {},
                                                          [&](const std::string& name, long long v) {
                                                            if (name == "--shard") {
                                                              shard = v;
+                                                             return true;
+                                                           }
+                                                           if (name == "--stop-in-connect-round") {
+                                                             stop_in_connect = v;
                                                              return true;
                                                            }
                                                            if (name != "--unavailable-ms") return false;
@@ -97,7 +104,17 @@ int main(int argc, char** argv) {
     // Partitioned: registered as a world of one; the group gives each rank its slice at the join.
     if (shard == 2) st.add_partitioned("moments", moments, o.dim, 0, 1);
 
-    comm::gloo_group group(*store, elastic::test::group_options_of(o), comm::gloo_factory(o.timeout));
+    comm::communicator_factory<comm::gloo_communicator> connect =
+        [gloo = comm::gloo_factory(o.timeout), stop_in_connect](elastic::rendezvous::store& s,
+                                                              const elastic::rendezvous::round_info& r) {
+          if (r.round == stop_in_connect) {
+            elastic::test::say("stopping round=" + std::to_string(r.round) +
+                               " t=" + std::to_string(elastic::internal::monotonic_ns()));
+            ::raise(SIGSTOP);
+          }
+          return gloo(s, r);
+        };
+    comm::gloo_group group(*store, elastic::test::group_options_of(o), std::move(connect));
     elastic::training_loop loop({.dir = o.dir,
                                  .steps = o.steps,
                                  .every_steps = o.every,

@@ -18,9 +18,12 @@
 //   rebuilder (nccl_factory, comm/rebuild.hpp) it is revoked and kept for the next round.
 //   Later collectives of the step return false without communicating.
 // - A watcher thread polls the rendezvous every poll_interval: a departed member, a newcomer
-//   waiting, or a round started by another member marks a change. A departure (or a round
-//   started by another member) also revokes a keepable communicator at once, so a collective
-//   waiting for the dead peer ends now: within a host NCCL reports no error for it.
+//   waiting, or a round started by another member marks a change. A member lost (departed, not
+//   left on purpose) or our own lapsed heartbeat also revokes the communicator at once, so a
+//   collective waiting for the lost peer ends now with errc::peer_lost naming it: within a host
+//   NCCL reports no error for it, and a Gloo peer frozen with its sockets open (SIGSTOP, a hung
+//   host) would hold it until Gloo's timeout. A rebuilder's communicator is revoked on a round
+//   started by another member too (Gloo's is not: that member finished the step's collectives).
 // - At the next safe point (training_loop calls safe_point() before each step) the group forms
 //   the next round (survivors keep their relative order, newcomers come after them) and gets
 //   its communicator: from the factory, or from the rebuilder, which is handed the previous one
@@ -244,8 +247,8 @@ class elastic_group final : public group_hook {
     open_flight_recorder();
   }
 
-  /// Whether this group keeps and revokes its communicator on a failure (a rebuilder that can
-  /// use it, and a communicator with revoke()).
+  /// Whether the communicator has revoke(): the watcher stops a collective waiting for a lost
+  /// member with it, and a rebuilder's group (keeps_) revokes rather than retires on a failure.
   static constexpr bool revocable = requires(Comm& c) { c.revoke(); };
 
   static rendezvous::rendezvous_options with_events(rendezvous::rendezvous_options o, const event_log& ev) {
@@ -322,15 +325,11 @@ class elastic_group final : public group_hook {
 
   void fail(std::string_view what, const error& e) {
     failed_ = true;
-    failure_ = fmt::format("{} failed: {}", what,
-                           e.code() == errc::timeout   ? "a peer did not answer in time"
-                           : e.code() == errc::aborted ? "a member left (the communicator was revoked)"
-                                                       : "a peer's connection broke");
     noticed_ns_ = internal::monotonic_ns();
-    events_.emit("group_failure", {{"round", round()},
-                                   {"collective", what},
-                                   {"code", to_string(e.code())},
-                                   {"message", e.what()}});
+    // Read before the communicator goes: `e` may share its text with the communicator's own copy
+    // of it (last_error()), which the reaper thread destroys.
+    const errc code = e.code();
+    const std::string message = e.what();
     // A rebuilder gets the communicator back, revoked (in-flight work stopped). Otherwise
     // closing our connections now fails the peers still blocked on us.
     if (keeps_ && revocable) {
@@ -338,14 +337,72 @@ class elastic_group final : public group_hook {
     } else {
       retire();
     }
+    // A revoke by the watcher names what it saw (the lost member), whatever error it caused. A
+    // connection that broke may be a peer's revoke for a loss our watcher has yet to see: the
+    // store says so now.
+    std::string cause = revoked_cause();
+    const bool revoked = !cause.empty();
+    if (!revoked && code == errc::peer_lost) cause = lost_now();
+    failure_ = revoked                 ? fmt::format("{} failed: {} (the communicator was revoked)", what, cause)
+               : code == errc::timeout ? fmt::format("{} failed: a peer did not answer in time", what)
+               : code == errc::aborted ? fmt::format("{} failed: a member left (the communicator was revoked)", what)
+               : cause.empty()         ? fmt::format("{} failed: a peer's connection broke", what)
+                                       : fmt::format("{} failed: a peer's connection broke after the {}", what, cause);
+    events_.emit("group_failure", {{"round", round()},
+                                   {"collective", what},
+                                   {"code", to_string(code)},
+                                   {"cause", failure_},
+                                   {"message", message}});
   }
 
-  /// Revokes the current communicator (a rebuilder's, kept for the next round); any thread.
-  void revoke_current() noexcept {
+  /// The members of the round lost (departed, not left on purpose) in `ch`.
+  static std::vector<std::string> lost_members(const rendezvous::membership_change& ch) {
+    std::vector<std::string> lost;
+    for (const auto& id : ch.departed) {
+      if (std::find(ch.left.begin(), ch.left.end(), id) == ch.left.end()) lost.push_back(id);
+    }
+    return lost;
+  }
+
+  /// "departure of <ids>" when the store shows members of the round lost now; empty otherwise
+  /// (or when the store does not answer: the cause is then only less precise).
+  std::string lost_now() {
+    std::lock_guard lk(rdzv_mu_);
+    try {
+      const auto lost = lost_members(rdzv_.poll());
+      return lost.empty() ? std::string() : fmt::format("departure of {}", fmt::join(lost, ","));
+    } catch (const error&) {
+      return {};
+    }
+  }
+
+  /// Revokes the current communicator; any thread. `cause` (the watcher's) becomes the failed
+  /// collective's cause; `why` tells the communicator, whose error says it.
+  void revoke_current(const std::string& cause = {}, std::string_view why = {}) noexcept {
     if constexpr (revocable) {
       std::lock_guard lk(comm_ptr_mu_);
-      if (comm_) comm_->revoke();
+      if (!comm_) return;
+      if (!cause.empty() && revoked_cause_.empty()) {
+        try {
+          revoked_cause_ = cause;
+        } catch (...) {  // no memory for the words: the revoke matters more
+        }
+      }
+      revoked_.store(true, std::memory_order_release);
+      if constexpr (requires(Comm& c, std::string_view w) { c.revoke(w); }) {
+        if (!why.empty()) {
+          comm_->revoke(why);
+          return;
+        }
+      }
+      comm_->revoke();
     }
+  }
+
+  /// Why the watcher revoked the current communicator (empty: it did not).
+  std::string revoked_cause() {
+    std::lock_guard lk(comm_ptr_mu_);
+    return revoked_cause_;
   }
 
   /// The current communicator, moved out for a rebuild.
@@ -357,6 +414,8 @@ class elastic_group final : public group_hook {
   void install(std::unique_ptr<Comm> c) {
     std::lock_guard lk(comm_ptr_mu_);
     comm_ = std::move(c);
+    revoked_cause_.clear();
+    revoked_.store(false, std::memory_order_release);
   }
 
   /// The store keys of round `r`'s communicator rebuild.
@@ -489,7 +548,12 @@ class elastic_group final : public group_hook {
   /// is reported once and retried (training goes on meanwhile). `store_down` is the watcher's own.
   bool watch(bool& store_down) {
     if (failed_) return true;
-    if (change_pending_.load(std::memory_order_acquire) && !newcomers_only_.load(std::memory_order_acquire)) return true;
+    // A pending change that has not revoked Gloo's communicator (newcomers, a round started by
+    // another member) is still watched: a loss before the safe point must end the collective too.
+    if (change_pending_.load(std::memory_order_acquire) && !newcomers_only_.load(std::memory_order_acquire) &&
+        (keeps_ || revoked_.load(std::memory_order_acquire))) {
+      return true;
+    }
     std::lock_guard lk(rdzv_mu_);
     try {
       const auto ch = rdzv_.poll();
@@ -518,12 +582,21 @@ class elastic_group final : public group_hook {
                                      : std::string("round started by another member");
       newcomers_only_.store(false, std::memory_order_release);
       change_pending_.store(true, std::memory_order_release);
-      // Anything but a newcomer means a collective may now wait for a peer that will never come:
-      // stop it now rather than at its timeout (within a host NCCL reports no error for it).
-      // A member that left on purpose is done: it finished its collectives before it left, and
-      // a slower rank may still be completing the last of them (revoking would fail it).
-      const bool lost = ch.departed.size() > ch.left.size();
-      if (keeps_ && (lost || ch.round_advanced || ch.self_lost)) revoke_current();
+      // A lost member means a collective may now wait for a peer that will never come: stop it
+      // now rather than at its timeout (within a host NCCL reports no error for it; a Gloo peer
+      // frozen with its sockets open breaks no connection). A member that left on purpose is
+      // done: it finished its collectives before it left, and a slower rank may still be
+      // completing the last of them (revoking would fail it). So is a member that started the
+      // next round of a Gloo group (after newcomers): a rebuilder's is revoked, as NCCL needs.
+      const std::vector<std::string> lost = lost_members(ch);
+      if (!lost.empty() || ch.self_lost || (keeps_ && ch.round_advanced)) {
+        const std::string why =
+            !lost.empty() ? fmt::format("member {} of round {} departed (its heartbeat lapsed, or it restarted)",
+                                        fmt::join(lost, ","), round())
+            : ch.self_lost ? fmt::format("this member's heartbeat lapsed: round {} counts it dead", round())
+                           : fmt::format("another member started the round after {}", round());
+        revoke_current(change_cause_, why);
+      }
     } catch (const error& e) {
       if (!store_down) {
         store_down = true;
@@ -543,6 +616,8 @@ class elastic_group final : public group_hook {
   rendezvous::rendezvous rdzv_;
   std::mutex comm_ptr_mu_;      // comm_ is replaced by the training thread, revoked by the watcher
   std::unique_ptr<Comm> comm_;
+  std::string revoked_cause_;            // guarded by comm_ptr_mu_: why the watcher revoked comm_
+  std::atomic<bool> revoked_{false};     // comm_ was revoked by the watcher (reset by install())
   clock::time_point last_round_check_{};
   bool joined_ = false;
   std::atomic<bool> failed_{false};  // read by the watcher

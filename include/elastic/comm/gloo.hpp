@@ -2,8 +2,12 @@
 // key-value store. Link elastic::gloo (it defines ELASTIC_WITH_GLOO=1).
 //
 // Gloo 0.5 (Debian's 0.0~git20220518) is used through its options API (AllreduceOptions,
-// BroadcastOptions, BarrierOptions), each with a per-call timeout.
+// BroadcastOptions, BarrierOptions), each with a per-call timeout. revoke() ends a collective in
+// flight on another thread at once (detail/gloo_revoke.hpp), as an elastic group's watcher does
+// when a member's heartbeat lapses: a peer frozen with its sockets open never makes Gloo fail.
 #pragma once
+
+#include <signal.h>
 
 #include <algorithm>
 #include <atomic>
@@ -34,17 +38,32 @@
 
 #include <elastic/checkpoint/preemption.hpp>
 #include <elastic/comm/communicator.hpp>
+#include <elastic/comm/detail/gloo_revoke.hpp>
 #include <elastic/comm/detail/gloo_store_adapter.hpp>
 #include <elastic/error.hpp>
 #include <elastic/rendezvous/store.hpp>
 
 namespace elastic::inline v1::comm {
 
+namespace detail {
+
+/// Gloo writes to its TCP peers without MSG_NOSIGNAL: a write to a peer that just died (or on a
+/// connection revoke() shut down) raises SIGPIPE, whose default action kills the survivor that
+/// was about to recover. The disposition is the process's own, so it is changed only while it is
+/// the default (a handler the program installed is left alone); the write then fails with EPIPE
+/// and the collective throws.
+inline void ignore_sigpipe() noexcept {
+  struct sigaction old {};
+  if (::sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) ::signal(SIGPIPE, SIG_IGN);
+}
+
+}  // namespace detail
+
 /// A Gloo communicator over TCP: `size` ranks that meet under `prefix` in `store`.
 ///
 /// The constructor blocks until every rank has connected (bounded by `timeout`); every
 /// collective is bounded by `timeout` too. Not thread-safe: one thread drives the collectives;
-/// ok() and abort() may be called from any thread.
+/// ok(), last_error(), abort() and revoke() may be called from any thread.
 class gloo_communicator {
  public:
   /// Connects rank `rank` of `size` through `store` under `prefix` (fresh for each round: Gloo's
@@ -69,6 +88,7 @@ class gloo_communicator {
       context->setTimeout(timeout);
       gloo_store_adapter adapter(store, prefix_, timeout);
       context->connectFullMesh(adapter, device_);
+      sockets_ = detail::gloo_pair_sockets(*context);
       context_ = std::move(context);
     } catch (const error&) {
       throw;
@@ -86,20 +106,39 @@ class gloo_communicator {
   [[nodiscard]] int size() const noexcept { return size_; }
   [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return timeout_; }
 
-  /// False once a collective failed or abort() was called; the communicator is then unusable.
+  /// False once a collective failed or abort() or revoke() was called; it is then unusable.
   [[nodiscard]] bool ok() const noexcept { return !failed_.load(std::memory_order_acquire); }
 
-  /// The error that broke the communicator, if one did (abort() leaves none).
+  /// The error that broke the communicator, if one did (abort() and revoke() leave none).
   [[nodiscard]] std::optional<error> last_error() const {
     std::lock_guard lk(mu_);
     return last_error_;
   }
 
   /// Gives the communicator up: every later call throws at once. A collective already running
-  /// in another thread is not interrupted (Gloo 0.5 has no way to), its timeout still bounds it.
+  /// in another thread is not interrupted (revoke() does that), its timeout still bounds it.
   void abort() noexcept {
     aborted_.store(true, std::memory_order_release);
     failed_.store(true, std::memory_order_release);
+  }
+
+  /// Gives the communicator up because the group lost a member (`why` says which): a collective
+  /// running in another thread throws errc::peer_lost with `why` now, not at its timeout, and so
+  /// does every later call. The connections close, so the peers' collectives with this rank fail
+  /// too. Any thread, while the communicator lives; a second call keeps the first reason.
+  void revoke(std::string_view why = "the communicator was revoked") noexcept {
+    {
+      std::lock_guard lk(mu_);
+      if (revoked_.load(std::memory_order_relaxed)) return;
+      try {
+        revoked_why_ = std::string(why);
+      } catch (...) {  // no memory for the words: the revoke matters more
+      }
+      revoked_.store(true, std::memory_order_release);
+    }
+    failed_.store(true, std::memory_order_release);
+    detail::ignore_sigpipe();  // a send racing the shutdown below fails, and kills nobody
+    sockets_.shut_down();
   }
 
   /// Combines `buf` across the ranks, in place. bfloat16/float16 buffers are widened to float in a
@@ -180,6 +219,12 @@ class gloo_communicator {
                               "the next round",
                               what, rank_, prefix_));
     }
+    if (revoked_.load(std::memory_order_acquire)) {
+      std::lock_guard lk(mu_);
+      throw error(errc::peer_lost, fmt::format("gloo {} on rank {}: the communicator under '{}' was revoked ({}); "
+                                               "build a new one for the next round",
+                                               what, rank_, prefix_, revoked_why_));
+    }
     if (failed_.load(std::memory_order_acquire)) {
       std::lock_guard lk(mu_);
       // run() sets last_error_ before failed_, so the fallbacks are for form's sake.
@@ -218,6 +263,12 @@ class gloo_communicator {
     const std::string where =
         fmt::format("gloo {} on rank {} of {} (store prefix '{}', timeout {} ms)", what, rank_, size_, prefix_,
                     timeout_.count());
+    if (revoked_.load(std::memory_order_acquire)) {
+      // Whatever Gloo threw after a revoke (the revoke's own error, or a peer's connection that
+      // the same loss closed first), the loss is the cause.
+      std::lock_guard lk(mu_);
+      return error(errc::peer_lost, fmt::format("{} stopped: the communicator was revoked: {}", where, revoked_why_));
+    }
     try {
       std::rethrow_exception(ep);
     } catch (const error& e) {
@@ -247,11 +298,14 @@ class gloo_communicator {
   std::string prefix_;
   std::shared_ptr<::gloo::transport::Device> device_;
   std::shared_ptr<::gloo::Context> context_;
+  detail::gloo_pair_sockets sockets_;  // its pairs' connections, for revoke()
   std::uint32_t tag_ = 0;
   std::atomic<bool> failed_{false};
   std::atomic<bool> aborted_{false};
+  std::atomic<bool> revoked_{false};
   mutable std::mutex mu_;
   std::optional<error> last_error_;
+  std::string revoked_why_;  // guarded by mu_; set once, before revoked_
 };
 
 static_assert(communicator<gloo_communicator>);

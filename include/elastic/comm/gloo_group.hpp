@@ -5,8 +5,6 @@
 //                                   elastic::comm::gloo_factory(std::chrono::seconds(10)));
 #pragma once
 
-#include <signal.h>
-
 #include <chrono>
 #include <memory>
 #include <string>
@@ -19,19 +17,6 @@
 namespace elastic::inline v1::comm {
 
 using gloo_group = elastic_group<gloo_communicator>;
-
-namespace detail {
-
-/// Gloo writes to its TCP peers without MSG_NOSIGNAL: a write to a peer that just died raises
-/// SIGPIPE, whose default action kills the survivor that was about to recover. The disposition
-/// is the process's own, so it is changed only while it is the default (a handler the program
-/// installed is left alone); the write then fails with EPIPE and the collective throws.
-inline void ignore_sigpipe() noexcept {
-  struct sigaction old {};
-  if (::sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) ::signal(SIGPIPE, SIG_IGN);
-}
-
-}  // namespace detail
 
 /// Connects each round's Gloo communicator under the prefix the round's leader published (the
 /// rendezvous default bootstrap), every collective bounded by `timeout`. `hostname` is the

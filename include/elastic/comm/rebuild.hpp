@@ -9,7 +9,9 @@
 //   elastic::comm::elastic_group<my_comm> group(store, opts, my_factory{});
 //
 // A factory that is a plain communicator_factory (gloo_factory) gets none of this: the group
-// destroys the previous communicator and builds the next from the round's bootstrap.
+// destroys the previous communicator and builds the next from the round's bootstrap. The round's
+// check still runs while it connects: the store waits of a Gloo connect call it (detail::
+// connecting_round_check), so a member of the new round lost meanwhile ends the connect at once.
 #pragma once
 
 #include <concepts>
@@ -62,11 +64,27 @@ concept communicator_rebuilder = requires(const R& r, round_change<Comm>& change
 
 namespace detail {
 
-/// A plain factory as a rebuild: a new communicator every round, the previous one unused.
+/// The round_change::check of the round whose communicator a plain factory is connecting on this
+/// thread (null otherwise): a factory has no place for it, the waits inside its connect do.
+inline thread_local const std::function<void()>* connecting_round_check = nullptr;
+
+/// Runs the check of the round being connected on this thread, if any: throws as it does.
+inline void check_connecting_round() {
+  if (connecting_round_check != nullptr && *connecting_round_check) (*connecting_round_check)();
+}
+
+/// A plain factory as a rebuild: a new communicator every round, the previous one unused; the
+/// round's check is there for the waits of its connect (check_connecting_round()).
 template <class Comm>
 std::function<rebuilt<Comm>(round_change<Comm>&)> as_rebuild_fn(communicator_factory<Comm> make) {
   if (!make) return {};
-  return [make = std::move(make)](round_change<Comm>& c) { return rebuilt<Comm>{make(c.store, c.next), "reinit", {}}; };
+  return [make = std::move(make)](round_change<Comm>& c) {
+    struct scope {
+      const std::function<void()>* outer;
+      ~scope() { connecting_round_check = outer; }
+    } restore{std::exchange(connecting_round_check, &c.check)};
+    return rebuilt<Comm>{make(c.store, c.next), "reinit", {}};
+  };
 }
 
 }  // namespace detail

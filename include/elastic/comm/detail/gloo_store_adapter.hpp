@@ -1,7 +1,9 @@
 // Our key-value store seen through Gloo's `gloo::rendezvous::Store` interface: how a Gloo
 // communicator publishes and finds its peers' transport addresses while connecting. Its waits
 // look at the preemption notice every 100 ms, so a rank connecting to peers that never come stops
-// (errc::interrupted) when it is preempted. Needs Gloo (elastic::gloo).
+// (errc::interrupted) when it is preempted; in an elastic group they also run the round's check
+// (comm/rebuild.hpp), so a member of the round lost meanwhile stops them (errc::peer_lost).
+// Needs Gloo (elastic::gloo).
 #pragma once
 
 #include <algorithm>
@@ -17,6 +19,7 @@
 #include <gloo/rendezvous/store.h>
 
 #include <elastic/checkpoint/preemption.hpp>
+#include <elastic/comm/rebuild.hpp>
 #include <elastic/error.hpp>
 #include <elastic/rendezvous/store.hpp>
 
@@ -57,7 +60,8 @@ class gloo_store_adapter final : public ::gloo::rendezvous::Store {
   std::string full(const std::string& key) const { return prefix_ + "/" + key; }
 
   /// The store's wait in turns of at most 100 ms, each after a look at the preemption notice: a
-  /// rank connecting to peers that never come stops (errc::interrupted) when it is preempted.
+  /// rank connecting to peers that never come stops (errc::interrupted) when it is preempted, and
+  /// (in a group) at the round's check, which throws errc::peer_lost when a member departed.
   void wait_for(std::span<const std::string> keys, std::chrono::milliseconds timeout) {
     constexpr std::chrono::milliseconds turn(100);
     const auto until = std::chrono::steady_clock::now() + timeout;
@@ -67,6 +71,7 @@ class gloo_store_adapter final : public ::gloo::rendezvous::Store {
                                                    "preemption notice (signal {}) came",
                                                    prefix_, sig));
       }
+      detail::check_connecting_round();
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
       if (left <= turn) {
         store_.wait(keys, std::max(left, std::chrono::milliseconds(0)));  // the store's error names the missing keys
