@@ -3,6 +3,9 @@
 # test through CTest. The packaging tests (install + find_package, FetchContent, the vcpkg port)
 # run once.
 #   scripts/test.sh [--fast]     --fast: the release build only
+# Each sanitizer build compiles in the background, at the lowest CPU priority, while the previous
+# build's tests run: those tests spend much of their time waiting on real processes, signals and
+# timeouts, and a niced compiler takes only the CPU they leave.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 . "$root/scripts/lib.sh"
@@ -58,10 +61,38 @@ build() {  # build CONFIG
   cmake --build "$root/$dir" -j "$(jobs)"
 }
 
-for c in "${configs[@]}"; do
+bg=""  # the background build's process group, stopped if this script stops early
+trap '[ -n "$bg" ] && kill -TERM -- "-$bg" 2>/dev/null; true' EXIT
+start_build() {  # start_build CONFIG: build it in the background, niced, logging to DIR/build.log
+  settings "$1"
+  mkdir -p "$root/$dir"
+  bg_config=$1 bg_log="$root/$dir/build.log" bg_start=$SECONDS
+  set -m  # a process group of its own
+  ( renice -n 19 -p "$BASHPID" >/dev/null; build "$1" ) </dev/null >"$bg_log" 2>&1 &
+  bg=$!
+  set +m
+}
+finish_build() {  # wait for the background build; its log's end if it failed
+  local rc=0
+  wait "$bg" || rc=$?
+  bg=""
+  echo "=== elastic: $bg_config build, in the background: $([ $rc -eq 0 ] && echo ok || echo FAILED)" \
+       "($((SECONDS - bg_start)) s, log in $bg_log) ==="
+  if [ $rc -ne 0 ]; then tail -n 60 "$bg_log"; exit $rc; fi
+}
+
+for i in "${!configs[@]}"; do
+  c=${configs[$i]}
+  if [ "$i" -eq 0 ]; then
+    echo "=== elastic: $c build ==="
+    build "$c"
+  else
+    finish_build
+  fi
+  next=$((i + 1))
+  if [ "$next" -lt "${#configs[@]}" ]; then start_build "${configs[$next]}"; fi
   settings "$c"
-  echo "=== elastic: $c build ($dir) ==="
-  build "$c"
+  echo "=== elastic: $c tests ($dir) ==="
   ctest --test-dir "$root/$dir" --output-on-failure -j "$(jobs)" ${exclude:+-LE "$exclude"} ${skip:+-E "$skip"}
 done
 echo "=== elastic: all tests passed (${configs[*]}) ==="
