@@ -57,7 +57,7 @@
 //
 // A preemption notice (preemption_handler::requested(), checkpoint/preemption.hpp) cuts every
 // wait short: joining a round, waiting for it to close or for the next one, waiting for the
-// bootstrap. Each looks at the notice at least every 100 ms (in practice every few ms) and
+// bootstrap. Each looks at the notice at least every 100 ms (in practice every 50 ms or sooner) and
 // throws errc::interrupted: a process waiting for a group that may never re-form exits 75 with
 // its newest committed checkpoint standing, instead of being SIGKILLed at the end of the grace.
 //
@@ -149,9 +149,9 @@ class rendezvous {
                                          "255 bytes",
                                          internal::printable(prefix_), opts_.participant_id));
     }
-    // How often a joiner looks at the round again: its waits wake on the round's outcome only,
-    // and the last member to join is seen at the next look, so this bounds a recovery's
-    // rendezvous. A few store reads per look, for the short while a round is open.
+    // How long a participant waiting out its predecessor's heartbeat sleeps between tries, and
+    // how often a closer looks again when no join comes (the last call): the waits of a round
+    // otherwise wake on the change itself (the feeds).
     using std::chrono::milliseconds;
     step_ = std::clamp(std::min(opts_.last_call_timeout, opts_.heartbeat_interval) / 8, milliseconds(2),
                        milliseconds(4));
@@ -322,7 +322,7 @@ class rendezvous {
   detail::member self() const { return {opts_.participant_id, incarnation_}; }
 
   /// Throws errc::interrupted when a preemption notice has come: called in every wait, each
-  /// of whose turns lasts a few ms (step_), so a notice is honoured well within 100 ms.
+  /// of whose turns lasts at most 50 ms, so a notice is honoured well within 100 ms.
   void check_notice(std::string_view doing) const {
     if (const int sig = preemption_handler::requested(); sig != 0) {
       throw error(errc::interrupted,
