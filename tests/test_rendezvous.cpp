@@ -24,10 +24,12 @@
 #include "support/catch.hpp"
 #include "support/errors.hpp"
 #include "support/process.hpp"
+#include "support/threads.hpp"
 
 using namespace std::chrono_literals;
 using elastic::errc;
 using elastic::test::child_process;
+using elastic::test::on_threads;
 using elastic::test::error_of;
 namespace rdzv = elastic::rendezvous;
 
@@ -107,28 +109,6 @@ round_line next_round(child_process& p, long round) {
     REQUIRE(r);
     if (r->round >= round) return *r;
   }
-}
-
-/// Runs `f(i)` on `n` threads that start together; returns the errors they threw.
-std::vector<std::string> on_threads(int n, const std::function<void(int)>& f) {
-  std::latch go(n);
-  std::mutex m;
-  std::vector<std::string> errors;
-  {
-    std::vector<std::jthread> ts;
-    for (int i = 0; i < n; ++i) {
-      ts.emplace_back([&, i] {
-        go.arrive_and_wait();
-        try {
-          f(i);
-        } catch (const std::exception& e) {
-          std::lock_guard lk(m);
-          errors.push_back(e.what());
-        }
-      });
-    }
-  }
-  return errors;
 }
 
 }  // namespace

@@ -21,9 +21,11 @@
 #include "support/catch.hpp"
 #include "support/etcd_server.hpp"
 #include "support/process.hpp"
+#include "support/threads.hpp"
 
 using namespace std::chrono_literals;
 using elastic::test::child_process;
+using elastic::test::on_threads;
 using elastic::test::etcd_server;
 namespace rdzv = elastic::rendezvous;
 using clock_type = std::chrono::steady_clock;
@@ -59,26 +61,6 @@ rdzv::rendezvous_options options(int n, int i) {
   o.join_timeout = 60s;
   o.events = elastic::event_log();
   return o;
-}
-
-/// Runs `f(i)` for each index on a thread of its own; returns the errors thrown.
-std::vector<std::string> on_threads(const std::vector<int>& indices, const std::function<void(int)>& f) {
-  std::mutex m;
-  std::vector<std::string> errors;
-  {
-    std::vector<std::jthread> ts;
-    for (int i : indices) {
-      ts.emplace_back([&, i] {
-        try {
-          f(i);
-        } catch (const std::exception& e) {
-          std::lock_guard lk(m);
-          errors.push_back(e.what());
-        }
-      });
-    }
-  }
-  return errors;
 }
 
 std::uint64_t requests(const std::vector<participant>& ps) {
