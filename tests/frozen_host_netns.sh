@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Three hosts on one machine (network namespaces on a bridge, etcd on the bridge's address), an
+# elastic-run in each, their workers one Gloo group. Host c freezes, launcher and worker
+# (SIGSTOP, sockets left open), the way a hung or cut-off host does. The library's default lease
+# (30 s) and a 60 s Gloo timeout are left as they are: the survivors must notice it through the
+# members' peer heartbeats (rendezvous_peer_gone in their events), revoke the allreduce it holds
+# and finish training as two. Prints how long after the freeze they noticed and trained again.
+# Exits 77 (skipped) without root or iproute2.
+#   tests/frozen_host_netns.sh ELASTIC_RUN GROUP_WORKER ETCD_SERVER
+#   (GLOO_TIMEOUT_MS=15000 for a shorter Gloo timeout; KEEP_LOGS=DIR keeps the logs.)
+#
+# NOT IN THE SUITE YET: it reproduces an open bug. The freeze is noticed in 2 s
+# (rendezvous_peer_gone, rendezvous_departure on both survivors), but the survivors' allreduce
+# still ends at Gloo's timeout: gloo_communicator::revoke() finds a pair's socket by its local
+# address (the pair's listening one), which matches only the connections this rank accepted; a
+# connection this rank opened (to a higher rank, here the frozen rank 2) has an ephemeral local
+# port and is not shut down. Register it in tests/CMakeLists.txt once revoke() finds those too.
+set -euo pipefail
+run="$1" worker="$2" etcd="$3"
+
+tag="efz$(( $$ % 100000 ))"
+net="10.232.$(( $$ % 250 ))"
+work="$(mktemp -d)"
+peer="127.0.0.1:$(( 20000 + $$ % 20000 ))"
+pids=()
+hosts=(a b c)
+cleanup() {
+  for p in "${pids[@]}"; do kill -CONT "$p" 2>/dev/null || true; kill -KILL "$p" 2>/dev/null || true; done
+  pkill -KILL -f "$work/ckpt" 2>/dev/null || true
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  for h in "${hosts[@]}"; do ip netns del "$tag$h" 2>/dev/null || true; done
+  ip link del "${tag}br" 2>/dev/null || true
+  [ -n "${KEEP_LOGS:-}" ] && cp -r "$work" "$KEEP_LOGS" 2>/dev/null; rm -rf "$work"
+}
+trap cleanup EXIT
+
+if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null; then
+  echo "skipped: network namespaces need root and iproute2"; exit 77
+fi
+if ! ip link add "${tag}br" type bridge 2>"$work/err"; then
+  echo "skipped: cannot make a bridge: $(cat "$work/err")"; exit 77
+fi
+ip addr add "$net.1/24" dev "${tag}br"
+ip link set "${tag}br" up
+i=2
+for h in "${hosts[@]}"; do
+  ip netns add "$tag$h"
+  ip link add "${tag}v$h" type veth peer name "${tag}p$h"
+  ip link set "${tag}p$h" netns "$tag$h"
+  ip link set "${tag}v$h" master "${tag}br"
+  ip link set "${tag}v$h" up
+  ip -n "$tag$h" addr add "$net.$i/24" dev "${tag}p$h"
+  ip -n "$tag$h" link set "${tag}p$h" up
+  ip -n "$tag$h" link set lo up
+  i=$((i + 1))
+done
+
+"$etcd" --name frozen --data-dir "$work/etcd" \
+  --listen-client-urls "http://$net.1:2379" --advertise-client-urls "http://$net.1:2379" \
+  --listen-peer-urls "http://$peer" --initial-advertise-peer-urls "http://$peer" \
+  --initial-cluster "frozen=http://$peer" >"$work/etcd.log" 2>&1 &
+pids+=($!)
+for n in $(seq 1 100); do
+  curl -fsS -m 1 "http://$net.1:2379/health" >/dev/null 2>&1 && break
+  [ "$n" = 100 ] && { echo "etcd did not come up:"; tail -20 "$work/etcd.log"; exit 1; }
+  sleep 0.1
+done
+
+url="etcd://$net.1:2379"
+declare -A launcher
+for h in "${hosts[@]}"; do
+  extra=()
+  [ "$h" = c ] && extra=(--stop-self-at 40)
+  ip netns exec "$tag$h" "$run" --run-id frozen --nproc-per-node 1 --nnodes 2:3 --rdzv "$url" --quiet \
+    --log-dir "$work/logs-$h" -- "$worker" --store "$url" --run-id frozen --min 2 --max 3 --steps 150 \
+    --step-sleep-ms 20 --timeout-ms ${GLOO_TIMEOUT_MS:-60000} --dir "$work/ckpt" --dim 4096 "${extra[@]}" \
+    >"$work/launcher-$h.log" 2>&1 &
+  pids+=($!)
+  launcher[$h]=$!
+done
+
+rank_log() { cat "$work/logs-$1/frozen/rank-0.log" 2>/dev/null || true; }
+# The worker of host c stops itself inside its step 40; then its launcher is stopped too.
+for n in $(seq 1 1200); do rank_log c | grep -q "^stopping" && break; sleep 0.1; done
+rank_log c | grep -q "^stopping" || { echo "host c's worker never reached step 40"; rank_log c | tail; exit 1; }
+kill -STOP "${launcher[c]}"
+stopped=$(rank_log c | grep -m1 "^stopping" | grep -o "t=[0-9]*" | cut -d= -f2)
+
+status=0
+for h in a b; do
+  p="${launcher[$h]}"
+  for _ in $(seq 1 900); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+  if kill -0 "$p" 2>/dev/null; then echo "elastic-run on host $h still running 90 s after the freeze"; status=1; continue; fi
+  set +e; wait "$p"; code=$?; set -e
+  [ "$code" = 0 ] || { echo "elastic-run on host $h exited $code"; status=1; }
+done
+for h in a b; do
+  echo "--- host $h"
+  rank_log "$h" | grep -E "^(joined|rebuilt|final)" || true
+done
+if [ "$status" != 0 ]; then
+  for h in a b c; do echo "--- launcher $h"; tail -20 "$work/launcher-$h.log"; echo "--- rank log $h"; rank_log "$h" | tail -20; done
+  exit 1
+fi
+for h in a b; do
+  rank_log "$h" | grep -q "^final .*reason=finished" || { echo "host $h did not finish"; exit 1; }
+  line=$(rank_log "$h" | grep -m1 "^rebuilt .*world=2") || { echo "host $h never trained as two"; exit 1; }
+  case "$line" in *timed\ out*|*did\ not\ answer*) echo "host $h rebuilt on a timeout, not a departure: $line"; exit 1 ;; esac
+  grep -rqs '"event":"rendezvous_peer_gone"' "$work/logs-a" "$work/logs-b" ||
+    { echo "no rendezvous_peer_gone event: the freeze was not noticed by the peer heartbeats"; exit 1; }
+  noticed=$(echo "$line" | grep -o "noticed=[0-9]*" | cut -d= -f2)
+  resumed=$(rank_log "$h" | grep -m1 "^step=.* world=2" | grep -o "t=[0-9]*" | cut -d= -f2)
+  echo "host $h: noticed the freeze $(( (noticed - stopped) / 1000000 )) ms after it, trained as two" \
+       "$(( (resumed - stopped) / 1000000 )) ms after it (lease 30 s, Gloo timeout 60 s)"
+done
