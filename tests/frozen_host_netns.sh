@@ -37,7 +37,7 @@ ip addr add "$net.1/24" dev "${tag}br"
 ip link set "${tag}br" up
 i=2
 for h in "${hosts[@]}"; do
-  ip netns add "$tag$h"
+  ip netns add "$tag$h" 2>"$work/err" || { echo "skipped: cannot make network namespaces: $(cat "$work/err")"; exit 77; }
   ip link add "${tag}v$h" type veth peer name "${tag}p$h"
   ip link set "${tag}p$h" netns "$tag$h"
   ip link set "${tag}v$h" master "${tag}br"
