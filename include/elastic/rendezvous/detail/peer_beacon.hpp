@@ -38,6 +38,7 @@
 #include <fmt/format.h>
 
 #include <elastic/error.hpp>
+#include <elastic/internal/env.hpp>
 #include <elastic/internal/unique_fd.hpp>
 
 namespace elastic::inline v1::rendezvous::detail {
@@ -167,19 +168,10 @@ class peer_beacon {
     if (colon == std::string_view::npos || colon == 0) return std::nullopt;
     std::string_view host = a.substr(0, colon);
     if (host.starts_with('[') && host.ends_with(']')) host = host.substr(1, host.size() - 2);
-    const auto port = internal_port(a.substr(colon + 1));
-    if (!port) return std::nullopt;
-    return resolve(std::string(host), *port);
-  }
-
-  static std::optional<int> internal_port(std::string_view s) {
-    if (s.empty() || s.size() > 5) return std::nullopt;
-    int v = 0;
-    for (char c : s) {
-      if (c < '0' || c > '9') return std::nullopt;
-      v = v * 10 + (c - '0');
-    }
-    return v > 0 && v < 65536 ? std::optional(v) : std::nullopt;
+    const std::string_view digits = a.substr(colon + 1);
+    const auto port = digits.size() <= 5 ? internal::parse_integer(digits) : std::nullopt;
+    if (!port || *port < 1 || *port > 65535) return std::nullopt;
+    return resolve(std::string(host), static_cast<int>(*port));
   }
 
   void restart_counting(clock::time_point now) {

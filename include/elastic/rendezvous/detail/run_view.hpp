@@ -88,6 +88,9 @@ class run_view {
   /// (P/gone/<id>: its peer heartbeats stopped).
   [[nodiscard]] bool alive(const std::string& id, const std::string& incarnation) const {
     if (ended_.contains({id, incarnation})) return false;
+    // poll() asks this of every member at each look: no key built unless some life is gone.
+    const auto first = keys_.lower_bound(gone_prefix_);
+    if (first == keys_.end() || !first->first.starts_with(gone_prefix_)) return true;
     const auto gone = keys_.find(gone_prefix_ + id);
     return gone == keys_.end() || gone->second != incarnation;
   }
