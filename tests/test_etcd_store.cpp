@@ -181,7 +181,7 @@ TEST_CASE("a watch asks etcd nothing while its range is quiet and loses nothing 
   etcd_server etcd;
   rdzv::etcd_store s(etcd.url(), test_options(30s));
   rdzv::etcd_store other(etcd.url(), test_options(30s));
-  using mirror = std::map<std::string, std::string>;
+  using mirror = elastic::test::feed_copy;
   other.set("w/a", "1");
   auto feed = s.watch("w/", "w0");
   auto m = elastic::test::follow_feed(*feed, {}, [](const mirror& x) { return x.contains("w/a"); }, 5s);

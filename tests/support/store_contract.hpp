@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include <elastic/rendezvous/detail/run_view.hpp>
 #include <elastic/rendezvous/store.hpp>
 
 #include "support/catch.hpp"
@@ -52,24 +53,15 @@ inline void check_map_behaviour(elastic::rendezvous::store& s) {
   CHECK(s.erase("ns"));
 }
 
-/// Takes from `feed` until `done(mirror)` holds or `timeout` passes; returns the mirror (the
-/// feed's events applied to `mirror`, starting from what it holds).
-inline std::map<std::string, std::string> follow_feed(elastic::rendezvous::key_feed& feed,
-                                                      std::map<std::string, std::string> mirror,
-                                                      const std::function<bool(const std::map<std::string, std::string>&)>& done,
-                                                      std::chrono::milliseconds timeout) {
+/// The copy a feed keeps (the rendezvous's own type for it).
+using feed_copy = elastic::rendezvous::detail::key_copy;
+
+/// Takes from `feed` into `mirror` until `done(mirror)` holds or `timeout` passes; returns it.
+inline feed_copy follow_feed(elastic::rendezvous::key_feed& feed, feed_copy mirror,
+                             const std::function<bool(const feed_copy&)>& done, std::chrono::milliseconds timeout) {
   const auto until = std::chrono::steady_clock::now() + timeout;
   for (;;) {
-    bool reset = false;
-    auto events = feed.take(reset);
-    if (reset) mirror.clear();
-    for (auto& e : events) {
-      if (e.value) {
-        mirror[e.key] = *e.value;
-      } else {
-        mirror.erase(e.key);
-      }
-    }
+    elastic::rendezvous::detail::take_into(feed, mirror);
     if (done(mirror) || std::chrono::steady_clock::now() >= until) return mirror;
     feed.wait(std::chrono::milliseconds(100));
   }
@@ -79,7 +71,7 @@ inline std::map<std::string, std::string> follow_feed(elastic::rendezvous::key_f
 /// them), and nothing from outside the range.
 inline void check_feed_behaviour(elastic::rendezvous::store& s) {
   using namespace std::chrono_literals;
-  using mirror = std::map<std::string, std::string>;
+  using mirror = feed_copy;
   s.set("feed/a", "1");
   s.set("feed/b", "2");
   s.set("feee", "outside");
