@@ -144,18 +144,33 @@ void check_finished(fleet& f, std::size_t i, std::uint64_t steps, const std::str
          f.find(i, "joined ", [&](auto& l) { return field(l, "world") == world; })));
 }
 
-/// Prints each survivor's rebuilds (path, and the phases after `t0`, a CLOCK_MONOTONIC reading):
-/// the numbers a GPU run reports, never asserted.
+/// Prints each survivor's rebuilds (path, and the phases after `t0`, a CLOCK_MONOTONIC reading,
+/// up to the first step completed in the new world): the numbers a GPU run reports, never asserted.
 void print_rebuilds(fleet& f, const std::vector<std::size_t>& who, std::int64_t t0, const char* what) {
   for (auto i : who) {
-    for (const auto& l : f[i].lines) {
+    const auto& lines = f[i].lines;
+    for (std::size_t k = 0; k < lines.size(); ++k) {
+      const auto& l = lines[k];
       if (!elastic::test::starts_with(l, "rebuilt ")) continue;
+      double first_step = -1;
+      for (std::size_t j = k + 1; j < lines.size(); ++j) {
+        if (elastic::test::starts_with(lines[j], "rebuilt ")) break;
+        if (elastic::test::starts_with(lines[j], "step=") && field(lines[j], "world") == field(l, "world")) {
+          first_step = (num(lines[j], "t") - t0) / 1e6;
+          break;
+        }
+      }
+      const auto cause_at = l.find(" cause=");
       const auto reason = l.find(" reason=");
+      const std::string cause =
+          cause_at == std::string::npos
+              ? std::string()
+              : l.substr(cause_at + 7, reason == std::string::npos ? std::string::npos : reason - cause_at - 7);
       std::printf("%s: %s round %s world %s path %s: noticed %+.1f ms, rendezvous %+.1f ms, connected %+.1f ms, "
-                  "resynced %+.1f ms (cause %s)%s\n",
+                  "resynced %+.1f ms, first step %+.1f ms (cause %s)%s\n",
                   what, f[i].id.c_str(), field(l, "round").c_str(), field(l, "world").c_str(), field(l, "path").c_str(),
                   (num(l, "noticed") - t0) / 1e6, (num(l, "met") - t0) / 1e6, (num(l, "connected") - t0) / 1e6,
-                  (num(l, "resynced") - t0) / 1e6, l.substr(l.find(" cause=") + 7, reason == std::string::npos ? std::string::npos : reason - l.find(" cause=") - 7).c_str(),
+                  (num(l, "resynced") - t0) / 1e6, first_step, cause.c_str(),
                   reason == std::string::npos ? "" : l.substr(reason).c_str());
     }
   }

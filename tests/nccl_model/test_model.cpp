@@ -433,6 +433,12 @@ TEST_CASE("the 2.27 build reports 22707 and exports ncclCommShrink but not ncclC
   }
 }
 
+TEST_CASE("an abort may run while another thread is inside a call on another communicator") {
+  auto p = probe({"contract-abort-beside-another-communicator"}, {{"ELASTIC_NCCL_MODEL_HANG_OP", "1"}});
+  INFO("stderr:\n" << p->err());
+  CHECK(p->line(30s) == std::optional<std::string>("reached"));
+}
+
 TEST_CASE("each contract rule ends the process with SIGABRT and says what was wrong") {
   struct rule {
     std::string scenario;

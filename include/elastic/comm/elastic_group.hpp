@@ -67,6 +67,7 @@
 #include <elastic/comm/detail/group_flight.hpp>
 #include <elastic/comm/detail/peer_replicas.hpp>
 #include <elastic/comm/detail/state_resync.hpp>
+#include <elastic/comm/detail/teardown_queue.hpp>
 #include <elastic/comm/group_options.hpp>
 #include <elastic/comm/host_address.hpp>
 #include <elastic/comm/rebuild.hpp>
@@ -108,7 +109,7 @@ class elastic_group final : public group_hook {
     const bool done = !failed_.load(std::memory_order_acquire) && std::uncaught_exceptions() == 0;
     watcher_.stop();
     comm_.reset();
-    if (reaper_.joinable()) reaper_.join();
+    teardown_.drain();
     rdzv_.leave(done);
   }
 
@@ -441,14 +442,9 @@ class elastic_group final : public group_hook {
     }
   }
 
-  /// Destroys the communicator on a thread of its own: closing Gloo's connections takes up to
-  /// 10 ms per peer (its event loop's tick), time the rendezvous need not wait for.
-  void retire() {
-    std::unique_ptr<Comm> c = take_communicator();
-    if (!c) return;
-    if (reaper_.joinable()) reaper_.join();  // the previous one had a whole round to finish
-    reaper_ = std::jthread([c = std::move(c)]() mutable { c.reset(); });
-  }
+  /// Destroys the communicator on the teardown thread: closing Gloo's connections takes up to
+  /// 10 ms per peer (its event loop's tick), an NCCL abort far longer; the rendezvous need not wait.
+  void retire() { teardown_.discard(take_communicator()); }
 
   /// Forms the next round and gets its communicator (from the factory, or rebuilt from the
   /// previous one); again while a peer dies during the connect, until the rendezvous's join timeout.
@@ -473,8 +469,13 @@ class elastic_group final : public group_hook {
       const std::int64_t met = internal::monotonic_ns();
       std::string path, reason;
       try {
-        round_change<Comm> change{store_, previous, info, take_communicator(), round_keys(info.round),
-                                  [this] { check_round(); }};
+        round_change<Comm> change{store_,
+                                  previous,
+                                  info,
+                                  take_communicator(),
+                                  round_keys(info.round),
+                                  [this] { check_round(); },
+                                  [this](std::unique_ptr<Comm> c) { teardown_.discard(std::move(c)); }};
         rebuilt<Comm> made = rebuild_(change);
         if (!made.communicator) throw error(errc::invalid_argument, "elastic_group: the factory made no communicator");
         install(std::move(made.communicator));
@@ -639,7 +640,8 @@ class elastic_group final : public group_hook {
   bool deadline_raised_ = false;  // collective_deadline_raised was said
   std::uint64_t collectives_ = 0;   // entered in this round
   detail::last_collective latest_;  // this rank's newest collective in this round
-  std::jthread reaper_;  // destroys a retired communicator
+  // Destroys the communicators given up (off the training thread); each teardown is an event.
+  detail::teardown_queue<Comm> teardown_{[this](double ms) noexcept { events_.emit("group_teardown", {{"ms", ms}}); }};
   internal::periodic_thread watcher_;  // last: it stops before the members it uses go away
 };
 

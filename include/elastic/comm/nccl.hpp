@@ -22,8 +22,11 @@
 // grow and every collective return at once and we poll against a deadline. A watcher thread polls
 // the asynchronous error every few milliseconds, so a peer's failure flips ok() false even between
 // collectives. A collective also runs inside an elastic::expires(timeout + margin) scope.
-// Every NCCL call goes through one process-wide lock (detail::nccl_call): NCCL forbids any call
-// on any thread during ncclCommAbort, and two threads inside one communicator.
+// Every NCCL call but ncclCommAbort goes through one process-wide lock (detail::nccl_call): two
+// threads inside one communicator are forbidden, and so is issuing operations to communicators
+// of one device from several threads at once. An abort runs outside it, alone on its own
+// communicator (comm_mu_): it joins NCCL's threads, which takes hundreds of ms, and must not
+// hold up the calls that build and use the next communicator (see detail::abort_handle).
 //
 // Recovery (detail::recovery_calls(): what the loaded libnccl exports, less known-bad releases):
 //   revoke()  stops in-flight work (ncclCommRevoke, 2.28.7) and keeps the handle for shrink(): what
@@ -182,6 +185,10 @@ class nccl_communicator {
 
   /// False once a collective or the watcher saw an error, or revoke()/abort() was called.
   [[nodiscard]] bool ok() const noexcept { return !failed_.load(std::memory_order_acquire); }
+
+  /// True once NCCL reported an asynchronous error for it (ncclCommGetAsyncError: a peer's
+  /// connection broke, say). NCCL keeps it (sticky) and refuses to shrink such a communicator.
+  [[nodiscard]] bool async_error() const noexcept { return async_failed_.load(std::memory_order_acquire); }
 
   /// The error that broke the communicator, if one did (revoke() and abort() leave none).
   [[nodiscard]] std::optional<error> last_error() const {
@@ -527,6 +534,7 @@ class nccl_communicator {
     try {
       state = detail::async_state(comm_);
       if (state != ncclSuccess && state != ncclInProgress) {
+        async_failed_.store(true, std::memory_order_release);
         record(detail::nccl_failure(state, where("watcher (ncclCommGetAsyncError)"), comm_));
         stop_in_flight_locked();
         return false;
@@ -557,6 +565,7 @@ class nccl_communicator {
     // the communicator already carried (sticky) comes back here though the revoke took place.
     // Anything else means it did not.
     if (r != ncclRemoteError && r != ncclSystemError) revoke_failed_.store(true, std::memory_order_release);
+    else async_failed_.store(true, std::memory_order_release);
     try {
       record(detail::nccl_failure(r, where("ncclCommRevoke"), comm_));
     } catch (...) {
@@ -678,6 +687,7 @@ class nccl_communicator {
     if (comm_ == nullptr) check_usable(what);  // aborted from another thread
     const ncclResult_t state = detail::async_state(comm_);
     if (state != ncclSuccess && state != ncclInProgress) {
+      async_failed_.store(true, std::memory_order_release);
       error e = detail::nccl_failure(state, where(what), comm_);
       record(e);
       stop_in_flight_locked();
@@ -727,6 +737,7 @@ class nccl_communicator {
   std::atomic<bool> failed_{false};
   std::atomic<bool> aborted_{false};
   std::atomic<bool> revoked_by_caller_{false};
+  std::atomic<bool> async_failed_{false};  // ncclCommGetAsyncError reported an error (sticky in NCCL)
   mutable std::mutex error_mu_;
   std::optional<error> last_error_;
   std::mutex abort_mu_;

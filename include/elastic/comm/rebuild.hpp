@@ -43,6 +43,16 @@ struct round_change {
   /// Call it between polls: throws errc::interrupted on a preemption notice, and errc::peer_lost
   /// when a member of `next` has departed (the round cannot complete). Never empty.
   std::function<void()> check;
+  /// Hands a communicator the rebuild has no more use for (the previous one, a shrunk parent) to
+  /// the group's teardown thread and returns at once: its teardown (an NCCL abort joins NCCL's
+  /// threads, hundreds of ms) stays off the critical path. Empty: destroy it in place.
+  std::function<void(std::unique_ptr<Comm>)> discard;
+
+  /// Gives `c` up by discard, or destroys it here where there is none.
+  void give_up(std::unique_ptr<Comm> c) const {
+    if (discard) discard(std::move(c));
+    else c.reset();
+  }
 };
 
 /// What a rebuild produced: the next round's communicator and how it was made.

@@ -66,10 +66,18 @@ int run(const std::string& rule) {
   if (rule == "abort-beside-a-call") {
     stuck s(/*blocking=*/true);
     std::thread t = finalize_forever(s.comm);
+    ncclCommAbort(s.comm);
+    t.detach();
+    reached();
+  }
+  if (rule == "abort-beside-another-communicator") {  // allowed: reaches
+    stuck s(/*blocking=*/true);
+    std::thread t = finalize_forever(s.comm);
     ncclComm_t other = init(fresh_id(), 1, 0);
     ncclCommAbort(other);
     t.detach();
-    reached();
+    say("reached");
+    std::_Exit(0);  // not exit(): the finalize on the other thread never ends
   }
   if (rule == "call-during-abort") {  // with ELASTIC_NCCL_MODEL_VERSION=22707: abort waits for the device
     stuck s(/*blocking=*/false);
@@ -80,7 +88,7 @@ int run(const std::string& rule) {
     });
     std::this_thread::sleep_for(200ms);
     ncclResult_t st;
-    ncclCommGetAsyncError(s.comm, &st);
+    ncclCommGetAsyncError(other, &st);
     t.detach();
     reached();
   }

@@ -15,7 +15,7 @@ namespace nccl_model::contract {
 enum class rule : int {
   in_progress,            // a call on a communicator whose state is ncclInProgress
   one_thread,             // two threads inside calls on one communicator
-  abort_alone,            // ncclCommAbort beside another thread's NCCL call
+  abort_alone,            // ncclCommAbort beside another thread's call on the same communicator
   shrink_outstanding,     // NCCL_SHRINK_DEFAULT with operations outstanding
   finalize_after_revoke,  // ncclCommFinalize after ncclCommRevoke
   dead_handle,            // a communicator, stream or event used after it was freed

@@ -15,11 +15,15 @@ namespace {
 
 using contract::rule;
 
-// Which user threads are inside which NCCL call, and which one (if any) is aborting.
+// Which user threads are inside which NCCL call on which communicator, and which are aborting.
+struct inside_call {
+  const char* api;
+  ncclComm_t comm;
+};
 struct process_calls {
   std::mutex mu;
-  std::map<unsigned long, const char*> inside;  // pthread_self() -> API
-  unsigned long aborter = 0;
+  std::map<unsigned long, inside_call> inside;     // pthread_self() -> its call
+  std::map<ncclComm_t, unsigned long> aborting;    // communicator -> the thread aborting it
 };
 
 process_calls& calls() {
@@ -59,25 +63,32 @@ api_call::api_call(const char* api, ncclComm_t h, kind k, bool tolerate_dead) : 
 void api_call::enter_process(kind k) {
   process_calls& p = calls();
   std::lock_guard lk(p.mu);
-  if (p.aborter != 0 && p.aborter != me() && contract::enabled(rule::abort_alone)) {
-    contract::violation(rule::abort_alone, strprintf("%s while ncclCommAbort runs on %s", api_, thread_text(p.aborter).c_str()),
-                        this_thread_name() + ", pid " + std::to_string(::getpid()),
-                        "no NCCL call may run on any thread during ncclCommAbort (NCCL user guide, Fault Tolerance: "
-                        "'make sure no thread is calling any NCCL operations while calling ncclCommAbort')");
-  }
-  if (k == kind::abort && contract::enabled(rule::abort_alone)) {
-    for (const auto& [t, api] : p.inside) {
-      if (t == me()) continue;
+  if (handle_ != nullptr && contract::enabled(rule::abort_alone)) {
+    if (const auto a = p.aborting.find(handle_); a != p.aborting.end() && a->second != me()) {
       contract::violation(rule::abort_alone,
-                          strprintf("ncclCommAbort while %s is inside %s", thread_text(t).c_str(), api),
+                          strprintf("%s while ncclCommAbort runs on %s on the same communicator", api_,
+                                    thread_text(a->second).c_str()),
                           this_thread_name() + ", pid " + std::to_string(::getpid()),
-                          "ncclCommAbort must not run beside any other NCCL call (NCCL user guide, Fault Tolerance: "
-                          "'make sure no thread is calling any NCCL operations while calling ncclCommAbort')");
+                          "no call may use a communicator while ncclCommAbort runs on it (NCCL user guide, Fault "
+                          "Tolerance: 'make sure no thread is calling any NCCL operations while calling "
+                          "ncclCommAbort'; read as the communicator being aborted: see README.md)");
     }
   }
-  p.inside[me()] = api_;
-  if (k == kind::abort) {
-    p.aborter = me();
+  if (k == kind::abort && contract::enabled(rule::abort_alone)) {
+    for (const auto& [t, call] : p.inside) {
+      if (t == me() || call.comm != handle_) continue;
+      contract::violation(rule::abort_alone,
+                          strprintf("ncclCommAbort while %s is inside %s on the same communicator",
+                                    thread_text(t).c_str(), call.api),
+                          this_thread_name() + ", pid " + std::to_string(::getpid()),
+                          "ncclCommAbort must not run beside another call on its communicator (NCCL user guide, "
+                          "Fault Tolerance: 'make sure no thread is calling any NCCL operations while calling "
+                          "ncclCommAbort'; read as the communicator being aborted: see README.md)");
+    }
+  }
+  p.inside[me()] = {api_, handle_};
+  if (k == kind::abort && handle_ != nullptr) {
+    p.aborting[handle_] = me();
     aborting_ = true;
   }
 }
@@ -121,7 +132,7 @@ api_call::~api_call() {
     process_calls& p = calls();
     std::lock_guard lk(p.mu);
     p.inside.erase(me());
-    if (aborting_) p.aborter = 0;
+    if (aborting_) p.aborting.erase(handle_);
   }
   if (settings::get().trace) {
     const std::string line =

@@ -1,8 +1,10 @@
 // The contract checker's NCCL side: every NCCL API call that touches state goes through an
 // api_call, which enforces the rules that concern threads and handles before the call runs:
-//  - no NCCL call on any thread while ncclCommAbort runs, and no ncclCommAbort while another thread
-//    is inside an NCCL call (NCCL user guide, Fault Tolerance: "make sure no thread is calling any
-//    NCCL operations while calling ncclCommAbort");
+//  - no call on a communicator while ncclCommAbort runs on it, and no ncclCommAbort while another
+//    thread is inside a call on that communicator (NCCL user guide, Fault Tolerance: "make sure no
+//    thread is calling any NCCL operations while calling ncclCommAbort", read as the communicator
+//    being aborted; other, independent communicators may be used meanwhile, as PyTorch's watchdog
+//    does: README.md says why, and where real NCCL was checked);
 //  - one thread at a time inside calls on one communicator (user guide, Thread Safety);
 //  - no use of a communicator after ncclCommAbort/ncclCommDestroy;
 //  - nothing but ncclCommGetAsyncError, ncclCommAbort, ncclCommRevoke and ncclGetLastError while the
@@ -25,7 +27,7 @@ class api_call {
   enum class kind {
     plain,          // the in-progress rule applies
     in_progress_ok, // ncclCommGetAsyncError, ncclCommRevoke, ncclGetLastError
-    abort,          // ncclCommAbort: alone in the process
+    abort,          // ncclCommAbort: alone on its communicator
   };
 
   /// Enters API call `api` on handle `h` (may be NULL). With `tolerate_dead`, a dead or unknown

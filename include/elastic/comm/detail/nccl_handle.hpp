@@ -55,13 +55,16 @@ inline ncclResult_t async_state(ncclComm_t comm) {
   });
 }
 
-/// Aborts `comm` (nullptr: nothing) under the process-wide NCCL lock. Never throws.
+/// Aborts `comm` (nullptr: nothing), which no other thread may be using: the caller owns it (a
+/// communicator's comm_mu_, a handle half-made by this thread). Outside the process-wide NCCL lock:
+/// ncclCommAbort ends by joining the communicator's proxy and UDS threads, which sleep in 500 ms
+/// polls (src/proxy.cc), and the thread building the next communicator must not wait for that.
+/// NCCL's rule is about the communicator being aborted (no call on it meanwhile); aborting one
+/// communicator while another thread uses another, independent one (no splitShare/shrinkShare,
+/// which we never set) is what PyTorch's watchdog does too. Never throws.
 inline void abort_handle(ncclComm_t comm) noexcept {
   if (comm == nullptr) return;
-  try {
-    nccl_call([&] { return ncclCommAbort(comm); });
-  } catch (...) {
-  }
+  (void)ncclCommAbort(comm);
 }
 
 /// Polls `watched` until it is no longer in progress. ncclSuccess returns; another state throws

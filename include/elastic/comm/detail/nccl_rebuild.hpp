@@ -3,9 +3,12 @@
 // rank can, a fresh init otherwise, and the same choice on every rank.
 //
 // Store keys, under the round's own prefix K (round_change::keys, "P/round/<r>/comm/"):
+//   K able/<rank> each survivor's "yes", or "no <why>": whether it can take part in place (a
+//                 communicator NCCL marked with an asynchronous error, a peer's broken connection
+//                 say, is refused by ncclCommShrink, so such a rank says no at once).
 //   K path        "inplace" or "reinit": rank 0's choice. Rank 0 is a survivor whenever the round
 //                 has survivors (the rendezvous orders them first), so it can judge: in place when
-//                 it holds the previous communicator and the loaded libnccl has the calls needed.
+//                 every survivor said yes and the loaded libnccl has the calls needed.
 //   K init        the NCCL unique id of a fresh init chosen at once (written before `path`).
 //   K grow        the grow id (ncclCommGetUniqueId) rank 0 made after its shrink, for newcomers;
 //                 the other survivors wait for it before they call ncclCommGrow.
@@ -14,7 +17,9 @@
 //                 a few ms, gives its half-made communicator up and votes fail too.
 //   K retry       the unique id of the fresh init that follows a failed in-place path.
 // Every wait is bounded by the communicator timeout and watches round_change::check (a
-// preemption notice, a member departing).
+// preemption notice, a member departing). No communicator is destroyed on the way: the previous
+// one, a shrunk or grown parent, a half-made one, all go to round_change::discard, whose thread
+// aborts them while this one builds the next (an abort joins NCCL's threads: hundreds of ms).
 //
 // Survivors of round r-1 keep their order at the head of round r (rendezvous rank_order), and
 // ncclCommShrink closes the gaps in the same order; newcomers come after them, where
@@ -110,6 +115,9 @@ inline nccl_plan plan_round(const rendezvous::round_info& prev, const rendezvous
     p.why_not = calls.warning.empty() ? "ncclCommShrink is not in the loaded libnccl (2.27+)" : calls.warning;
   } else if (p.grow(next.world_size) && !calls.grow) {
     p.why_not = calls.warning.empty() ? "ncclCommGrow is not in the loaded libnccl (2.29.2+)" : calls.warning;
+  } else if (comm->async_error()) {
+    p.why_not = "NCCL marked the communicator with an asynchronous error (sticky; a peer's connection broke, say), "
+                "which ncclCommShrink refuses";
   } else if (!p.shrink() && !comm->ok()) {
     p.why_not = "the communicator failed with nobody gone (a timeout, a device error): nothing to shrink";
   }
@@ -133,14 +141,17 @@ class nccl_round {
   rebuilt<nccl_communicator> run() {
     const nccl_plan plan = plan_round(ch_.previous, ch_.next, ch_.communicator.get(), recovery_calls());
     std::string path;
+    std::string why_not = plan.why_not;
+    if (plan.survivor && rank_ != 0) ch_.store.set(key("able/" + std::to_string(rank_)), able(plan));
     if (rank_ == 0) {
-      path = plan.survivor && plan.why_not.empty() ? "inplace" : "reinit";
+      if (plan.survivor && why_not.empty()) why_not = survivors_unable(plan.survivors);
+      path = plan.survivor && why_not.empty() ? "inplace" : "reinit";
       if (path == "reinit") publish_id("init");
       ch_.store.set(key("path"), path);
     } else {
       path = wait_for(key("path"), "rank 0's choice of path");
     }
-    if (path != "inplace") return reinit("init", plan.why_not);
+    if (path != "inplace") return reinit("init", why_not.empty() ? "another rank cannot rebuild in place" : why_not);
     std::string failure;
     std::unique_ptr<nccl_communicator> made;
     try {
@@ -155,13 +166,27 @@ class nccl_round {
       if (auto other = votes_failure(); !other) return {std::move(made), plan.path(world_), {}};
       else failure = *other;
     }
-    made.reset();
+    ch_.give_up(std::move(made));
     if (rank_ == 0) publish_id("retry");
     return reinit("retry", failure);
   }
 
  private:
   std::string key(std::string_view leaf) const { return ch_.keys + std::string(leaf); }
+
+  static std::string able(const nccl_plan& plan) {
+    return plan.why_not.empty() ? std::string("yes") : "no " + plan.why_not.substr(0, 512);
+  }
+
+  // Rank 0 asks every other survivor (ranks 1 .. survivors-1 of the new round) whether it can
+  // take part in place: empty when all can, else the first one's reason.
+  std::string survivors_unable(int survivors) {
+    for (int r = 1; r < survivors; ++r) {
+      const std::string v = wait_for(key("able/" + std::to_string(r)), "a survivor's readiness");
+      if (v != "yes") return fmt::format("rank {}: {}", r, v.size() > 3 ? v.substr(3) : v);
+    }
+    return {};
+  }
 
   // The survivors' shrink and grow, or a newcomer's join of the grow.
   std::unique_ptr<nccl_communicator> in_place(const nccl_plan& plan) {
@@ -179,8 +204,7 @@ class nccl_round {
     if (plan.shrink()) {
       c->revoke();  // no-op when the group already did; stops in-flight work either way
       std::unique_ptr<nccl_communicator> child = c->shrink(plan.excluded, s_.timeout, check);
-      c.reset();  // the parent goes before anything runs on the child
-      c = std::move(child);
+      ch_.give_up(std::exchange(c, std::move(child)));  // the parent shares nothing with its child
     }
     if (plan.grow(world_)) {
       // Rank 0 makes the id (ncclCommGetUniqueId also hands it to the parent's boundary ranks,
@@ -194,8 +218,7 @@ class nccl_round {
         (void)wait_for(key("grow"), "the grow id of rank 0", check);
       }
       std::unique_ptr<nccl_communicator> child = c->grow(world_, rank_ == 0 ? id : std::string(), s_.timeout, check);
-      c.reset();
-      c = std::move(child);
+      ch_.give_up(std::exchange(c, std::move(child)));
     }
     if (c->rank() != rank_ || c->size() != world_) {
       throw error(errc::mismatch, fmt::format("nccl rebuild: NCCL made rank {} of {} where round {} says {} of {}",
@@ -204,10 +227,12 @@ class nccl_round {
     return c;
   }
 
-  // A fresh communicator from the unique id rank 0 published under `leaf`; the previous one is
-  // aborted first (NCCL < 2.28 frees with cudaFree, which would wait for its stuck kernels).
+  // A fresh communicator from the unique id rank 0 published under `leaf`. The previous one is
+  // aborted meanwhile on the teardown thread; it was revoked when the departure was seen, or its
+  // work is stopped by that abort (NCCL < 2.28.7: no revoke) before any cudaFree of the new one's
+  // could wait behind it.
   rebuilt<nccl_communicator> reinit(std::string_view leaf, std::string why) {
-    ch_.communicator.reset();
+    ch_.give_up(std::move(ch_.communicator));
     const std::string id = rank_ == 0 && id_ ? *id_ : wait_for(key(leaf), "rank 0's unique id");
     try {
       auto c = std::make_unique<nccl_communicator>(id, rank_, world_, s_.device, s_.timeout, s_.stream, s_.options,
