@@ -89,9 +89,10 @@ std::vector<std::string> device_args(int slot, topology t) {
 }
 
 // Workers of 4 that notice a death quickly: 100 ms heartbeats, 500 ms to be declared dead.
+// No standby communicators unless a case asks for them (--standby later on the line wins).
 const std::vector<std::string> fast{"--every", "10", "--dim", "16384", "--timeout-ms", "4000",
                                     "--hb-interval-ms", "100", "--hb-timeout-ms", "500", "--last-call-ms", "300",
-                                    "--join-timeout-ms", "40000", "--poll-ms", "20"};
+                                    "--join-timeout-ms", "40000", "--poll-ms", "20", "--standby", "0"};
 
 /// The final line of an undisturbed run of `steps` (one rank: the exact sums make any world size
 /// give the same bits), the worker given `extra` too.
@@ -289,6 +290,93 @@ TEST_CASE("a rank that hangs is revoked away: the 3 survivors shrink, and the wa
     const auto p = paths_of(f, i);
     REQUIRE_FALSE(p.empty());
     CHECK(p.front() == (calls_of(f, i).shrink ? "shrink" : "reinit"));
+  }
+}
+
+TEST_CASE("with standby communicators a rank killed mid-allreduce is a switch: the 3 survivors take the one "
+          "without it and finish with the undisturbed weights",
+          "[nccl]") {
+  require_gpu();
+  const std::uint64_t steps = 40;
+  const std::string want = reference_crc(steps);
+  scratch s;
+  fleet f(worker(), s.url, "sbkill", fast, s.events);
+  start_four(f, "sbkill", topology::hosts,
+             {"--dir", s.ckpt, "--steps", std::to_string(steps), "--min", "2", "--max", "4", "--standby", "4",
+              "--standbys-ready-by", "15"},
+             2, {"--kill-self-at", "15"});
+  const bool ended = f.wait_until([&] { return f.all_ended({0, 1, 2, 3}); }, 150s);
+  INFO(transcripts(f));
+  REQUIRE(ended);
+  const auto killed = f.find(2, "killing ");
+  REQUIRE(killed);
+  print_rebuilds(f, {0, 1, 3}, num(*killed, "t"), "kill, standby");
+  for (std::size_t i : {0, 1, 3}) {
+    check_finished(f, i, steps, want, "3");
+    // Every survivor held the standby without w2 (it waited for its own before step 15), so no
+    // NCCL call was needed: not even the shrink NCCL would refuse.
+    const auto p = paths_of(f, i);
+    REQUIRE_FALSE(p.empty());
+    CHECK(p.front() == "standby");
+  }
+}
+
+TEST_CASE("with standby communicators a rank that hangs is revoked away and the survivors switch to the one "
+          "without it",
+          "[nccl]") {
+  require_gpu();
+  const std::uint64_t steps = 40;
+  const std::string want = reference_crc(steps);
+  scratch s;
+  elastic::test::hosted wd;
+  fleet f(worker(), s.url, "sbhang", fast, s.events);
+  start_four(f, "sbhang", topology::hosts,
+             {"--dir", s.ckpt, "--steps", std::to_string(steps), "--min", "2", "--max", "4", "--step-timeout-ms",
+              "3000", "--standby", "4", "--standbys-ready-by", "15"},
+             1, {"--stop-self-at", "15"}, {{"ELASTIC_WATCHDOG", wd.name}});
+  const bool ended = f.wait_until([&] { return f.all_ended({0, 1, 2, 3}); }, 150s);
+  INFO(transcripts(f));
+  REQUIRE(ended);
+  const auto stopped = f.find(1, "stopping ");
+  REQUIRE(stopped);
+  print_rebuilds(f, {0, 2, 3}, num(*stopped, "t"), "hang, standby");
+  for (std::size_t i : {0, 2, 3}) {
+    check_finished(f, i, steps, want, "3");
+    const auto p = paths_of(f, i);
+    REQUIRE_FALSE(p.empty());
+    CHECK(p.front() == "standby");
+  }
+}
+
+TEST_CASE("with standby communicators two deaths in a row are two switches: 4 ranks become 3, then 2", "[nccl]") {
+  if (!model) elastic::test::skip_test("two kills: the model's run (the GPU check times one kill)");
+  const std::uint64_t steps = 60;
+  const std::string want = reference_crc(steps);
+  scratch s;
+  fleet f(worker(), s.url, "sbtwice", fast, s.events);
+  const std::vector<std::string> args{"--dir", s.ckpt, "--steps", std::to_string(steps), "--min", "2", "--max", "4",
+                                      "--standby", "4"};
+  for (int i = 0; i < 4; ++i) {
+    auto a = args;
+    // Every rank waits for its standbys before the steps the kills happen at.
+    for (const char* at : {"15", "30"}) {
+      a.insert(a.end(), {"--standbys-ready-by", at});
+    }
+    if (i == 2) a.insert(a.end(), {"--kill-self-at", "15"});
+    if (i == 1) a.insert(a.end(), {"--kill-self-at", "30"});
+    start_slot(f, "sbtwice", topology::hosts, i, a);
+  }
+  const bool ended = f.wait_until([&] { return f.all_ended({0, 1, 2, 3}); }, 150s);
+  INFO(transcripts(f));
+  REQUIRE(ended);
+  for (std::size_t i : {0, 3}) {
+    check_finished(f, i, steps, want, "2");
+    // Into 3, then into 2, by switches (a loaded machine may add a rebuild of its own between).
+    for (const char* world : {"3", "2"}) {
+      const auto l = f.find(i, "rebuilt ", [&](auto& line) { return field(line, "world") == world; });
+      REQUIRE(l);
+      CHECK(field(*l, "path") == "standby");
+    }
   }
 }
 

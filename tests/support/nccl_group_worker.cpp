@@ -4,7 +4,8 @@
 // CUDA (label gpu), so every scenario runs on both.
 //
 //   elastic_nccl_group_worker --store URL --run-id ID --id NAME --min N --max N --steps S --dir CKPT
-//                             [--device D] [--timeout-ms T] [--kill-self-at N] [--stop-self-at N] ...
+//                             [--device D] [--timeout-ms T] [--kill-self-at N] [--stop-self-at N]
+//                             [--standby MAX_WORLD] [--standbys-ready-by STEP] ...
 //
 // Gradients are summed in 2^-24 fixed point (int64) by NCCL, so the sum is exact whatever the world
 // size and the ranks' order: a run that loses and regains ranks ends with the very weights of an
@@ -20,7 +21,8 @@
 //   nccl version=<code> revoke=<0|1> shrink=<0|1> grow=<0|1>
 //   joined round=R rank=r world=W t=<ns>
 //   step=N world=W rank=r t=<CLOCK_MONOTONIC ns> crc=<crc32c of the weights>
-//   rebuilt round=R world=W rank=r path=<reinit|shrink|grow|shrink+grow|kept> noticed=<ns> ... cause=<...>
+//   rebuilt round=R world=W rank=r path=<reinit|shrink|grow|shrink+grow|standby> noticed=<ns> ... cause=<...>
+//   standbys ready=<n>                  (--standbys-ready-by: once this rank's standbys are built)
 //   killing t=<ns> / stopping t=<ns>
 //   final step=N crc=<hex> reason=<finished|preempted|stopped> redone=<n> roots=<n|-1> moments=<hex>
 // Errors: "error code=<errc> <message>" and exit 3.
@@ -103,6 +105,8 @@ int live_bootstrap_roots() {
 int main(int argc, char** argv) {
   int device = 0;
   bool shard = false;
+  int standby = -1;                 // nccl_standby::max_world; -1: the library's default
+  std::vector<long> standbys_ready_by;  // before these steps, wait until this rank's standbys are ready
   std::chrono::milliseconds producer_delay{2};
   job_options defaults;
   defaults.dim = 16384;
@@ -113,6 +117,8 @@ int main(int argc, char** argv) {
                                                            if (name == "--device") device = static_cast<int>(v);
                                                            else if (name == "--producer-delay-ms") producer_delay = std::chrono::milliseconds(v);
                                                            else if (name == "--shard") shard = v == 2;
+                                                           else if (name == "--standby") standby = static_cast<int>(v);
+                                                           else if (name == "--standbys-ready-by") standbys_ready_by.push_back(static_cast<long>(v));
                                                            else return false;
                                                            return true;
                                                          });
@@ -144,8 +150,11 @@ int main(int argc, char** argv) {
           o.dim, 0, 1);
     }
 
-    comm::nccl_group group(*store, elastic::test::group_options_of(o), comm::nccl_factory(device, o.timeout),
-                           comm::nccl_bootstrap());
+    comm::nccl_standby standbys;
+    if (standby >= 0) standbys.max_world = standby;
+    // A copy stays here: the group's copy shares its standbys, whose readiness we may wait for.
+    const comm::nccl_factory factory(device, o.timeout, nullptr, {}, standbys);
+    comm::nccl_group group(*store, elastic::test::group_options_of(o), factory, comm::nccl_bootstrap());
 
     elastic::training_loop loop({.dir = o.dir,
                                  .steps = o.steps,
@@ -161,6 +170,15 @@ int main(int argc, char** argv) {
     for (auto& step : loop) {
       elastic::test::report_group(group, announced, rebuilds_seen);
       const std::uint64_t idx = step.index();
+      if (std::find(standbys_ready_by.begin(), standbys_ready_by.end(), static_cast<long>(idx)) !=
+          standbys_ready_by.end()) {
+        // A fault at this step should meet ready standbys (a test's wait, bounded, not a timing).
+        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+        while (factory.standbys_ready() < group.size() - 1 && std::chrono::steady_clock::now() < until) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
+        elastic::test::say("standbys ready=" + std::to_string(factory.standbys_ready()));
+      }
       std::memset(grad.p, 0, o.dim * sizeof(std::int64_t));
       elastic::test::local_gradient(data, w, idx, o.batch, group.rank(), group.size(), grad.p);
       // The producer: the default stream is busy a while, then the gradient lands on the device.

@@ -223,6 +223,23 @@ class nccl_communicator {
     stop_in_flight_locked();
   }
 
+  /// An event behind the work queued so far on stream(): a successor that uses the same buffers
+  /// follow()s it, since a revoked kernel may still be draining, and one NCCL could not revoke
+  /// (no ncclCommRevoke) ends only when the abort stops it.
+  [[nodiscard]] detail::cuda::event fence() const {
+    detail::cuda::device_scope on(device_);
+    auto e = detail::cuda::event::create();
+    e.record(stream_);
+    return e;
+  }
+
+  /// Makes every later collective of this communicator wait, on the GPU (the host does not
+  /// wait), for the work `fence` captured.
+  void follow(const detail::cuda::event& fence) {
+    detail::cuda::device_scope on(device_);
+    fence.make_wait(stream_);
+  }
+
   /// Combines the device buffer `buf` across the ranks, in place (sum, or ncclAvg: integers
   /// divide with truncation toward zero). bf16/fp16 reduce natively in NCCL.
   template <reducible T>

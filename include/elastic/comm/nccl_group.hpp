@@ -10,20 +10,28 @@
 //   - newcomers: ncclCommGrow adds them (path "grow"); both at once: "shrink+grow";
 //   - otherwise, or when any rank's in-place step fails (NCCL refuses to shrink a parent that
 //     carries a network error, say), every rank falls back to a fresh init from a unique id rank 0
-//     makes for that round (path "reinit", with the `reason` in the group_rebuilt event).
+//     makes for that round (path "reinit", with the `reason` in the group_rebuilt event);
+//   - with standbys (nccl_standby::max_world), after each round every rank builds in the
+//     background one communicator per possible single departure; when exactly one member goes and
+//     nobody comes, the survivors switch to the one without it (path "standby"), which needs no
+//     NCCL call at all (detail/nccl_standby.hpp).
 // Which calls are used depends on the libnccl the process runs with (detail::recovery_calls():
 // shrink 2.27, revoke 2.28.7, grow 2.29.2; 2.28.3..2.28.8 re-initialise only).
 #pragma once
 
 #include <chrono>
 #include <memory>
+#include <optional>
 
 #include <cuda_runtime_api.h>
 
 #include <elastic/comm/detail/nccl_rebuild.hpp>
+#include <elastic/comm/detail/nccl_standby.hpp>
 #include <elastic/comm/elastic_group.hpp>
 #include <elastic/comm/nccl.hpp>
 #include <elastic/comm/rebuild.hpp>
+#include <elastic/error.hpp>
+#include <elastic/internal/env.hpp>
 
 namespace elastic::inline v1::comm {
 
@@ -36,13 +44,32 @@ inline rendezvous::bootstrap_fn nccl_bootstrap() {
   return [](const rendezvous::round_info&) { return std::string("nccl"); };
 }
 
+/// Standby communicators (detail/nccl_standby.hpp): after each round of up to `max_world` ranks,
+/// every rank builds world-1 more communicators in the background (each the round's members but
+/// one), so that one member's death is a switch instead of an init. They cost NCCL's memory per
+/// communicator and the build's work beside training: benchmarks/README.md, "Standby
+/// communicators", has the measurements.
+struct nccl_standby {
+  /// Largest world size that gets standbys; below 2, none. Unset: $ELASTIC_NCCL_STANDBY (a
+  /// number), else 0.
+  std::optional<int> max_world;
+
+  /// max_world, or what the environment says (an unreadable value is errc::invalid_argument).
+  [[nodiscard]] int resolved() const {
+    if (max_world) return *max_world;
+    return static_cast<int>(internal::env_int("ELASTIC_NCCL_STANDBY", 0, 1 << 20).value_or(0));
+  }
+};
+
 /// Each round's communicator on CUDA device `device`, its collectives on `stream` (nullptr: a
 /// stream of its own, ordered after the legacy default stream) and bounded by `timeout`, which
-/// also bounds each step of a rebuild.
+/// also bounds each step of a rebuild. One factory per group: its standbys are that group's.
 class nccl_factory {
  public:
-  nccl_factory(int device, std::chrono::milliseconds timeout, cudaStream_t stream = nullptr, nccl_options options = {})
-      : s_{device, timeout, stream, options} {}
+  nccl_factory(int device, std::chrono::milliseconds timeout, cudaStream_t stream = nullptr, nccl_options options = {},
+               nccl_standby standby = {})
+      : s_{device, timeout, stream, options},
+        standbys_(std::make_shared<detail::nccl_standbys>(standby.resolved())) {}
 
   /// A fresh communicator for a round whose bootstrap is an nccl_unique_id() (for groups built
   /// with a bootstrap_fn of one's own and this factory as a plain communicator_factory).
@@ -51,13 +78,20 @@ class nccl_factory {
                                                s_.options);
   }
 
-  /// The group's rebuild: in place where every rank can, a fresh init otherwise.
+  /// The group's rebuild: a standby where every survivor holds one, in place where every rank
+  /// can, a fresh init otherwise; then the next round's standbys start building.
   rebuilt<nccl_communicator> rebuild(round_change<nccl_communicator>& change) const {
-    return detail::nccl_round(change, s_).run();
+    auto made = detail::nccl_round(change, s_, standbys_->before(change)).run();
+    if (made.communicator) standbys_->after(change, *made.communicator, s_);
+    return made;
   }
+
+  /// How many standby communicators of the current round are ready on this rank.
+  [[nodiscard]] int standbys_ready() const { return standbys_->ready(); }
 
  private:
   detail::nccl_settings s_;
+  std::shared_ptr<detail::nccl_standbys> standbys_;  // shared by the copies the group keeps
 };
 
 static_assert(communicator_rebuilder<nccl_factory, nccl_communicator>);

@@ -3,12 +3,15 @@
 // rank can, a fresh init otherwise, and the same choice on every rank.
 //
 // Store keys, under the round's own prefix K (round_change::keys, "P/round/<r>/comm/"):
-//   K able/<rank> each survivor's "yes", or "no <why>": whether it can take part in place (a
-//                 communicator NCCL marked with an asynchronous error, a peer's broken connection
-//                 say, is refused by ncclCommShrink, so such a rank says no at once).
-//   K path        "inplace" or "reinit": rank 0's choice. Rank 0 is a survivor whenever the round
-//                 has survivors (the rendezvous orders them first), so it can judge: in place when
-//                 every survivor said yes and the loaded libnccl has the calls needed.
+//   K able/<rank> each survivor's "<standby|-> yes", or "<standby|-> no <why>": whether it holds a
+//                 ready standby communicator of exactly the new round (detail/nccl_standby.hpp),
+//                 and whether it can take part in place (a communicator NCCL marked with an
+//                 asynchronous error, a peer's broken connection say, is refused by
+//                 ncclCommShrink, so such a rank says no at once).
+//   K path        "standby", "inplace" or "reinit": rank 0's choice. Rank 0 is a survivor whenever
+//                 the round has survivors (the rendezvous orders them first), so it can judge: the
+//                 standbys when every survivor holds one; in place when every survivor said yes and
+//                 the loaded libnccl has the calls needed.
 //   K init        the NCCL unique id of a fresh init chosen at once (written before `path`).
 //   K grow        the grow id (ncclCommGetUniqueId) rank 0 made after its shrink, for newcomers;
 //                 the other survivors wait for it before they call ncclCommGrow.
@@ -59,7 +62,13 @@ struct nccl_plan {
   bool survivor = false;      ///< holds the previous round's communicator, at its rank and size
   std::vector<int> excluded;  ///< previous ranks that did not come back
   int survivors = 0;          ///< members of the next round that survived (survivor's view)
+  bool ordered = false;       ///< the survivors keep their order at the head of the next round
   std::string why_not;        ///< non-empty: this rank cannot take part in place, and why
+
+  /// One member gone, nobody new: the change a standby communicator stands in for.
+  [[nodiscard]] bool one_departure(int world) const noexcept {
+    return survivor && ordered && excluded.size() == 1 && !grow(world);
+  }
 
   [[nodiscard]] bool shrink() const noexcept { return !excluded.empty(); }
   [[nodiscard]] bool grow(int world) const noexcept { return world > survivors; }
@@ -111,6 +120,7 @@ inline nccl_plan plan_round(const rendezvous::round_info& prev, const rendezvous
       return p;
     }
   }
+  p.ordered = true;
   if (p.shrink() && !calls.shrink) {
     p.why_not = calls.warning.empty() ? "ncclCommShrink is not in the loaded libnccl (2.27+)" : calls.warning;
   } else if (p.grow(next.world_size) && !calls.grow) {
@@ -132,25 +142,51 @@ struct nccl_settings {
   nccl_options options{};
 };
 
-/// One rank's part in one round change (see the file comment).
+/// One rank's part in one round change (see the file comment). `standby`: this rank's ready
+/// standby communicator for the change (detail/nccl_standby.hpp), if it has one.
 class nccl_round {
  public:
-  nccl_round(round_change<nccl_communicator>& change, const nccl_settings& s)
-      : ch_(change), s_(s), world_(change.next.world_size), rank_(change.next.rank) {}
+  nccl_round(round_change<nccl_communicator>& change, const nccl_settings& s,
+             std::unique_ptr<nccl_communicator> standby = nullptr)
+      : ch_(change), s_(s), world_(change.next.world_size), rank_(change.next.rank), standby_(std::move(standby)) {}
 
+  ~nccl_round() { ch_.give_up(std::move(standby_)); }  // one not switched to is of no more use
+  nccl_round(const nccl_round&) = delete;
+  nccl_round& operator=(const nccl_round&) = delete;
+
+  /// The next round's communicator, ordered on the GPU after the previous one's last work (its
+  /// kernels may still write the buffers both use: a revoke drains them, an abort ends them).
   rebuilt<nccl_communicator> run() {
+    std::optional<cuda::event> fence;
+    if (ch_.communicator) fence = ch_.communicator->fence();
+    rebuilt<nccl_communicator> out = choose();
+    if (fence && out.communicator) out.communicator->follow(*fence);
+    return out;
+  }
+
+ private:
+  rebuilt<nccl_communicator> choose() {
     const nccl_plan plan = plan_round(ch_.previous, ch_.next, ch_.communicator.get(), recovery_calls());
+    if (standby_ && (!plan.one_departure(world_) || standby_->rank() != rank_ || standby_->size() != world_ ||
+                     !standby_->ok())) {
+      ch_.give_up(std::move(standby_));
+    }
     std::string path;
     std::string why_not = plan.why_not;
     if (plan.survivor && rank_ != 0) ch_.store.set(key("able/" + std::to_string(rank_)), able(plan));
     if (rank_ == 0) {
-      if (plan.survivor && why_not.empty()) why_not = survivors_unable(plan.survivors);
-      path = plan.survivor && why_not.empty() ? "inplace" : "reinit";
+      bool all_standby = standby_ != nullptr;
+      if (plan.survivor) {
+        const auto others = survivors_unable(plan.survivors, all_standby);
+        if (why_not.empty()) why_not = others;
+      }
+      path = all_standby ? "standby" : plan.survivor && why_not.empty() ? "inplace" : "reinit";
       if (path == "reinit") publish_id("init");
       ch_.store.set(key("path"), path);
     } else {
       path = wait_for(key("path"), "rank 0's choice of path");
     }
+    if (path == "standby") return switch_to_standby();
     if (path != "inplace") return reinit("init", why_not.empty() ? "another rank cannot rebuild in place" : why_not);
     std::string failure;
     std::unique_ptr<nccl_communicator> made;
@@ -171,21 +207,42 @@ class nccl_round {
     return reinit("retry", failure);
   }
 
- private:
   std::string key(std::string_view leaf) const { return ch_.keys + std::string(leaf); }
 
-  static std::string able(const nccl_plan& plan) {
-    return plan.why_not.empty() ? std::string("yes") : "no " + plan.why_not.substr(0, 512);
+  // A survivor's answer to rank 0: "<standby|-> yes", or "<standby|-> no <why>": whether it holds
+  // a ready standby for this change, and whether it can take part in place.
+  std::string able(const nccl_plan& plan) const {
+    const char* standby = standby_ ? "standby " : "- ";
+    return plan.why_not.empty() ? std::string(standby) + "yes" : std::string(standby) + "no " + plan.why_not.substr(0, 512);
   }
 
   // Rank 0 asks every other survivor (ranks 1 .. survivors-1 of the new round) whether it can
-  // take part in place: empty when all can, else the first one's reason.
-  std::string survivors_unable(int survivors) {
+  // take part in place: empty when all can, else the first one's reason. `all_standby` stays
+  // true while every one of them holds a ready standby.
+  std::string survivors_unable(int survivors, bool& all_standby) {
+    std::string unable;
     for (int r = 1; r < survivors; ++r) {
       const std::string v = wait_for(key("able/" + std::to_string(r)), "a survivor's readiness");
-      if (v != "yes") return fmt::format("rank {}: {}", r, v.size() > 3 ? v.substr(3) : v);
+      const auto space = v.find(' ');
+      if (v.compare(0, space, "standby") != 0) all_standby = false;
+      const std::string answer = space == std::string::npos ? v : v.substr(space + 1);
+      if (unable.empty() && answer != "yes") {
+        unable = fmt::format("rank {}: {}", r, answer.size() > 3 ? answer.substr(3) : answer);
+      }
     }
-    return {};
+    return unable;
+  }
+
+  // Every survivor holds a communicator of exactly the new round, built while the previous one
+  // was healthy: the previous one goes, the standby takes its place. No NCCL call waits here.
+  rebuilt<nccl_communicator> switch_to_standby() {
+    if (!standby_) {
+      throw error(errc::mismatch, fmt::format("nccl rebuild of round {}: rank 0 chose the standby communicators, "
+                                              "but rank {} holds none",
+                                              ch_.next.round, rank_));
+    }
+    ch_.give_up(std::move(ch_.communicator));
+    return {std::move(standby_), "standby", {}};
   }
 
   // The survivors' shrink and grow, or a newcomer's join of the grow.
@@ -309,6 +366,7 @@ class nccl_round {
   const nccl_settings& s_;
   int world_;
   int rank_;
+  std::unique_ptr<nccl_communicator> standby_;  // this rank's ready standby for the change, if any
   std::optional<std::string> id_;  // the unique id rank 0 made for a fresh init
 };
 
