@@ -357,6 +357,7 @@ class rank_process {
         return;
       }
     });
+    auto old_done = cuda::event::create();  // made here, outside the timed switch
     store_.add("in_kill_loop", 1);
     const auto until = clock_type::now() + timeout_;
     long steps = 0;
@@ -376,6 +377,11 @@ class rank_process {
 
     // The switch: the standby without the dead rank. The old communicator's abort runs on a
     // thread of its own, started now (concurrent) or after the first step (deferred).
+    // Revoke stops the old communicator's kernels but does not wait for them: its last collective
+    // may still be writing the gradient buffer when the standby's first one reads it (TSan saw
+    // exactly that on the model). So the standby's stream waits for the old stream first, by an
+    // event. Without ncclCommRevoke the old kernel ends only with the abort, which then cannot
+    // wait for the first step: such a run aborts at once whatever --abort says (abort_mode_used).
     double abort_ms = 0;
     std::jthread aborter;
     auto start_abort = [&] {
@@ -385,11 +391,14 @@ class rank_process {
         abort_ms = ms_since(t);
       });
     };
-    if (o_.abort == "concurrent") start_abort();
+    const bool concurrent = o_.abort == "concurrent" || !comm::nccl_communicator::can_revoke();
     auto& standby = *standby_[static_cast<std::size_t>(d)];
+    old_done.record(main_->stream());  // behind the revoked collective
+    if (concurrent) start_abort();
+    old_done.make_wait(standby.stream());
     step(standby);
     const double switch_ms = ms_since(learnt);
-    if (o_.abort != "concurrent") start_abort();
+    if (!concurrent) start_abort();
     std::vector<double> after;
     for (int i = 0; i < 3; ++i) after.push_back(step(standby));
     aborter.join();
@@ -411,6 +420,7 @@ class rank_process {
     out_["switch_ms"] = switch_ms;
     out_["step_on_standby_ms"] = median(after);
     out_["abort_old_ms"] = abort_ms;
+    out_["abort_mode_used"] = concurrent ? "concurrent" : "deferred";
     out_["fresh_after_death_ms"] = fresh_ms;
     out_["can_revoke"] = comm::nccl_communicator::can_revoke();
   }
