@@ -599,6 +599,11 @@ int drive(const options& o, const std::string& self) {
     m["abort_old_ms"] = over(episodes[i], "abort_old_ms", true);
     m["step_on_standby_ms"] = over(episodes[i], "step_on_standby_ms", false);
     m["fresh_after_death_ms"] = over(episodes[i], "fresh_after_death_ms", true);
+    std::string used = o.aborts[i];  // what the survivors did (no revoke: concurrent, see the rank)
+    for (const auto& r : episodes[i]) {
+      if (const json* u = r.find("abort_mode_used"); u != nullptr && u->is_string()) used = u->as_string();
+    }
+    m["abort_mode_used"] = used;
     modes[o.aborts[i]] = std::move(m);
   }
   report["abort_modes"] = modes;
@@ -622,7 +627,10 @@ int drive(const options& o, const std::string& self) {
   row("fresh 3-rank init + first step", report["fresh_init_first_step_ms"]);
   for (const auto& mode : o.aborts) {
     const json& m = report["abort_modes"][mode];
-    row(fmt::format("standby switch, learnt death -> first step done (old abort {})", mode), m.at("switch_ms"));
+    const std::string& used = m.at("abort_mode_used").as_string();
+    row(fmt::format("standby switch, learnt death -> first step done (old abort {}{})", mode,
+                    used == mode ? "" : ", ran " + used + ": no ncclCommRevoke"),
+        m.at("switch_ms"));
     row(fmt::format("  revoke of the old communicator (abort {})", mode), m.at("revoke_ms"));
     row(fmt::format("  abort of the old communicator, on its own thread (abort {})", mode), m.at("abort_old_ms"));
     row(fmt::format("  survivors' fresh init + first step after the death (abort {})", mode),
@@ -666,12 +674,13 @@ int drive(const options& o, const std::string& self) {
                           per, o.budget_mib, per > 0 ? static_cast<long>(o.budget_mib / per) + 1 : 0L)
             : "memory: not measured here (model)";
     conclusion = fmt::format(
-        "standby switch {:.0f} ms vs fresh init + first step {:.0f} ms ({:.1f}x); building them slowed steps "
-        "{:.2f}x for {:.0f} ms per membership change; {}. Worth it when deaths are frequent enough that the "
-        "{:.0f} ms saved per death outweighs that slowdown, and the group is small enough that N-1 standbys per "
-        "rank fit the memory budget (beyond that, keep standbys only for the likeliest deaths).",
-        sw, fresh, sw > 0 ? fresh / sw : 0.0, ratio_building.as_double(), report["build_ms"].as_double(), memory,
-        fresh - sw);
+        "standby switch {:.0f} ms vs fresh init + first step {:.0f} ms ({:.1f}x; a reinit that aborts the old "
+        "communicator first adds {:.0f} ms); steps took {:.2f}x their time for the {:.0f} ms the standbys took to "
+        "build after each membership change; {}. Worth it when deaths are frequent enough that the {:.0f} ms saved "
+        "per death outweighs that slowdown, and the group is small enough that N-1 standbys per rank fit the "
+        "memory budget (beyond that, keep standbys only for the likeliest deaths).",
+        sw, fresh, sw > 0 ? fresh / sw : 0.0, best.at("abort_old_ms").as_double(), ratio_building.as_double(),
+        report["build_ms"].as_double(), memory, fresh - sw);
   }
   report["conclusion"] = conclusion;
   std::printf("conclusion: %s\n\n", conclusion.c_str());
