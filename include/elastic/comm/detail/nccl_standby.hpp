@@ -8,8 +8,9 @@
 // for): K standby/<m>: the NCCL unique id of the standby without rank m, made by its rank 0
 // (rank 1 of the round when m is 0, else rank 0).
 //
-// Every rank builds them in the same order (m = 0, 1, ...; its own skipped), one at a time, so
-// no two ranks wait for each other in different standbys. A round change stops the building at
+// Every rank builds them in the same order (m = 0, 1, ...; its own skipped), one at a time, and
+// runs one barrier on each (NCCL connects peers at the first collective), so no two ranks wait
+// for each other in different standbys. A round change stops the building at
 // once (the half-made one is aborted on the pool's thread, off the critical path).
 //
 // Cost: world-1 communicators more per rank, each with NCCL's buffers, and the build's CPU and
@@ -135,8 +136,12 @@ class nccl_standby_pool {
       }
     }
     try {
-      return std::make_unique<nccl_communicator>(id, rank, size, s_.device, s_.timeout, s_.stream, s_.options,
-                                                 stopped);
+      auto c = std::make_unique<nccl_communicator>(id, rank, size, s_.device, s_.timeout, s_.stream, s_.options,
+                                                   stopped);
+      // NCCL connects a communicator's peers at its first collective (NCCL_RUNTIME_CONNECT, the
+      // default since 2.22): one here, so that the switch finds them connected.
+      c->barrier();
+      return c;
     } catch (...) {
       // Our id's bootstrap root would wait forever for ranks that never came.
       if (rank == 0) release_bootstrap_root(id, size, s_.device);
