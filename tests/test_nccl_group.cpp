@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <map>
 #include <optional>
 #include <string>
@@ -177,6 +178,20 @@ void print_rebuilds(fleet& f, const std::vector<std::size_t>& who, std::int64_t 
   }
 }
 
+/// Prints how long each communicator the workers gave up took to tear down (group_teardown
+/// events, off the training thread): the time the rebuilds no longer wait for. Never asserted.
+void print_teardowns(const std::string& events, const char* what) {
+  std::ifstream in(events);
+  std::string line, out;
+  while (std::getline(in, line)) {
+    if (line.find("\"event\":\"group_teardown\"") == std::string::npos) continue;
+    const auto at = line.find("\"ms\":");
+    if (at == std::string::npos) continue;
+    out += (out.empty() ? "" : ", ") + line.substr(at + 5, line.find_first_of(",}", at + 5) - at - 5);
+  }
+  std::printf("%s: teardowns off the critical path (ms): %s\n", what, out.empty() ? "none" : out.c_str());
+}
+
 /// Starts worker `slot` of run `run` with `args` (and its device, NCCL_HOSTID, `more_env`).
 std::size_t start_slot(fleet& f, const std::string& run, topology t, int slot, std::vector<std::string> args,
                        const env_list& more_env = {}) {
@@ -228,6 +243,7 @@ TEST_CASE("4 ranks on four hosts lose one mid-allreduce: the 3 survivors rebuild
   const auto killed = f.find(2, "killing ");
   REQUIRE(killed);
   print_rebuilds(f, {0, 1, 3}, num(*killed, "t"), "kill, four hosts");
+  print_teardowns(s.events, "kill, four hosts");
   for (std::size_t i : {0, 1, 3}) check_finished(f, i, steps, want, "3");
   // Every survivor took the same path. Over sockets the dead rank's neighbours carry a network
   // error, which NCCL's shrink refuses: so "shrink" where it was accepted, else "reinit".
@@ -283,6 +299,7 @@ TEST_CASE("a rank that hangs is revoked away: the 3 survivors shrink, and the wa
   const auto stopped = f.find(1, "stopping ");
   REQUIRE(stopped);
   print_rebuilds(f, {0, 2, 3}, num(*stopped, "t"), "hang");
+  print_teardowns(s.events, "hang");
   for (std::size_t i : {0, 2, 3}) {
     check_finished(f, i, steps, want, "3");
     // Its sockets stay open while it is stopped: nothing breaks, the departure revokes, and the
@@ -311,6 +328,7 @@ TEST_CASE("with standby communicators a rank killed mid-allreduce is a switch: t
   const auto killed = f.find(2, "killing ");
   REQUIRE(killed);
   print_rebuilds(f, {0, 1, 3}, num(*killed, "t"), "kill, standby");
+  print_teardowns(s.events, "kill, standby");
   for (std::size_t i : {0, 1, 3}) {
     check_finished(f, i, steps, want, "3");
     // Every survivor held the standby without w2 (it waited for its own before step 15), so no
@@ -340,6 +358,7 @@ TEST_CASE("with standby communicators a rank that hangs is revoked away and the 
   const auto stopped = f.find(1, "stopping ");
   REQUIRE(stopped);
   print_rebuilds(f, {0, 2, 3}, num(*stopped, "t"), "hang, standby");
+  print_teardowns(s.events, "hang, standby");
   for (std::size_t i : {0, 2, 3}) {
     check_finished(f, i, steps, want, "3");
     const auto p = paths_of(f, i);
@@ -398,6 +417,12 @@ TEST_CASE("a killed rank restarted under its id is grown back in: 3 ranks become
   INFO(transcripts(f));
   REQUIRE(ended);
   print_rebuilds(f, {0, 1, 3}, t_restart, "restart");
+  print_teardowns(s.events, "restart");
+  if (const auto j = f.find(back, "joined ")) {
+    const auto first = f.find(back, "step=");
+    std::printf("restart: the newcomer joined round %s at %+.1f ms, its first step %+.1f ms\n", field(*j, "round").c_str(),
+                (num(*j, "t") - t_restart) / 1e6, first ? (num(*first, "t") - t_restart) / 1e6 : -1.0);
+  }
   for (std::size_t i : {std::size_t{0}, std::size_t{1}, std::size_t{3}, back}) check_finished(f, i, steps, want, "4");
   // The survivors' rebuild into 4 took NCCL's grow where the libnccl has it (a slow machine may
   // add rebuilds of its own, a lapsed heartbeat say: the one that took the newcomer in counts).
