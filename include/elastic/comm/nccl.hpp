@@ -115,6 +115,9 @@ class nccl_communicator {
  public:
   /// Collectives take device memory; elastic_group resyncs device state through it directly.
   static constexpr bool takes_device_memory = true;
+  /// Device memory each communicator keeps for the host collectives (broadcast_host,
+  /// allreduce_host) and barrier(): allocated with it, so a resync allocates nothing.
+  static constexpr std::size_t scratch_bytes = 64 * 1024;
   /// Whether revoke() stops in-flight work with ncclCommRevoke (see detail::recovery_calls()).
   static bool can_revoke() { return detail::recovery_calls().revoke; }
   /// Whether shrink() is offered by the libnccl this process runs with.
@@ -173,7 +176,7 @@ class nccl_communicator {
     abort();
     done_ = {};
     ready_ = {};
-    barrier_word_ = {};
+    scratch_ = {};
     owned_stream_ = {};
   }
 
@@ -259,18 +262,20 @@ class nccl_communicator {
     });
   }
 
-  /// Copies `root`'s HOST words into every rank's `words`, staged through device memory (one
-  /// cudaMalloc per call: for the small host state elastic_group resyncs, not for a hot loop).
+  /// Copies `root`'s HOST words into every rank's `words`, staged through device memory: the
+  /// communicator's own scratch (made with it) up to scratch_bytes, so the few words a resync
+  /// agrees on cost no cudaMalloc and no cudaFree (which waits for the whole device); a larger
+  /// host state gets a buffer of its own for the call.
   void broadcast_host(std::span<std::int64_t> words, int root) {
     check_root(root, "broadcast_host");
     check_usable("broadcast_host");
     if (words.empty()) return;
     detail::cuda::device_scope on(device_);
-    detail::cuda::device_bytes staging(words.size_bytes());
-    copy(staging.get(), words.data(), words.size_bytes(), cudaMemcpyHostToDevice, "broadcast_host staging in");
-    auto* d = static_cast<std::int64_t*>(staging.get());
-    broadcast(std::span<std::int64_t>(d, words.size()), root);
-    copy(words.data(), staging.get(), words.size_bytes(), cudaMemcpyDeviceToHost, "broadcast_host staging out");
+    detail::cuda::device_bytes own;
+    void* staging = staging_for(words.size_bytes(), own);
+    copy(staging, words.data(), words.size_bytes(), cudaMemcpyHostToDevice, "broadcast_host staging in");
+    broadcast(std::span<std::int64_t>(static_cast<std::int64_t*>(staging), words.size()), root);
+    copy(words.data(), staging, words.size_bytes(), cudaMemcpyDeviceToHost, "broadcast_host staging out");
   }
 
   /// Element-wise `op` over every rank's HOST `values`, staged through device memory (as
@@ -279,16 +284,17 @@ class nccl_communicator {
     check_usable("allreduce_host");
     if (values.empty()) return;
     detail::cuda::device_scope on(device_);
-    detail::cuda::device_bytes staging(values.size_bytes());
-    copy(staging.get(), values.data(), values.size_bytes(), cudaMemcpyHostToDevice, "allreduce_host staging in");
-    allreduce(std::span<double>(static_cast<double*>(staging.get()), values.size()), op);
-    copy(values.data(), staging.get(), values.size_bytes(), cudaMemcpyDeviceToHost, "allreduce_host staging out");
+    detail::cuda::device_bytes own;
+    void* staging = staging_for(values.size_bytes(), own);
+    copy(staging, values.data(), values.size_bytes(), cudaMemcpyHostToDevice, "allreduce_host staging in");
+    allreduce(std::span<double>(static_cast<double*>(staging), values.size()), op);
+    copy(values.data(), staging, values.size_bytes(), cudaMemcpyDeviceToHost, "allreduce_host staging out");
   }
 
   /// Returns once every rank has entered the barrier (an allreduce of one device int).
   void barrier() {
     run("barrier", "nccl barrier", true, [&](ncclComm_t comm) {
-      return ncclAllReduce(barrier_word_.get(), barrier_word_.get(), 1, ncclInt32, ncclSum, comm, stream_);
+      return ncclAllReduce(scratch_.get(), scratch_.get(), 1, ncclInt32, ncclSum, comm, stream_);
     });
   }
 
@@ -395,7 +401,14 @@ class nccl_communicator {
     adopt_stream(stream);
     ready_ = detail::cuda::event::create();
     done_ = detail::cuda::event::create();
-    barrier_word_ = detail::cuda::device_bytes(sizeof(std::int32_t));
+    scratch_ = detail::cuda::device_bytes(scratch_bytes);
+  }
+
+  // Staging for `bytes` of host collective: the scratch when it fits, else `own`, made now.
+  void* staging_for(std::size_t bytes, detail::cuda::device_bytes& own) {
+    if (bytes <= scratch_bytes) return scratch_.get();
+    own = detail::cuda::device_bytes(bytes);
+    return own.get();
   }
 
   static ncclConfig_t nonblocking_config() noexcept {
@@ -746,7 +759,7 @@ class nccl_communicator {
   cudaStream_t stream_ = nullptr;
   detail::cuda::event ready_;  // recorded on the legacy default stream before each collective (own stream)
   detail::cuda::event done_;   // recorded right behind each collective
-  detail::cuda::device_bytes barrier_word_;
+  detail::cuda::device_bytes scratch_;  // the barrier's word, and the host collectives' staging
   mutable std::mutex comm_mu_;  // guards comm_ (its lifetime)
   ncclComm_t comm_ = nullptr;
   std::atomic<bool> revoked_{false};        // ncclCommRevoke was called (set under comm_mu_)

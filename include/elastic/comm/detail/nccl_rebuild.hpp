@@ -112,6 +112,12 @@ inline nccl_plan plan_round(const rendezvous::round_info& prev, const rendezvous
       p.excluded.push_back(j);
     }
   }
+  if (std::find(p.excluded.begin(), p.excluded.end(), prev.rank) != p.excluded.end()) {
+    // Declared gone (a lapsed heartbeat) and back as a new life: a newcomer to the others.
+    p.survivor = false;
+    p.why_not = fmt::format("this rank left round {} and came back as a new life", prev.round);
+    return p;
+  }
   p.survivors = static_cast<int>(kept.size());
   for (int i = 0; i < p.survivors; ++i) {
     const int j = kept[static_cast<std::size_t>(i)];
