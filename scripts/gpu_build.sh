@@ -52,7 +52,8 @@ cp -L "$cuda/lib64/libcudart.so.13" "$out/lib/" 2>/dev/null || echo "gpu_build: 
 for t in "${targets[@]}"; do
   ldd "$out/$t" | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | while read -r name path; do
     case "$name" in
-      libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|libstdc++.so*|libgcc_s.so*|ld-linux*) continue ;;
+      libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|libresolv.so*|libutil.so*|libanl.so*|libnss*) continue ;;
+      libstdc++.so*|libgcc_s.so*|ld-linux*) continue ;;
       libnccl.so*|libcublas*|libcudart*|libcuda.so*|libnvidia*) continue ;;
     esac
     [ -e "$out/lib/$name" ] || cp -L "$path" "$out/lib/$name"
@@ -62,7 +63,7 @@ cp "$root/benchmarks/torchrun_restart.py" "$out/"
 # What built it, for the table's header.
 {
   echo "commit $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)$(git -C "$root" diff --quiet 2>/dev/null || echo '+changes')"
-  echo "built $(date -u +%FT%TZ) on $(hostname) against $(grep -m1 -o '"version" *: *"[^"]*"' "$cuda/version.json" 2>/dev/null || echo "CUDA ?") and nccl.h $(awk '/#define NCCL_(MAJOR|MINOR|PATCH) /{printf "%s%s", sep, $3; sep="."}' "$cuda/include/nccl.h")"
+  echo "built $(date -u +%FT%TZ) on $(hostname) against CUDA $(grep -m1 -o 'CUDART_VERSION *[0-9]*' "$cuda/include/cuda_runtime_api.h" | awk '{v=$2; printf "%d.%d", v/1000, (v%1000)/10}') and nccl.h $(awk '/#define NCCL_(MAJOR|MINOR|PATCH) /{printf "%s%s", sep, $3; sep="."}' "$cuda/include/nccl.h")"
 } > "$out/BUILD_INFO"
 echo "=== carried in $out ==="
 ls -la "$out" "$out/lib"

@@ -91,7 +91,8 @@ run() {
 seconds_of() { [ -f "$raw/$1.rc" ] && cut -d' ' -f2 "$raw/$1.rc" || echo 0; }
 note_of() {  # a section's outcome in words
   case "$1" in
-    0) echo ok ;; 124|137) echo "timed out" ;; 125) echo "not run: out of time" ;; *) echo "failed (exit $1)" ;;
+    0) echo ok ;; 77) echo "skipped" ;; 124|137) echo "timed out" ;; 125) echo "not run: out of time" ;;
+    *) echo "failed (exit $1)" ;;
   esac
 }
 
@@ -164,8 +165,7 @@ cuda_lib_path() {
     [ -n "$d" ] && dirs+=("$(dirname "$d")")
   done
   [ -d "$bin/lib" ] && dirs+=("$bin/lib")
-  local IFS=:
-  echo "${dirs[*]}"
+  printf '%s\n' "${dirs[@]}" | awk '!seen[$0]++' | paste -sd:
 }
 
 say "a. environment"
@@ -213,7 +213,9 @@ fi
 
 # `env` settings that put release i's libnccl first on the library path (a prefix for run()).
 release_env() {
-  renv=(env "LD_LIBRARY_PATH=${release_dirs[$1]}${base:+:$base}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  local path
+  path="$(printf '%s' "${release_dirs[$1]}${base:+:$base}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" | tr : '\n' | awk '!seen[$0]++' | paste -sd:)"
+  renv=(env "LD_LIBRARY_PATH=$path"
         NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1)
 }
 

@@ -222,7 +222,10 @@ def main():
     except ValueError:
         bench = None
     rows = [b for b in (bench or {}).get("benchmarks", []) if "overhead_pct" in b]
-    if rows:
+    errors = [f"{b.get('name')}: {b['error_message']}" for b in (bench or {}).get("benchmarks", []) if b.get("error_message")]
+    if errors and not rows:
+        w("not measured: " + "; ".join(errors))
+    elif rows:
         w("| benchmark | training slowdown | checkpoint every (steps, at the end) | step (ms) |")
         w("|---|---|---|---|")
         for b in rows:
