@@ -121,7 +121,7 @@ trap 'exit 130' INT TERM
   echo "mode $([ "$dry" = 1 ] && echo "dry run on the NCCL model" || echo "GPU")"
   echo "started $(date -u +%FT%TZ) on $(hostname), $(nproc) cores"
   [ -f "$bin/BUILD_INFO" ] && cat "$bin/BUILD_INFO"
-  echo "budget ${budget}s"
+  echo "budget ${budget}s; the scenarios ran with NCCL_DEBUG=INFO (INIT,BOOTSTRAP,NET,ENV,DESTROY) into files"
 } > "$raw/meta.txt"
 
 # ---- a. environment ---------------------------------------------------------------------------
@@ -276,7 +276,7 @@ elif [ ${#releases[@]} -gt 0 ]; then
   release_env 0
   demo_args=(--bin "$bin" --work "$raw/demo-run")
   [ "$dry" = 1 ] && demo_args+=(--dry-run)
-  run demo "$([ "$dry" = 1 ] && echo 200 || echo 100)" "${renv[@]}" "$root/scripts/demo_gpu.sh" "${demo_args[@]}"
+  run demo "$([ "$dry" = 1 ] && echo 200 || echo 120)" "${renv[@]}" "$root/scripts/demo_gpu.sh" "${demo_args[@]}"
   rc=$?
   record demo "$rc" "$(seconds_of demo)" "$(note_of "$rc")"
   # The workers' logs are worth keeping; the checkpoints are not.

@@ -12,7 +12,7 @@ ln -s "$(realpath "$3")" "$work/bin/test_nccl_group"
 ln -s "$(realpath "$4")" "$work/bin/elastic_nccl_group_worker"
 ln -s "$(realpath "$5")" "$work/bin/elastic-run"
 ln -s "$(realpath "$6")" "$work/bin/cuda_train"
-OUT="$work/out" "$src/scripts/gpu_check.sh" --dry-run --bin "$work/bin" --nccl-lib "$7" --nccl-lib "$8" --budget 200
+OUT="$work/out" "$src/scripts/gpu_check.sh" --dry-run --bin "$work/bin" --nccl-lib "$7" --nccl-lib "$8" --budget 330
 table="$work/out/gpu_check.md"
 fail() { echo "gpu_check_dry_run: $*" >&2; exit 1; }
 [ -s "$table" ] || fail "no table at $table"
