@@ -128,6 +128,11 @@ def main():
     lines = []
     w = lines.append
 
+    def said(section):
+        """What the check said of a section that has no figures."""
+        st = next((x for x in status if x[0] == section), None)
+        return st[3] if st else "not run"
+
     gpu = re.search(r"^GPU 0: .*$", env, re.M)
     driver = re.search(r"== driver\n(.*)", env)
     torch_line = re.search(r"^torch .*$", env, re.M)
@@ -151,102 +156,129 @@ def main():
         w(f"| {name} | {note} | {secs} |")
     w("")
 
-    # The NCCL rebuild scenarios.
-    w("#### NCCL rebuilds, four ranks on one GPU (ms after the event, median of the 3 survivors)")
-    w("")
-    w("| event | libnccl | path | noticed | rendezvous | communicator up | resynced | first step "
-      "| NCCL's log: init of the new communicator, largest phases, teardown (ms) |")
-    w("|---|---|---|---|---|---|---|---|---|")
-    kill_first = {}
-    for rel in releases:
-        for key, label, world in CASES:
-            name = f"scenario-{rel}-{key}"
-            text = read(os.path.join(raw, name + ".log"))
-            row = scenario_row(text, world)
-            st = next((s for s in status if s[0] == name), None)
-            if row is None:
-                why = st[3] if st else "not run"
-                if "No test cases matched" in text:
-                    why = "no such test case in this build"
-                w(f"| {label} | {rel} | — | — | — | — | — | — | {why} |")
-                continue
-            if key == "kill":
-                kill_first[rel] = row["first step"] if row["first step"] is not None else row["resynced"]
-            extra = "" if st is None or st[1] == "0" else f" (test: {st[3]})"
-            w(f"| {label} | {rel} | {row['path']} | " + " | ".join(ms(row[k]) for k, _ in FIELDS)
-              + f" | {nccl_summary(os.path.join(raw, 'nccl', f'{rel}-{key}'), world)}{extra} |")
-    w("")
+    kill_first = {}  # release -> our kill's first step (or resynced), for the torchrun ratio
 
-    # torchrun + NCCL against our kill.
-    tr = None
-    try:
-        tr = json.loads(read(os.path.join(raw, "torchrun.json")) or "null")
-    except ValueError:
-        pass
-    w("#### torchrun + NCCL on the same job (4 ranks, GPU 0, kill of one rank → all ranks' first step)")
-    w("")
-    if tr:
-        for setting, s in tr.get("settings", {}).items():
-            fa = s["summary"]["first_step_all"]
-            ours = kill_first.get(releases[0]) if releases else None
-            ratio = f"{fa['median_ms'] / ours:.0f} ×" if ours else "—"
-            w(f"| | kill → first step (median / max, ms) |")
-            w("|---|---|")
-            w(f"| torchrun, torch {tr.get('torch')} {tr.get('backend')}, monitor interval {setting}, "
-              f"{tr.get('trials')} trials (full restart of all 4) | {ms(fa['median_ms'])} / {ms(fa['max_ms'])} |")
-            w(f"| elastic, kill, libnccl {releases[0] if releases else '?'} (3 survivors, in process) | {ms(ours)} |")
-            w(f"| torchrun / elastic | **{ratio}** |")
-    else:
-        st = next((s for s in status if s[0] == "torchrun"), None)
-        w(f"not measured: {st[3] if st else 'not run'}")
-    w("")
+    def guard(section, render):
+        """One section's failure to render is a line in the table, not a lost table."""
+        try:
+            render()
+        except Exception as e:  # noqa: BLE001 (anything: the table must be written)
+            w(f"(the report could not render {section}: {type(e).__name__}: {e})")
+            w("")
 
-    # The demo.
-    demo = read(os.path.join(raw, "demo.log"))
-    w("#### GPU demo (`scripts/demo_gpu.sh`: cuda_train, 4 workers on GPU 0, SIGKILL, preemption, resume)")
-    w("")
-    fin = re.search(r"^final weights: .*$", demo, re.M)
-    if "identical, bit for bit" in demo:
-        w(f"bit-identical: {fin.group(0) if fin else ''}")
-    else:
-        st = next((s for s in status if s[0] == "demo"), None)
-        tail = [l for l in demo.splitlines() if l.startswith("demo_gpu:")]
-        w(f"{st[3] if st else 'not run'}{': ' + tail[-1] if tail else ''}")
-    w("")
+    def render_scenarios():
+        # The NCCL rebuild scenarios.
+        w("#### NCCL rebuilds, four ranks on one GPU (ms after the event, median of the 3 survivors)")
+        w("")
+        w("| event | libnccl | path | noticed | rendezvous | communicator up | resynced | first step "
+          "| NCCL's log: init of the new communicator, largest phases, teardown (ms) |")
+        w("|---|---|---|---|---|---|---|---|---|")
+        for rel in releases:
+            for key, label, world in CASES:
+                name = f"scenario-{rel}-{key}"
+                text = read(os.path.join(raw, name + ".log"))
+                row = scenario_row(text, world)
+                st = next((s for s in status if s[0] == name), None)
+                if row is None:
+                    why = st[3] if st else "not run"
+                    if "No test cases matched" in text:
+                        why = "no such test case in this build"
+                    w(f"| {label} | {rel} | — | — | — | — | — | — | {why} |")
+                    continue
+                if key == "kill":
+                    kill_first[rel] = row["first step"] if row["first step"] is not None else row["resynced"]
+                extra = "" if st is None or st[1] == "0" else f" (test: {st[3]})"
+                w(f"| {label} | {rel} | {row['path']} | " + " | ".join(ms(row[k]) for k, _ in FIELDS)
+                  + f" | {nccl_summary(os.path.join(raw, 'nccl', f'{rel}-{key}'), world)}{extra} |")
+        w("")
 
-    # The checkpoint's overhead.
-    w("#### Adaptive checkpoint, 1 GiB of device weights (`checkpoint_gpu_bench`)")
-    w("")
-    try:
-        bench = json.loads(read(os.path.join(raw, "checkpoint.json")) or "null")
-    except ValueError:
-        bench = None
-    rows = [b for b in (bench or {}).get("benchmarks", []) if "overhead_pct" in b]
-    errors = [f"{b.get('name')}: {b['error_message']}" for b in (bench or {}).get("benchmarks", []) if b.get("error_message")]
-    if errors and not rows:
-        w("not measured: " + "; ".join(errors))
-    elif rows:
-        w("| benchmark | training slowdown | checkpoint every (steps, at the end) | step (ms) |")
-        w("|---|---|---|---|")
-        for b in rows:
-            w(f"| {b['name']} | **{b['overhead_pct']:.2f} %** | {b.get('every_steps', 0):.0f} | {b.get('step_ms', 0):.1f} |")
-    else:
-        st = next((s for s in status if s[0] == "checkpoint"), None)
-        w(f"not measured: {st[3] if st else 'not run'}")
-    w("")
+    guard("scenarios", render_scenarios)
 
-    # The standby prototype.
-    standby = read(os.path.join(raw, "standby.log"))
-    w("#### Standby communicators (`nccl_standby_bench`)")
-    w("")
-    if standby.strip():
-        w("```")
-        w("\n".join(standby.strip().splitlines()[-40:]))
-        w("```")
-    else:
-        st = next((s for s in status if s[0] == "standby"), None)
-        w(st[3] if st else "not run")
-    w("")
+    def render_torchrun():
+        # torchrun + NCCL against our kill.
+        tr = None
+        try:
+            tr = json.loads(read(os.path.join(raw, "torchrun.json")) or "null")
+        except ValueError:
+            pass
+        if not tr:
+            # The script writes its JSON at the end: the trials that finished before a failure or a
+            # timeout are in its log, one line each.
+            done = [float(x) for x in re.findall(r"trial \d+: .*first_step_all +([\d.]+) ms", read(os.path.join(raw, "torchrun.log")))]
+            if done:
+                tr = {"torch": "?", "backend": "nccl", "trials": f"{len(done)} finished",
+                      "settings": {"0.1 s": {"summary": {"first_step_all": {"median_ms": median(done), "max_ms": max(done)}}}}}
+        w("#### torchrun + NCCL on the same job (4 ranks, GPU 0, kill of one rank → all ranks' first step)")
+        w("")
+        if tr:
+            for setting, s in tr.get("settings", {}).items():
+                fa = s["summary"]["first_step_all"]
+                ours = kill_first.get(releases[0]) if releases else None
+                ratio = f"{fa['median_ms'] / ours:.0f} ×" if ours else "—"
+                w(f"| | kill → first step (median / max, ms) |")
+                w("|---|---|")
+                w(f"| torchrun, torch {tr.get('torch')} {tr.get('backend')}, monitor interval {setting}, "
+                  f"{tr.get('trials')} trials (full restart of all 4) | {ms(fa['median_ms'])} / {ms(fa['max_ms'])} |")
+                w(f"| elastic, kill, libnccl {releases[0] if releases else '?'} (3 survivors, in process) | {ms(ours)} |")
+                w(f"| torchrun / elastic | **{ratio}** |")
+        else:
+            w(f"not measured: {said('torchrun')}")
+        w("")
+
+    guard("torchrun", render_torchrun)
+
+    def render_demo():
+        # The demo.
+        demo = read(os.path.join(raw, "demo.log"))
+        w("#### GPU demo (`scripts/demo_gpu.sh`: cuda_train, 4 workers on GPU 0, SIGKILL, preemption, resume)")
+        w("")
+        fin = re.search(r"^final weights: .*$", demo, re.M)
+        if "identical, bit for bit" in demo:
+            w(f"bit-identical: {fin.group(0) if fin else ''}")
+        else:
+            tail = [l for l in demo.splitlines() if l.startswith("demo_gpu:")]
+            w(f"{said('demo')}{': ' + tail[-1] if tail else ''}")
+        w("")
+
+    guard("demo", render_demo)
+
+    def render_checkpoint():
+        # The checkpoint's overhead.
+        w("#### Adaptive checkpoint, 1 GiB of device weights (`checkpoint_gpu_bench`)")
+        w("")
+        try:
+            bench = json.loads(read(os.path.join(raw, "checkpoint.json")) or "null")
+        except ValueError:
+            bench = None
+        rows = [b for b in (bench or {}).get("benchmarks", []) if "overhead_pct" in b]
+        errors = [f"{b.get('name')}: {b['error_message']}" for b in (bench or {}).get("benchmarks", []) if b.get("error_message")]
+        if errors and not rows:
+            w("not measured: " + "; ".join(errors))
+        elif rows:
+            w("| benchmark | training slowdown | checkpoint every (steps, at the end) | step (ms) |")
+            w("|---|---|---|---|")
+            for b in rows:
+                w(f"| {b['name']} | **{b['overhead_pct']:.2f} %** | {b.get('every_steps', 0):.0f} | {b.get('step_ms', 0):.1f} |")
+        else:
+            w(f"not measured: {said('checkpoint')}")
+        w("")
+
+    guard("checkpoint", render_checkpoint)
+
+    def render_standby():
+        # The standby prototype.
+        standby = read(os.path.join(raw, "standby.log"))
+        w("#### Standby communicators (`nccl_standby_bench`)")
+        w("")
+        if standby.strip():
+            w("```")
+            w("\n".join(standby.strip().splitlines()[-40:]))
+            w("```")
+        else:
+            w(said("standby"))
+        w("")
+    guard("standby", render_standby)
+
     with open(out_md, "w") as f:
         f.write("\n".join(lines))
     return 0
