@@ -311,7 +311,9 @@ elif [ ! -x "$bin/nccl_standby_bench" ]; then
 elif [ ${#releases[@]} -gt 0 ]; then
   say "c. the standby prototype"
   release_env 0
-  run standby 60 "${renv[@]}" "$bin/nccl_standby_bench"
+  standby_args=()
+  [ "$dry" = 1 ] && standby_args=(--size-kib=64 --steps=5 --init-reps=1)  # the model is slow at 16 MiB
+  run standby 90 "${renv[@]}" "$bin/nccl_standby_bench" "${standby_args[@]}"
   rc=$?
   record standby "$rc" "$(seconds_of standby)" "$(note_of "$rc")"
 fi

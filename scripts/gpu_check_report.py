@@ -270,12 +270,17 @@ def main():
         standby = read(os.path.join(raw, "standby.log"))
         w("#### Standby communicators (`nccl_standby_bench`)")
         w("")
-        if standby.strip():
-            w("```")
-            w("\n".join(standby.strip().splitlines()[-40:]))
-            w("```")
-        else:
+        # Its table and conclusion (its own markdown, pasted as it is; anything else as code);
+        # its JSON line stays in the logs.
+        keep = [l for l in standby.strip().splitlines() if not l.startswith('{"bench"')][-40:]
+        if not keep:
             w(said("standby"))
+        elif any(l.startswith("|---") for l in keep):
+            w("\n".join(keep))
+        else:
+            w("```")
+            w("\n".join(keep))
+            w("```")
         w("")
     guard("standby", render_standby)
 

@@ -4,7 +4,7 @@
 # the model's two libnccl builds stand for two releases, and the table must come out with a row
 # for every section and every scenario of both.
 #   gpu_check_dry_run.sh SOURCE_DIR WORK_DIR TEST_NCCL_GROUP WORKER ELASTIC_RUN CUDA_TRAIN NCCL_DIR NCCL_227_DIR
-#                        [with-demo|skip-demo]
+#                        [with-demo|skip-demo] [STANDBY_BENCH]   (the model build of nccl_standby_bench, if any)
 set -euo pipefail
 src="$1" work="$2" demo="${9:-with-demo}"
 skip=()
@@ -15,6 +15,7 @@ ln -s "$(realpath "$3")" "$work/bin/test_nccl_group"
 ln -s "$(realpath "$4")" "$work/bin/elastic_nccl_group_worker"
 ln -s "$(realpath "$5")" "$work/bin/elastic-run"
 ln -s "$(realpath "$6")" "$work/bin/cuda_train"
+[ -n "${10:-}" ] && ln -s "$(realpath "${10}")" "$work/bin/nccl_standby_bench"
 OUT="$work/out" "$src/scripts/gpu_check.sh" --dry-run --bin "$work/bin" --nccl-lib "$7" --nccl-lib "$8" --budget 330 "${skip[@]}"
 table="$work/out/gpu_check.md"
 fail() { echo "gpu_check_dry_run: $*" >&2; exit 1; }
