@@ -174,6 +174,9 @@ timeout -k 2 30 bash -c "$(declare -f env_probe); env_probe" > "$raw/env.log" 2>
 if [ ${#libs[@]} -eq 0 ]; then
   cands="$(timeout 20 python3 -c 'import nvidia.nccl as m, os
 for p in m.__path__: print(os.path.join(p, "lib"))' 2>/dev/null)"
+  # Wherever else PyTorch's nvidia-* wheels put one (nvidia/nccl/lib, or a nvidia/cu13/lib).
+  cands+=$'\n'"$(timeout 20 python3 -c 'import nvidia; print("\n".join(nvidia.__path__))' 2>/dev/null \
+                 | while read -r p; do find "$p" -maxdepth 4 -name libnccl.so.2 -printf '%h\n' 2>/dev/null; done)"
   cands+=$'\n'"$(ldconfig -p 2>/dev/null | awk '$1 == "libnccl.so.2" {print $NF}' | xargs -r -n1 dirname)"
   cands+=$'\n'"/usr/local/cuda/lib64"$'\n'"/usr/lib/x86_64-linux-gnu"
   while read -r d; do
@@ -185,10 +188,10 @@ base=""
 # Up to two distinct releases, in the order found (PyTorch's wheel first).
 releases=() release_dirs=() seen=""
 for d in "${libs[@]}"; do
-  v="$(nccl_version "$d/libnccl.so.2")"
-  echo "libnccl.so.2 in $d: $v" >> "$raw/env.log"
   case " $seen " in *" $d "*) continue ;; esac
   seen+=" $d"
+  v="$(nccl_version "$d/libnccl.so.2")"
+  echo "libnccl.so.2 in $d: $v" >> "$raw/env.log"
   [ ${#releases[@]} -ge 2 ] && continue
   dup=0
   for r in "${releases[@]}"; do [ "$r" = "$v" ] && [ "$v" != unknown ] && dup=1; done
