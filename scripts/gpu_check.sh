@@ -20,6 +20,7 @@
 #              4-rank job (PyTorch's ProcessGroupNCCL), compared with our kill's first step
 #   checkpoint .gpu/checkpoint_gpu_bench, the adaptive policy's training slowdown on 1 GiB of
 #              device weights against the same loop without checkpoints
+#   nccl_bench last, if time is left: a one-rank communicator's init, abort and abort + init
 # --dry-run (or ELASTIC_GPU_DRY_RUN=1): the same steps against binaries built on the NCCL model
 # (tests/nccl_model), whose two libnccl builds stand for two releases; sections the model cannot
 # run (real cuBLAS, torch with CUDA, a benchmark of real NCCL) say so in the table.
@@ -325,5 +326,21 @@ fi
 if ! skipped scenarios && [ ${#releases[@]} -gt 1 ]; then
   say "b. NCCL rebuild scenarios, libnccl ${releases[1]}"
   scenarios 1 "${cases[@]}"
+fi
+# ---- last, with what time is left: one communicator's init and abort (nccl_bench), the teardown
+# the issue puts on the critical path, measured alone -----------------------------------------------
+if skipped nccl_bench; then
+  record nccl_bench 0 0 "skipped (--skip)"
+elif [ "$dry" = 1 ]; then
+  record nccl_bench 0 0 "not run on the model (built against real NCCL only)"
+elif [ ! -x "$bin/nccl_bench" ]; then
+  record nccl_bench 1 0 "no nccl_bench in $bin"
+elif [ ${#releases[@]} -gt 0 ]; then
+  say "nccl_bench: init and abort of a one-rank communicator"
+  release_env 0
+  run nccl_bench 60 "${renv[@]}" "$bin/nccl_bench" --benchmark_filter='BM_(init|abort|reinit)/' \
+    --benchmark_out="$raw/nccl_bench.json" --benchmark_out_format=json
+  rc=$?
+  record nccl_bench "$rc" "$(seconds_of nccl_bench)" "$(note_of "$rc")"
 fi
 say "done in $(( $(date +%s) - t_start ))s"

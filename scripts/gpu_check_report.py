@@ -284,6 +284,27 @@ def main():
         w("")
     guard("standby", render_standby)
 
+    def render_nccl_bench():
+        # One communicator's lifecycle, alone (nccl_bench).
+        try:
+            bench = json.loads(read(os.path.join(raw, "nccl_bench.json")) or "null")
+        except ValueError:
+            bench = None
+        rows = [b for b in (bench or {}).get("benchmarks", []) if "real_time" in b and not b.get("error_message")]
+        w("#### One communicator's lifecycle (`nccl_bench`, one rank, libnccl "
+          f"{releases[0] if releases else '?'})")
+        w("")
+        if rows:
+            w("| benchmark | time per iteration |")
+            w("|---|---|")
+            for b in rows:
+                w(f"| {b['name']} | {b['real_time']:.1f} {b.get('time_unit', '')} |")
+        else:
+            errors = [b["error_message"] for b in (bench or {}).get("benchmarks", []) if b.get("error_message")]
+            w(f"not measured: {errors[0] if errors else said('nccl_bench')}")
+        w("")
+    guard("nccl_bench", render_nccl_bench)
+
     with open(out_md, "w") as f:
         f.write("\n".join(lines))
     return 0
