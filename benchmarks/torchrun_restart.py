@@ -28,6 +28,12 @@ prints the median and max per setting and, last, one JSON line with everything.
 
 Run with the system Python, which has Debian's torch (python3-torch); exits 2 without it:
   /usr/bin/python3 benchmarks/torchrun_restart.py [--trials 5] [--json out.json]
+
+--backend nccl runs the same job on GPU 0 with NCCL (a PyTorch built for CUDA, e.g. a GPU machine's
+python3 with torch 2.11+cu130): the 4 workers share the GPU, each its own NCCL_HOSTID, so NCCL
+accepts four ranks on one GPU and talks NET/Socket over loopback, as elastic's NCCL scenarios do
+(tests/test_nccl_group.cpp, scripts/gpu_check.sh). --intervals picks the monitor intervals
+(default: "default,0.1").
 Every trial runs in its own temporary directory and process group under a deadline; whatever is
 left when a trial ends (or fails) is SIGKILLed and reaped.
 """
@@ -53,9 +59,13 @@ DEFAULT_MONITOR_INTERVAL_S = 5.0  # torch/distributed/run.py, --monitor_interval
 
 # ---------------------------------------------------------------------------------------------
 # Worker side: runs under torchrun.
-def worker(out_dir):
+def worker(out_dir, backend):
     start_ns = time.monotonic_ns()  # before importing torch: process start as seen by the user
     rank = int(os.environ["RANK"])
+    if backend == "nccl":
+        # Four ranks on one GPU: NCCL refuses two ranks of one host on one GPU, so each rank is a
+        # host of its own (NCCL reads this when the communicator is made, after this line).
+        os.environ["NCCL_HOSTID"] = f"torchrun-restart-host{rank}"
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     path = os.path.join(out_dir, f"rank{rank}.log")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -67,10 +77,14 @@ def worker(out_dir):
     import torch
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", timeout=__import__("datetime").timedelta(seconds=30))
+    device = "cpu"
+    if backend == "nccl":
+        torch.cuda.set_device(0)
+        device = "cuda"
+    dist.init_process_group(backend, timeout=__import__("datetime").timedelta(seconds=30))
     note("init")
     stop = os.path.join(out_dir, "stop")
-    t = torch.ones(1000)
+    t = torch.ones(1000, device=device)
     step = 0
     deadline = time.monotonic() + 120  # a worker never outlives a lost orchestrator by much
     while time.monotonic() < deadline:
@@ -78,7 +92,7 @@ def worker(out_dir):
         note("step", step)
         step += 1
         # Everyone decides to stop at the same step: rank 0 broadcasts the stop flag.
-        flag = torch.tensor([1 if (rank == 0 and os.path.exists(stop)) else 0])
+        flag = torch.tensor([1 if (rank == 0 and os.path.exists(stop)) else 0], device=device)
         dist.broadcast(flag, 0)
         if flag.item():
             break
@@ -129,7 +143,7 @@ def tail(path, chars=3000):
         return f.read()[-chars:]
 
 
-def trial(monitor_interval, index, timeout_s):
+def trial(monitor_interval, index, timeout_s, backend):
     with tempfile.TemporaryDirectory(prefix="torchrun-restart-") as tmp:
         port = free_port()
         cmd = [sys.executable, "-m", "torch.distributed.run",
@@ -143,8 +157,11 @@ def trial(monitor_interval, index, timeout_s):
                "--redirects", "1", "--tee", "2", "--log_dir", os.path.join(tmp, "logs")]
         if monitor_interval is not None:
             cmd += ["--monitor_interval", str(monitor_interval)]
-        cmd += [os.path.abspath(__file__), "--worker", tmp]
+        cmd += [os.path.abspath(__file__), "--worker", tmp, backend]
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+        if backend == "nccl":
+            env.setdefault("NCCL_SOCKET_IFNAME", "lo")
+            env.setdefault("NCCL_IB_DISABLE", "1")
         log_path = os.path.join(tmp, "torchrun.log")
         with open(log_path, "w") as log:
             # Own session: every worker is in torchrun's process group, killed with it on failure.
@@ -203,13 +220,17 @@ def trial(monitor_interval, index, timeout_s):
 
 
 def main():
-    if len(sys.argv) == 3 and sys.argv[1] == "--worker":
-        worker(sys.argv[2])
+    if len(sys.argv) in (3, 4) and sys.argv[1] == "--worker":
+        worker(sys.argv[2], sys.argv[3] if len(sys.argv) == 4 else "gloo")
         return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--trials", type=int, default=5, help="trials per setting (default 5)")
     ap.add_argument("--timeout", type=float, default=120, help="seconds each phase of a trial may take")
     ap.add_argument("--json", help="also write the JSON result to this file")
+    ap.add_argument("--backend", choices=["gloo", "nccl"], default="gloo",
+                    help="the process group's backend (nccl: GPU 0, a torch built for CUDA)")
+    ap.add_argument("--intervals", default="default,0.1",
+                    help='monitor intervals to run, comma-separated seconds or "default" (default: "default,0.1")')
     args = ap.parse_args()
     try:
         import torch  # noqa: F401  (only to fail early and clearly)
@@ -218,15 +239,21 @@ def main():
         return 2
 
     import torch
-    settings = [("default (5 s)", None), ("0.1 s", 0.1)]
+    if args.backend == "nccl" and not torch.cuda.is_available():
+        print(f"torch {torch.__version__} sees no CUDA device: --backend nccl needs one", file=sys.stderr)
+        return 2
+    settings = []
+    for v in args.intervals.split(","):
+        v = v.strip()
+        settings.append(("default (5 s)", None) if v == "default" else (f"{float(v):g} s", float(v)))
     keys = ["first_start", "all_started", "all_initialised", "first_step_any", "first_step_all"]
-    result = {"torch": torch.__version__, "world": WORLD, "trials": args.trials,
+    result = {"torch": torch.__version__, "backend": args.backend, "world": WORLD, "trials": args.trials,
               "step_period_ms": STEP_PERIOD_S * 1000, "nproc": os.cpu_count(),
               "loadavg": os.getloadavg()[0], "settings": {}}
     for name, interval in settings:
         runs = []
         for i in range(args.trials):
-            r = trial(interval, i, args.timeout)
+            r = trial(interval, i, args.timeout, args.backend)
             runs.append(r)
             print(f"monitor_interval {name:14} trial {i}: " +
                   "  ".join(f"{k} {r[k]:8.1f} ms" for k in keys), flush=True)

@@ -8,6 +8,13 @@
 // rebuild the NCCL communicator from a fresh unique id, take rank 0's weights (an NCCL broadcast
 // from device memory) and redo the step; a restarted rank restores the newest checkpoint and is
 // taken in at the next round.
+//
+// The batch is cut into a fixed number of shards, whatever the world size: each rank computes the
+// gradients of its shards into their own slots of a zeroed buffer, the allreduce adds zeros to
+// them (exact), and every rank sums the slots in one order. So the weights are the same bits
+// however many ranks there were at each step, and a disturbed run (scripts/demo_gpu.sh) ends with
+// the weights of an undisturbed one: rank 0 prints their CRC-32C at the end.
+//   --step-sleep-ms N   sleep N ms after each step (to pace a demo)
 #include <unistd.h>
 
 #include <chrono>
@@ -19,6 +26,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <cublas_v2.h>
@@ -26,6 +34,7 @@
 
 #include <elastic/checkpoint.hpp>
 #include <elastic/comm/nccl_group.hpp>
+#include <elastic/crc32c.hpp>
 #include <elastic/env.hpp>
 #include <elastic/rendezvous/open_store.hpp>
 
@@ -77,12 +86,14 @@ struct cuda_stream {
 int main(int argc, char** argv) {
   std::string ckpt = "cuda-ckpt";
   std::uint64_t steps = 1000;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  long step_sleep_ms = 0;
+  for (int i = 1; i < argc; i += 2) {
     const std::string a = argv[i];
-    if (a == "--ckpt") ckpt = argv[i + 1];
-    else if (a == "--steps") steps = std::strtoull(argv[i + 1], nullptr, 10);
+    if (i + 1 < argc && a == "--ckpt") ckpt = argv[i + 1];
+    else if (i + 1 < argc && a == "--steps") steps = std::strtoull(argv[i + 1], nullptr, 10);
+    else if (i + 1 < argc && a == "--step-sleep-ms") step_sleep_ms = std::strtol(argv[i + 1], nullptr, 10);
     else {
-      std::fprintf(stderr, "usage: cuda_train [--ckpt DIR] [--steps N]\n");
+      std::fprintf(stderr, "usage: cuda_train [--ckpt DIR] [--steps N] [--step-sleep-ms N]\n");
       return 2;
     }
   }
@@ -114,7 +125,7 @@ int main(int argc, char** argv) {
     cublas_handle blas(stream.s);
 
     // The dataset, the same on every rank: N samples of D features, y = X w* + noise.
-    constexpr int n = 16384, d = 1024, batch = 1024;
+    constexpr int n = 16384, d = 1024, batch = 1024, shards = 8, shard_rows = batch / shards;
     std::vector<float> x(static_cast<std::size_t>(n) * d), y(n), w_true(d);
     std::mt19937 g(5);
     std::normal_distribution<float> normal(0, 1);
@@ -124,7 +135,7 @@ int main(int argc, char** argv) {
       for (int k = 0; k < d; ++k) dot += (x[static_cast<std::size_t>(i) * d + k] = normal(g) / 32) * w_true[k];
       y[i] = dot + normal(g) * 0.01f;
     }
-    device_floats dx(x.size()), dy(n), dw(d), dgrad(d), dres(batch);
+    device_floats dx(x.size()), dy(n), dw(d), dgrad(d), dres(shard_rows), dslots(static_cast<std::size_t>(d) * shards);
     check(cudaMemcpy(dx.p, x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice), "copy X");
     check(cudaMemcpy(dy.p, y.data(), y.size() * sizeof(float), cudaMemcpyHostToDevice), "copy y");
     check(cudaMemset(dw.p, 0, d * sizeof(float)), "zero w");
@@ -153,29 +164,51 @@ int main(int argc, char** argv) {
     const float lr = 0.5f;
     for (auto& step : loop) {
       const int rank = group.rank(), world = group.size();
-      // This rank's rows of the step's batch.
       const int first = static_cast<int>((step.index() * batch) % n);
-      const int lo = batch * rank / world, hi = batch * (rank + 1) / world, rows = hi - lo;
-      const float* xb = dx.p + static_cast<std::size_t>(first + lo) * d;  // column-major: D x rows
       const float one = 1, zero = 0, minus_one = -1, inv_batch = 1.0f / batch;
-      // residual = X_b w - y_b
-      check(cublasScopy(blas.h, rows, dy.p + first + lo, 1, dres.p, 1), "copy y_b");
-      check(cublasSgemv(blas.h, CUBLAS_OP_T, d, rows, &one, xb, d, dw.p, 1, &minus_one, dres.p, 1), "X_b w - y_b");
-      // grad = X_b^T residual / batch (this rank's share of the batch mean)
-      check(cublasSgemv(blas.h, CUBLAS_OP_N, d, rows, &inv_batch, xb, d, dres.p, 1, &zero, dgrad.p, 1), "gradient");
-      if (!group.allreduce(std::span<float>(dgrad.p, d), elastic::comm::reduce_op::sum)) continue;  // redone
+      // This rank's shards of the step's batch, each into its own slot; the others' slots stay 0.
+      check(cudaMemsetAsync(dslots.p, 0, static_cast<std::size_t>(d) * shards * sizeof(float), stream.s), "zero slots");
+      for (int j = rank; j < shards; j += world) {
+        const int lo = first + j * shard_rows;
+        const float* xb = dx.p + static_cast<std::size_t>(lo) * d;  // column-major: D x rows
+        float* slot = dslots.p + static_cast<std::size_t>(j) * d;
+        // residual = X_j w - y_j
+        check(cublasScopy(blas.h, shard_rows, dy.p + lo, 1, dres.p, 1), "copy y_j");
+        check(cublasSgemv(blas.h, CUBLAS_OP_T, d, shard_rows, &one, xb, d, dw.p, 1, &minus_one, dres.p, 1),
+              "X_j w - y_j");
+        // slot j = X_j^T residual / batch (shard j's share of the batch mean)
+        check(cublasSgemv(blas.h, CUBLAS_OP_N, d, shard_rows, &inv_batch, xb, d, dres.p, 1, &zero, slot, 1), "gradient");
+      }
+      if (!group.allreduce(std::span<float>(dslots.p, static_cast<std::size_t>(d) * shards),
+                           elastic::comm::reduce_op::sum)) {
+        continue;  // redone
+      }
+      // grad = slot 0 + slot 1 + ... in this order on every rank, whatever the world size.
+      check(cublasScopy(blas.h, d, dslots.p, 1, dgrad.p, 1), "grad = slot 0");
+      for (int j = 1; j < shards; ++j) {
+        check(cublasSaxpy(blas.h, d, &one, dslots.p + static_cast<std::size_t>(j) * d, 1, dgrad.p, 1), "grad += slot");
+      }
       step.before_update(stream.s);  // an in-flight snapshot of w must be taken first (stream order)
       const float step_size = -lr;
       check(cublasSaxpy(blas.h, d, &step_size, dgrad.p, 1, dw.p, 1), "w -= lr grad");
       if (rank == 0 && (step.index() + 1) % 100 == 0) {
         float norm = 0;
-        check(cublasSnrm2(blas.h, rows, dres.p, 1, &norm), "residual norm");  // synchronizes the stream
+        check(cublasSnrm2(blas.h, shard_rows, dres.p, 1, &norm), "residual norm");  // synchronizes the stream
         std::printf("step %llu/%llu  ranks %d  rms residual %.4f\n", static_cast<unsigned long long>(step.index() + 1),
-                    static_cast<unsigned long long>(steps), world, norm / std::sqrt(static_cast<float>(rows)));
+                    static_cast<unsigned long long>(steps), world, norm / std::sqrt(static_cast<float>(shard_rows)));
         std::fflush(stdout);
       }
+      if (step_sleep_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(step_sleep_ms));
     }
     check(cudaStreamSynchronize(stream.s), "final sync");
+    if (group.rank() == 0) {
+      std::vector<float> w(d);
+      check(cudaMemcpy(w.data(), dw.p, d * sizeof(float), cudaMemcpyDeviceToHost), "copy w");
+      std::printf("%s at step %llu: weights crc32c %08x\n",
+                  loop.reason() == elastic::loop_reason::preempted ? "preempted (checkpoint written)" : "finished",
+                  static_cast<unsigned long long>(loop.completed_steps()), elastic::crc32c(std::as_bytes(std::span(w))));
+      std::fflush(stdout);
+    }
     return loop.exit_code();
   } catch (const elastic::error& e) {
     std::fprintf(stderr, "cuda_train: %s\n", e.what());

@@ -76,7 +76,10 @@ struct scratch : elastic::test::group_scratch {
 enum class topology { hosts, one_host };
 
 env_list rank_env(const std::string& run, int slot, topology t) {
-  env_list env{{"NCCL_SOCKET_IFNAME", "lo"}, {"NCCL_IB_DISABLE", "1"}, {"NCCL_DEBUG", "WARN"}};
+  // NCCL_DEBUG as set outside (scripts/gpu_check.sh asks for INFO, into NCCL_DEBUG_FILE), else WARN.
+  const char* debug = std::getenv("NCCL_DEBUG");
+  env_list env{{"NCCL_SOCKET_IFNAME", "lo"}, {"NCCL_IB_DISABLE", "1"},
+               {"NCCL_DEBUG", debug != nullptr && *debug != '\0' ? debug : "WARN"}};
   if (t == topology::hosts) {
     env.emplace_back("NCCL_HOSTID", run + "-host" + std::to_string(slot));
   } else {
