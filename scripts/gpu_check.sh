@@ -226,7 +226,9 @@ release_env() {
 # ---- b. the NCCL rebuild scenarios --------------------------------------------------------------
 declare -A case_filter=(
   [kill]="4 ranks on four hosts lose one mid-allreduce*"
+  [kill-standby]="with standby communicators a rank killed mid-allreduce*"
   [hang]="a rank that hangs is revoked away*"
+  [hang-standby]="with standby communicators a rank that hangs*"
   [restart]="a killed rank restarted under its id*")
 scenarios() {  # scenarios RELEASE_INDEX CASES...
   local i="$1" c name logdir
@@ -248,7 +250,7 @@ scenarios() {  # scenarios RELEASE_INDEX CASES...
     record "$name" "$rc" "$(seconds_of "$name")" "$(note_of "$rc")"
   done
 }
-cases=(kill hang restart)
+cases=(kill kill-standby hang hang-standby restart)
 if skipped scenarios; then
   record scenarios 0 0 "skipped (--skip)"
 elif [ ${#releases[@]} -gt 0 ]; then

@@ -17,7 +17,8 @@ import statistics
 import sys
 from datetime import datetime
 
-CASES = [("kill", "SIGKILL inside an allreduce", "3"), ("hang", "SIGSTOP (hang)", "3"),
+CASES = [("kill", "SIGKILL inside an allreduce", "3"), ("kill-standby", "SIGKILL, standby communicators", "3"),
+         ("hang", "SIGSTOP (hang)", "3"), ("hang-standby", "SIGSTOP, standby communicators", "3"),
          ("restart", "the killed rank restarted", "4")]
 FIELDS = [("noticed", "noticed"), ("rendezvous", "rendezvous"), ("connected", "communicator up"),
           ("resynced", "resynced"), ("first step", "first step")]
@@ -185,8 +186,8 @@ def main():
                         why = "no such test case in this build"
                     w(f"| {label} | {rel} | — | — | — | — | — | — | {why} |")
                     continue
-                if key == "kill":
-                    kill_first[rel] = row["first step"] if row["first step"] is not None else row["resynced"]
+                if key in ("kill", "kill-standby"):
+                    kill_first[(rel, key)] = row["first step"] if row["first step"] is not None else row["resynced"]
                 extra = "" if st is None or st[1] == "0" else f" (test: {st[3]})"
                 w(f"| {label} | {rel} | {row['path']} | " + " | ".join(ms(row[k]) for k, _ in FIELDS)
                   + f" | {nccl_summary(os.path.join(raw, 'nccl', f'{rel}-{key}'), world)}{extra} |")
@@ -213,14 +214,15 @@ def main():
         if tr:
             for setting, s in tr.get("settings", {}).items():
                 fa = s["summary"]["first_step_all"]
-                ours = kill_first.get(releases[0]) if releases else None
-                ratio = f"{fa['median_ms'] / ours:.0f} ×" if ours else "—"
-                w(f"| | kill → first step (median / max, ms) |")
-                w("|---|---|")
+                w(f"| | kill → first step (median / max, ms) | torchrun / elastic |")
+                w("|---|---|---|")
                 w(f"| torchrun, torch {tr.get('torch')} {tr.get('backend')}, monitor interval {setting}, "
-                  f"{tr.get('trials')} trials (full restart of all 4) | {ms(fa['median_ms'])} / {ms(fa['max_ms'])} |")
-                w(f"| elastic, kill, libnccl {releases[0] if releases else '?'} (3 survivors, in process) | {ms(ours)} |")
-                w(f"| torchrun / elastic | **{ratio}** |")
+                  f"{tr.get('trials')} trials (full restart of all 4) | {ms(fa['median_ms'])} / {ms(fa['max_ms'])} | |")
+                for key, how in (("kill", "reinit"), ("kill-standby", "standby")):
+                    ours = kill_first.get((releases[0], key)) if releases else None
+                    ratio = f"**{fa['median_ms'] / ours:.0f} ×**" if ours else "—"
+                    w(f"| elastic, kill ({how}), libnccl {releases[0] if releases else '?'} (3 survivors, in "
+                      f"process) | {ms(ours)} | {ratio} |")
         else:
             w(f"not measured: {said('torchrun')}")
         w("")

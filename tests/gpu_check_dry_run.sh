@@ -23,7 +23,8 @@ fail() { echo "gpu_check_dry_run: $*" >&2; exit 1; }
 [ -s "$work/out/logs.tar.gz" ] || fail "no logs.tar.gz"
 grep -q "^| env | libnccl 2.30.7 2.27.7 |" "$table" || fail "the env row does not name both model releases"
 for rel in 2.30.7 2.27.7; do
-  for event in "SIGKILL inside an allreduce" "SIGSTOP (hang)" "the killed rank restarted"; do
+  for event in "SIGKILL inside an allreduce" "SIGKILL, standby communicators" "SIGSTOP (hang)" \
+               "SIGSTOP, standby communicators" "the killed rank restarted"; do
     row="$(grep -F "| $event | $rel |" "$table")" || fail "no row for '$event' on $rel"
     # A path and four measured phases: the scenario ran and its lines were parsed.
     echo "$row" | grep -Eq "^\| [^|]+ \| $rel \| [a-z/]+ \| [-+0-9.,]+ \| [-+0-9.,]+ \| [-+0-9.,]+ \| [-+0-9.,]+ \|" \

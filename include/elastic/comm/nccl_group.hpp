@@ -22,6 +22,7 @@
 #include <chrono>
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include <cuda_runtime_api.h>
 
@@ -81,7 +82,16 @@ class nccl_factory {
   /// The group's rebuild: a standby where every survivor holds one, in place where every rank
   /// can, a fresh init otherwise; then the next round's standbys start building.
   rebuilt<nccl_communicator> rebuild(round_change<nccl_communicator>& change) const {
-    auto made = detail::nccl_round(change, s_, standbys_->before(change)).run();
+    std::vector<std::unique_ptr<nccl_communicator>> spare;  // standbys of no use now
+    struct give_up_spare {  // after the previous communicator, whatever happens (see before())
+      round_change<nccl_communicator>& ch;
+      std::vector<std::unique_ptr<nccl_communicator>>& spare;
+      ~give_up_spare() {
+        ch.give_up(std::move(ch.communicator));
+        for (auto& c : spare) ch.give_up(std::move(c));
+      }
+    } later{change, spare};
+    auto made = detail::nccl_round(change, s_, standbys_->before(change, spare)).run();
     if (made.communicator) standbys_->after(change, *made.communicator, s_);
     return made;
   }

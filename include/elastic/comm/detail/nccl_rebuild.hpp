@@ -156,7 +156,12 @@ class nccl_round {
              std::unique_ptr<nccl_communicator> standby = nullptr)
       : ch_(change), s_(s), world_(change.next.world_size), rank_(change.next.rank), standby_(std::move(standby)) {}
 
-  ~nccl_round() { ch_.give_up(std::move(standby_)); }  // one not switched to is of no more use
+  // A standby not switched to is of no more use; the previous communicator goes first (see
+  // nccl_standbys::before), here too when the rebuild failed half way.
+  ~nccl_round() {
+    ch_.give_up(std::move(ch_.communicator));
+    ch_.give_up(std::move(standby_));
+  }
   nccl_round(const nccl_round&) = delete;
   nccl_round& operator=(const nccl_round&) = delete;
 

@@ -172,8 +172,12 @@ class nccl_standbys {
   [[nodiscard]] int max_world() const noexcept { return max_world_; }
 
   /// Before round change `ch`: this rank's ready standby for it (nullptr: none); the pool stops
-  /// and every other standby goes to ch.discard. Never blocks on a build.
-  std::unique_ptr<nccl_communicator> before(round_change<nccl_communicator>& ch) {
+  /// and every other standby it built goes to `spare`, for the caller to give up AFTER the
+  /// previous communicator: with NCCL < 2.28 an abort frees through cudaFree, which waits for the
+  /// whole device, so one queued before the abort that stops a stuck kernel would wait for ever.
+  /// Never blocks on a build.
+  std::unique_ptr<nccl_communicator> before(round_change<nccl_communicator>& ch,
+                                            std::vector<std::unique_ptr<nccl_communicator>>& spare) {
     std::unique_ptr<nccl_standby_pool> pool;
     {
       std::lock_guard lk(mu_);
@@ -183,12 +187,10 @@ class nccl_standbys {
     if (!pool) return nullptr;
     pool->stop();
     std::unique_ptr<nccl_communicator> out;
-    std::vector<std::unique_ptr<nccl_communicator>> rest;
     const bool same_round = pool->round() == ch.previous.round && pool->rank() == ch.previous.rank &&
                             pool->world() == ch.previous.world_size && run_of(pool->keys()) == run_of(ch.keys);
     const int gone = same_round ? only_departure(ch) : -1;
-    out = pool->take(gone, rest);
-    for (auto& c : rest) ch.give_up(std::move(c));
+    out = pool->take(gone, spare);
     std::lock_guard lk(mu_);
     stopping_.push_back(std::move(pool));
     return out;
