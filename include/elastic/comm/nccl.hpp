@@ -22,11 +22,12 @@
 // grow and every collective return at once and we poll against a deadline. A watcher thread polls
 // the asynchronous error every few milliseconds, so a peer's failure flips ok() false even between
 // collectives. A collective also runs inside an elastic::expires(timeout + margin) scope.
-// Every NCCL call but ncclCommAbort goes through one process-wide lock (detail::nccl_call): two
-// threads inside one communicator are forbidden, and so is issuing operations to communicators
-// of one device from several threads at once. An abort runs outside it, alone on its own
-// communicator (comm_mu_): it joins NCCL's threads, which takes hundreds of ms, and must not
-// hold up the calls that build and use the next communicator (see detail::abort_handle).
+// Every NCCL call goes through one process-wide lock (detail::nccl_call): two threads inside one
+// communicator are forbidden, and so is issuing operations to communicators of one device from
+// several threads at once. The exception is abort() of a whole communicator: once its
+// asynchronous jobs have settled it runs outside the lock, alone on its communicator (comm_mu_),
+// since it joins NCCL's threads (hundreds of ms) and must not hold up the calls that build and
+// use the next communicator (see detail::abort_settled).
 //
 // Recovery (detail::recovery_calls(): what the loaded libnccl exports, less known-bad releases):
 //   revoke()  stops in-flight work (ncclCommRevoke, 2.28.7) and keeps the handle for shrink(): what
@@ -173,7 +174,7 @@ class nccl_communicator {
   /// frees its events, stream and device memory on its own device.
   ~nccl_communicator() {
     detail::cuda::device_switch on(device_);  // the teardown may run on a thread that never set one
-    abort();
+    give_up(true);
     done_ = {};
     ready_ = {};
     scratch_ = {};
@@ -201,17 +202,7 @@ class nccl_communicator {
 
   /// Gives the communicator up: stops the watcher, ncclCommAbort (in-flight work on the GPU is
   /// cancelled, resources freed) with its device current. Every later call throws. Never throws.
-  void abort() noexcept {
-    aborted_.store(true, std::memory_order_release);
-    failed_.store(true, std::memory_order_release);
-    std::lock_guard once(abort_mu_);  // two threads aborting at once must not both join
-    watcher_.stop();  // the watcher never calls abort(), so this never joins its own thread
-    std::lock_guard lk(comm_mu_);
-    if (comm_ == nullptr) return;
-    detail::cuda::device_switch on(device_);
-    detail::abort_handle(comm_);
-    comm_ = nullptr;
-  }
+  void abort() noexcept { give_up(false); }
 
   /// Stops this communicator's in-flight work without freeing it, so that shrink() can follow:
   /// what a survivor calls when the rendezvous reports a departure while a collective may wait
@@ -404,6 +395,29 @@ class nccl_communicator {
     scratch_ = detail::cuda::device_bytes(scratch_bytes);
   }
 
+  // abort(), or the destructor's teardown (`teardown`): the destructor runs on the group's
+  // teardown thread beside the next communicator's calls, so its ncclCommAbort goes outside the
+  // process-wide lock once the communicator has no asynchronous job in flight (a revoke still
+  // draining is waited for, briefly; any other job, a shrink stuck on a peer say, gets the
+  // locked abort at once). abort() is for giving up now, from any thread: always locked.
+  void give_up(bool teardown) noexcept {
+    aborted_.store(true, std::memory_order_release);
+    failed_.store(true, std::memory_order_release);
+    std::lock_guard once(abort_mu_);  // two threads aborting at once must not both join
+    watcher_.stop();  // the watcher never calls abort(), so this never joins its own thread
+    std::lock_guard lk(comm_mu_);
+    if (comm_ == nullptr) return;
+    detail::cuda::device_switch on(device_);
+    if (!teardown) {
+      detail::abort_handle(comm_);
+    } else {
+      const bool draining = revoke_draining_.load(std::memory_order_acquire) && !shrink_started_;
+      detail::abort_settled(comm_, draining ? std::min(timeout_, std::chrono::milliseconds(2000))
+                                            : std::chrono::milliseconds(0));
+    }
+    comm_ = nullptr;
+  }
+
   // Staging for `bytes` of host collective: the scratch when it fits, else `own`, made now.
   void* staging_for(std::size_t bytes, detail::cuda::device_bytes& own) {
     if (bytes <= scratch_bytes) return scratch_.get();
@@ -483,6 +497,7 @@ class nccl_communicator {
     // here): NCCL_SHRINK_ABORT stops it first. A healthy or revoked one has none outstanding.
     const bool stuck = !ok() && !revoked_.load(std::memory_order_acquire);
     const int flags = stuck ? detail::nccl_shrink_abort : detail::nccl_shrink_default;
+    shrink_started_ = true;
     ncclConfig_t config = nonblocking_config();
     const ncclResult_t r = detail::nccl_call([&] {
       return detail::nccl_shrink_fn()(comm_, excluded.data(), static_cast<int>(excluded.size()), &slot.comm, &config,
@@ -590,6 +605,7 @@ class nccl_communicator {
     if (comm_ == nullptr || revoked_.load(std::memory_order_acquire) || !can_revoke()) return;
     revoked_.store(true, std::memory_order_release);
     const ncclResult_t r = detail::nccl_call([&] { return detail::nccl_revoke_fn()(comm_, detail::nccl_revoke_default); });
+    if (r == ncclInProgress) revoke_draining_.store(true, std::memory_order_release);
     if (r == ncclSuccess || r == ncclInProgress) return;
     // ncclCommRevoke ends by reporting the communicator's asynchronous state, so a network error
     // the communicator already carried (sticky) comes back here though the revoke took place.
@@ -768,6 +784,8 @@ class nccl_communicator {
   std::atomic<bool> aborted_{false};
   std::atomic<bool> revoked_by_caller_{false};
   std::atomic<bool> async_failed_{false};  // ncclCommGetAsyncError reported an error (sticky in NCCL)
+  std::atomic<bool> revoke_draining_{false};  // ncclCommRevoke answered ncclInProgress: its job drains
+  bool shrink_started_ = false;  // ncclCommShrink was called (its job may hold the state): under comm_mu_
   mutable std::mutex error_mu_;
   std::optional<error> last_error_;
   std::mutex abort_mu_;

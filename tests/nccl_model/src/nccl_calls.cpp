@@ -20,11 +20,22 @@ struct inside_call {
   const char* api;
   ncclComm_t comm;
 };
+struct abort_call {
+  unsigned long thread;  // the thread aborting
+  bool pending;          // the communicator had an asynchronous job in flight (state ncclInProgress)
+};
 struct process_calls {
   std::mutex mu;
-  std::map<unsigned long, inside_call> inside;     // pthread_self() -> its call
-  std::map<ncclComm_t, unsigned long> aborting;    // communicator -> the thread aborting it
+  std::map<unsigned long, inside_call> inside;  // pthread_self() -> its call
+  std::map<ncclComm_t, abort_call> aborting;    // communicator -> its abort
 };
+
+// Why the rule is what it is, for the messages.
+constexpr const char* abort_rule_source =
+    "NCCL user guide, Fault Tolerance: 'make sure no thread is calling any NCCL operations while calling "
+    "ncclCommAbort'; real NCCL 2.28.9 tolerated an abort beside calls on other communicators only when the "
+    "aborted one had no asynchronous job in flight (a revoke still draining: pthread_join failed with ESRCH "
+    "and a rank crashed, scripts/gpu_check.sh on an H200, 2026-11-27): see README.md";
 
 process_calls& calls() {
   static auto* p = new process_calls();
@@ -40,10 +51,10 @@ std::string thread_text(unsigned long t) { return strprintf("thread %#lx", t); }
 std::string this_thread_name() { return thread_text(me()); }
 
 api_call::api_call(const char* api, ncclComm_t h, kind k, bool tolerate_dead) : api_(api), handle_(h) {
+  handle_status st{};
+  if (h != nullptr) comm_ = find_comm(h, &st);
   enter_process(k);
   if (h == nullptr) return;
-  handle_status st{};
-  comm_ = find_comm(h, &st);
   if (!comm_) {
     bad_handle_ = true;
     if (!tolerate_dead && contract::enabled(rule::dead_handle)) {
@@ -63,32 +74,32 @@ api_call::api_call(const char* api, ncclComm_t h, kind k, bool tolerate_dead) : 
 void api_call::enter_process(kind k) {
   process_calls& p = calls();
   std::lock_guard lk(p.mu);
-  if (handle_ != nullptr && contract::enabled(rule::abort_alone)) {
-    if (const auto a = p.aborting.find(handle_); a != p.aborting.end() && a->second != me()) {
+  if (contract::enabled(rule::abort_alone)) {
+    // A call beside an abort: never on the communicator aborted; on another one only when the
+    // aborted one had no asynchronous job in flight.
+    for (const auto& [c, a] : p.aborting) {
+      if (a.thread == me() || (c != handle_ && !a.pending)) continue;
       contract::violation(rule::abort_alone,
-                          strprintf("%s while ncclCommAbort runs on %s on the same communicator", api_,
-                                    thread_text(a->second).c_str()),
-                          this_thread_name() + ", pid " + std::to_string(::getpid()),
-                          "no call may use a communicator while ncclCommAbort runs on it (NCCL user guide, Fault "
-                          "Tolerance: 'make sure no thread is calling any NCCL operations while calling "
-                          "ncclCommAbort'; read as the communicator being aborted: see README.md)");
+                          strprintf("%s while ncclCommAbort runs on %s %s", api_, thread_text(a.thread).c_str(),
+                                    c == handle_ ? "on the same communicator"
+                                                 : "on a communicator whose asynchronous job was in flight"),
+                          this_thread_name() + ", pid " + std::to_string(::getpid()), abort_rule_source);
     }
   }
+  const bool pending = k == kind::abort && comm_ && comm_->async.load(std::memory_order_acquire) == ncclInProgress;
   if (k == kind::abort && contract::enabled(rule::abort_alone)) {
     for (const auto& [t, call] : p.inside) {
-      if (t == me() || call.comm != handle_) continue;
+      if (t == me() || (call.comm != handle_ && !pending)) continue;
       contract::violation(rule::abort_alone,
-                          strprintf("ncclCommAbort while %s is inside %s on the same communicator",
-                                    thread_text(t).c_str(), call.api),
-                          this_thread_name() + ", pid " + std::to_string(::getpid()),
-                          "ncclCommAbort must not run beside another call on its communicator (NCCL user guide, "
-                          "Fault Tolerance: 'make sure no thread is calling any NCCL operations while calling "
-                          "ncclCommAbort'; read as the communicator being aborted: see README.md)");
+                          strprintf("ncclCommAbort while %s is inside %s %s", thread_text(t).c_str(), call.api,
+                                    call.comm == handle_ ? "on the same communicator"
+                                                         : "(the aborted communicator's asynchronous job is in flight)"),
+                          this_thread_name() + ", pid " + std::to_string(::getpid()), abort_rule_source);
     }
   }
   p.inside[me()] = {api_, handle_};
   if (k == kind::abort && handle_ != nullptr) {
-    p.aborting[handle_] = me();
+    p.aborting[handle_] = {me(), pending};
     aborting_ = true;
   }
 }

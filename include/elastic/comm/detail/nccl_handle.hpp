@@ -55,15 +55,51 @@ inline ncclResult_t async_state(ncclComm_t comm) {
   });
 }
 
-/// Aborts `comm` (nullptr: nothing), which no other thread may be using: the caller owns it (a
-/// communicator's comm_mu_, a handle half-made by this thread). Outside the process-wide NCCL lock:
-/// ncclCommAbort ends by joining the communicator's proxy and UDS threads, which sleep in 500 ms
-/// polls (src/proxy.cc), and the thread building the next communicator must not wait for that.
-/// NCCL's rule is about the communicator being aborted (no call on it meanwhile); aborting one
-/// communicator while another thread uses another, independent one (no splitShare/shrinkShare,
-/// which we never set) is what PyTorch's watchdog does too. Never throws.
+/// Aborts `comm` (nullptr: nothing) under the process-wide NCCL lock, as NCCL's guide asks ("make
+/// sure no thread is calling any NCCL operations while calling ncclCommAbort"): for handles that
+/// may have an asynchronous job in flight (half-made ones, a creation given up). Never throws.
 inline void abort_handle(ncclComm_t comm) noexcept {
   if (comm == nullptr) return;
+  try {
+    nccl_call([&] { return ncclCommAbort(comm); });
+  } catch (...) {
+  }
+}
+
+/// Aborts `comm`, which no other thread may be using (its owner's lock is held), first letting any
+/// asynchronous job of it settle (a revoke draining its kernels: polled under the lock, up to
+/// `patience`), then WITHOUT the process-wide lock: ncclCommAbort ends by joining NCCL's proxy and
+/// UDS threads, which sleep in 500 ms polls (src/proxy.cc), and the thread building the next
+/// communicator must not wait for that. On NCCL 2.28.9 an abort beside other threads' calls
+/// crashed a rank (pthread_join ESRCH inside NCCL) when the aborted communicator's revoke job was
+/// still in flight, never once it had settled (scripts/gpu_check.sh on an H200, 2026-11-27). A job
+/// that does not settle in time gets the locked abort. Never throws.
+inline void abort_settled(ncclComm_t comm, std::chrono::milliseconds patience) noexcept {
+  if (comm == nullptr) return;
+  try {
+    const auto until = std::chrono::steady_clock::now() + patience;
+    bool settled = false;
+    for (;;) {
+      const ncclResult_t state = nccl_call([&] {
+        ncclResult_t st = ncclSuccess;
+        const ncclResult_t r = ncclCommGetAsyncError(comm, &st);
+        return r != ncclSuccess ? r : st;
+      });
+      if (state != ncclInProgress) {
+        settled = true;
+        break;
+      }
+      if (std::chrono::steady_clock::now() >= until) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (!settled) {
+      abort_handle(comm);
+      return;
+    }
+  } catch (...) {
+    abort_handle(comm);
+    return;
+  }
   (void)ncclCommAbort(comm);
 }
 

@@ -167,11 +167,11 @@ inline const nccl_recovery_calls& recovery_calls() {
   return c;
 }
 
-/// Every NCCL call of the library but ncclCommAbort holds this lock: NCCL forbids two threads
-/// inside one communicator, and issuing operations to communicators of one device from several
-/// threads at once; all our calls are non-blocking (microseconds), so one process-wide lock is
-/// the simple way to keep both rules while watcher threads poll. An abort (which joins NCCL's
-/// threads: hundreds of ms) runs outside it, alone on its communicator (abort_handle). It is
+/// Every NCCL call of the library holds this lock: NCCL forbids two threads inside one
+/// communicator, any call while ncclCommAbort runs, and issuing operations to communicators of one
+/// device from several threads at once; all our calls are non-blocking (microseconds), so one
+/// process-wide lock is the simple way to keep these rules while watcher threads poll. The one
+/// exception, the abort of a settled communicator (abort_settled), is explained there. It is
 /// process-wide state because the library it guards is. Recursive: building an error message
 /// asks NCCL for its last error under the same lock.
 inline std::recursive_mutex& nccl_api_mutex() noexcept {

@@ -46,6 +46,9 @@ namespace elastic::inline v1::comm::detail {
 /// The standbys of one round on this rank: built on a thread of their own.
 class nccl_standby_pool {
  public:
+  /// How long after the round formed the building starts.
+  static constexpr std::chrono::milliseconds build_delay{1000};
+
   /// Starts building, for round `round` (store keys `keys`) in which this rank is `rank` of
   /// `world`, the communicators without each other member.
   nccl_standby_pool(rendezvous::store& store, std::string keys, std::int64_t round, int rank, int world,
@@ -95,6 +98,13 @@ class nccl_standby_pool {
 
  private:
   void build_all(const std::stop_token& st) noexcept {
+    // Not at once: the round's first steps (a resync, the first collectives, the previous
+    // communicator's teardown) would share the CPU, the GPU and NCCL's lock with the build
+    // (on the H200 a standby switch's first step came 200 ms later than a fresh init's).
+    const auto start = std::chrono::steady_clock::now() + build_delay;
+    while (!st.stop_requested() && std::chrono::steady_clock::now() < start) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
     for (int m = 0; m < world_ && !st.stop_requested(); ++m) {
       if (m == rank_) continue;
       try {
