@@ -291,6 +291,33 @@ TEST_CASE("a survivor whose replicated state differs from rank 0's makes the res
   }
 }
 
+TEST_CASE("with resync_mode::broadcast the state moves after a kill even when the survivors hold the same") {
+  std::string transcript;
+  std::vector<std::string> perturbed;
+  const auto resyncs = lose_one_before_allreduce("always", {"--resync-mode", "1"}, transcript, perturbed);
+  INFO(transcript);
+  REQUIRE(resyncs.size() == 3);
+  for (const auto& e : resyncs) {
+    INFO(e);
+    CHECK(e.find("\"compared\":false") != std::string::npos);
+    CHECK(e.find("\"skipped\":false") != std::string::npos);
+    CHECK(e.find("\"bytes\":0,") == std::string::npos);
+  }
+}
+
+TEST_CASE("a group refuses a resync mode it does not know, with a clear error") {
+  scratch s;
+  fleet f(ELASTIC_GROUP_WORKER, s.url, "badmode", fast, s.events);
+  const auto i = f.start("w0", {"--dir", s.ckpt, "--steps", "5", "--min", "1", "--max", "1", "--resync-mode", "7"});
+  REQUIRE(f.wait_until([&] { return f.all_ended({i}); }, 60s));
+  INFO(f.transcript(i));
+  CHECK(exit_code_of(f[i].status) == 3);
+  const auto err = f.find(i, "error ");
+  REQUIRE(err);
+  CHECK(field(*err, "code") == "invalid_argument");
+  CHECK(err->find("resync 7 must be resync_mode::compare or resync_mode::broadcast") != std::string::npos);
+}
+
 TEST_CASE("a rank that hangs (SIGSTOP) is dropped by its peers and killed by the watchdog") {
   const std::uint64_t steps = 60;
   const std::string want = reference_crc(fast, steps);

@@ -79,10 +79,15 @@ int main(int argc, char** argv) {
   long long shard = 0;
   long long stop_in_connect = 0;  // a hang in the connect of this round's communicator
   long long perturb_after = -1;   // a rank other than 0 diverges after this step (a resync must mend it)
+  long long resync_mode = 0;      // group_options::resync, as its number (1: broadcast)
   const job_options o = elastic::test::parse_job_options(argc, argv, "elastic_group_worker", {},
                                                          [&](const std::string& name, long long v) {
                                                            if (name == "--shard") {
                                                              shard = v;
+                                                             return true;
+                                                           }
+                                                           if (name == "--resync-mode") {
+                                                             resync_mode = v;
                                                              return true;
                                                            }
                                                            if (name == "--perturb-after") {
@@ -121,7 +126,9 @@ int main(int argc, char** argv) {
           }
           return gloo(s, r);
         };
-    comm::gloo_group group(*store, elastic::test::group_options_of(o), std::move(connect));
+    comm::group_options go = elastic::test::group_options_of(o);
+    go.resync = static_cast<comm::resync_mode>(resync_mode);
+    comm::gloo_group group(*store, go, std::move(connect));
     elastic::training_loop loop({.dir = o.dir,
                                  .steps = o.steps,
                                  .every_steps = o.every,
