@@ -538,7 +538,7 @@ class elastic_group final : public group_hook {
                             ? std::optional<detail::resynced>(detail::resynced{step})
                             : detail::resync_state<Comm>(runner, rank(), size(), step, st, shards_valid_,
                                                          !resynced_ && step > 0, link_.restore, replicas_.get(),
-                                                         opts_.resync, &hash_staging_);
+                                                         opts_.resync, &resync_staging_);
     if (!agreed) return std::nullopt;
     resynced_ = true;
     last_.resynced_ns = internal::monotonic_ns();
@@ -642,7 +642,7 @@ class elastic_group final : public group_hook {
   // Peer-memory replicas of the partitioned state (made at the first resync that has some);
   // the checkpointer's copier thread hands it snapshots (keep), after it exists.
   std::unique_ptr<detail::peer_replicas> replicas_;
-  detail::hash_staging hash_staging_;  // pinned, for hashing device state at a resync: made once
+  detail::resync_staging resync_staging_;  // a resync's device and pinned staging: made once, kept
   std::optional<detail::flight_recorder> flight_;  // the training thread's: it issues the collectives
   bool deadline_raised_ = false;  // collective_deadline_raised was said
   std::uint64_t collectives_ = 0;   // entered in this round
