@@ -222,15 +222,24 @@ std::vector<std::string> lose_one_before_allreduce(const std::string& run, const
   const std::uint64_t steps = 40;
   const std::string want = reference_crc(fast, steps);
   scratch s;
-  fleet f(ELASTIC_GROUP_WORKER, s.url, run, fast, s.events);
+  // A last call of 3 s: the first round waits for all four (a worker slow to start would join
+  // later as a newcomer, under another rank, restored from a checkpoint).
+  auto common = fast;
+  common.insert(common.end(), {"--last-call-ms", "3000"});
+  fleet f(ELASTIC_GROUP_WORKER, s.url, run, common, s.events);
   std::vector<std::string> args{"--dir", s.ckpt, "--steps", std::to_string(steps), "--min", "2", "--max", "4",
                                 "--die-at", "20", "--die-rank", "2"};
   args.insert(args.end(), perturb.begin(), perturb.end());
   start_workers(f, 4, args, {});
   const bool ended = f.wait_until([&] { return f.all_ended({0, 1, 2, 3}); }, 120s);
-  transcript = f.transcript(0) + f.transcript(1) + f.transcript(2) + f.transcript(3);
+  transcript = f.transcript(0, 80) + f.transcript(1, 80) + f.transcript(2, 80) + f.transcript(3, 80);
   INFO(transcript);
   REQUIRE(ended);
+  for (std::size_t i = 0; i < 4; ++i) {
+    const auto joined = f.find(i, "joined ");
+    REQUIRE(joined);
+    REQUIRE(field(*joined, "world") == "4");  // the premise: one group of four from the start
+  }
   std::vector<std::size_t> survivors;
   for (std::size_t i = 0; i < 4; ++i) {
     if (f[i].status && WIFSIGNALED(*f[i].status)) {

@@ -12,8 +12,9 @@
 //   step=N world=W rank=r t=<CLOCK_MONOTONIC ns> crc=<crc32c of the weights>   (N steps done)
 //   rebuilt round=R world=W rank=r cause=<...> noticed=<ns> met=<ns> connected=<ns> resynced=<ns>
 //   killing t=<ns>                      (--kill-self-at, --die-at: just before the SIGKILL)
-//   perturbed step=N rank=r             (--perturb-after I: this rank, not rank 0, flipped a bit of
-//                                        a weight after step I's update; N = I + 1 steps done)
+//   perturbed step=N rank=r             (--perturb-after I: this rank, not rank 0 of the full group
+//                                        (--max), flipped a bit of a weight after step I's update;
+//                                        N = I + 1 steps done)
 //   stopping t=<ns>                     (--stop-self-at: just before the SIGSTOP)
 //   stopping round=R t=<ns>             (--stop-in-connect-round R: just before the SIGSTOP, when
 //                                        round R formed and before its communicator connects)
@@ -159,7 +160,8 @@ int main(int argc, char** argv) {
       hist.recent.push_back(crc);
       if (hist.recent.size() > 8) hist.recent.erase(hist.recent.begin());
       elastic::test::report_step(idx + 1, group.size(), group.rank(), crc);
-      if (perturb_after >= 0 && idx == static_cast<std::uint64_t>(perturb_after) && group.rank() != 0) {
+      if (perturb_after >= 0 && idx == static_cast<std::uint64_t>(perturb_after) && group.rank() != 0 &&
+          group.size() == o.max) {
         // One bit of one weight, after the update (so before any rebuild that comes next): only
         // rank 0's state, broadcast at the resync, can mend it.
         std::uint32_t bits;
