@@ -130,8 +130,9 @@ bool broadcast_device(Run& run, const checkpoint::entry& e, int root) {
 /// (a newcomer's first resync), for the event. With `mode` compare (rank 0's decides whether the
 /// group compares) the replicated state moves only when some rank's step or hash differs from
 /// rank 0's; `staging` (kept by the group across rebuilds) carries device buffers to the host to
-/// be hashed, and the host words of a device communicator's collectives. Nothing when a collective failed on the way. Throws errc::mismatch when this rank
-/// registered other state than rank 0.
+/// be hashed, and the host words of a device communicator's collectives. Nothing when a
+/// collective failed on the way. Throws errc::mismatch when this rank registered other state
+/// than rank 0.
 template <class Comm, class Run>
 std::optional<resynced> resync_state(Run& run, int rank, int world, std::uint64_t step, checkpoint::state& st,
                                      bool& shards_valid, bool restored, const checkpoint::restore_fn& restore,
@@ -151,7 +152,10 @@ std::optional<resynced> resync_state(Run& run, int rank, int world, std::uint64_
       hash = replicated_hash(st, device);
       hashed = true;
     } catch (const error& e) {
-      out.hash_error = e.what();  // counted as differing: the state then moves as without compare
+      // The device could not be read or staged (a state the group cannot move at all throws
+      // on): counted as differing, the state then moves as without compare.
+      if (e.code() != errc::device_error && e.code() != errc::capacity_exhausted) throw;
+      out.hash_error = e.what();
     }
     out.hash_ns = internal::monotonic_ns() - t0;
   }
