@@ -204,6 +204,129 @@ TEST_CASE("a killed rank restarted under its id rejoins: the group is back to 4 
   std::printf("restart -> rejoined the group of 4: %.1f ms\n", (num(*joined, "t") - t_restart) / 1e6);
 }
 
+namespace {
+
+/// The group_resynced events of round `round` in the events file `path`, one per rank.
+std::vector<std::string> resyncs_of_round(const std::string& path, const std::string& round) {
+  auto all = elastic::test::events_named(path, "group_resynced");
+  std::erase_if(all, [&](const std::string& e) { return e.find("\"round\":" + round + ",") == std::string::npos; });
+  return all;
+}
+
+/// Runs 4 workers of which the group's rank 2 dies before the allreduce of step 20 (every
+/// worker given `perturb` too, so that rank 0 stays rank 0 whoever it is); checks that the 3
+/// survivors finish with the undisturbed weights and returns the group_resynced events of the
+/// round they rebuilt into, and the survivors' "perturbed" lines.
+std::vector<std::string> lose_one_before_allreduce(const std::string& run, const std::vector<std::string>& perturb,
+                                                   std::string& transcript, std::vector<std::string>& perturbed) {
+  const std::uint64_t steps = 40;
+  const std::string want = reference_crc(fast, steps);
+  scratch s;
+  // A last call of 3 s: the first round waits for all four (a worker slow to start would join
+  // later as a newcomer, under another rank, restored from a checkpoint).
+  auto common = fast;
+  common.insert(common.end(), {"--last-call-ms", "3000"});
+  fleet f(ELASTIC_GROUP_WORKER, s.url, run, common, s.events);
+  std::vector<std::string> args{"--dir", s.ckpt, "--steps", std::to_string(steps), "--min", "2", "--max", "4",
+                                "--die-at", "20", "--die-rank", "2"};
+  args.insert(args.end(), perturb.begin(), perturb.end());
+  start_workers(f, 4, args, {});
+  const bool ended = f.wait_until([&] { return f.all_ended({0, 1, 2, 3}); }, 120s);
+  transcript = f.transcript(0, 80) + f.transcript(1, 80) + f.transcript(2, 80) + f.transcript(3, 80);
+  INFO(transcript);
+  REQUIRE(ended);
+  for (std::size_t i = 0; i < 4; ++i) {
+    const auto joined = f.find(i, "joined ");
+    REQUIRE(joined);
+    REQUIRE(field(*joined, "world") == "4");  // the premise: one group of four from the start
+  }
+  std::vector<std::size_t> survivors;
+  for (std::size_t i = 0; i < 4; ++i) {
+    if (f[i].status && WIFSIGNALED(*f[i].status)) {
+      CHECK(f.find(i, "killing "));
+    } else {
+      survivors.push_back(i);
+    }
+  }
+  REQUIRE(survivors.size() == 3);
+  for (auto i : survivors) {
+    check_finished(f, i, steps, want, "3");
+    if (auto p = f.find(i, "perturbed ")) perturbed.push_back(*p);
+  }
+  const auto rebuilt = f.find(survivors.front(), "rebuilt ", [](auto& l) { return field(l, "world") == "3"; });
+  REQUIRE(rebuilt);
+  return resyncs_of_round(s.events, field(*rebuilt, "round"));
+}
+
+}  // namespace
+
+TEST_CASE("survivors that hold the same state after a kill compare hashes and skip the bulk resync") {
+  std::string transcript;
+  std::vector<std::string> perturbed;
+  const auto resyncs = lose_one_before_allreduce("same", {}, transcript, perturbed);
+  INFO(transcript);
+  // Every survivor was at step 20 with the same weights: one small allreduce proved it, and
+  // nothing of the replicated state moved; the weights still end as the undisturbed run's.
+  REQUIRE(resyncs.size() == 3);
+  std::printf("resync of equal survivors: %s\n", resyncs.front().c_str());
+  for (const auto& e : resyncs) {
+    INFO(e);
+    CHECK(e.find("\"compared\":true") != std::string::npos);
+    CHECK(e.find("\"skipped\":true") != std::string::npos);
+    CHECK(e.find("\"differing\":0,") != std::string::npos);
+    CHECK(e.find("\"bytes\":0,") != std::string::npos);
+    CHECK(e.find("\"hash_ms\":") != std::string::npos);
+  }
+}
+
+TEST_CASE("a survivor whose replicated state differs from rank 0's makes the resync broadcast, and every rank ends "
+          "with rank 0's state") {
+  std::string transcript;
+  std::vector<std::string> perturbed;
+  const auto resyncs = lose_one_before_allreduce("diverged", {"--perturb-after", "19"}, transcript, perturbed);
+  INFO(transcript);
+  // Every survivor but rank 0 flipped a bit of one weight after step 19, the last one of 4: they
+  // differed, the state moved, and (checked above) every survivor ended with the undisturbed
+  // weights.
+  REQUIRE(perturbed.size() == 2);
+  REQUIRE(resyncs.size() == 3);
+  std::printf("resync after a divergence: %s\n", resyncs.front().c_str());
+  for (const auto& e : resyncs) {
+    INFO(e);
+    CHECK(e.find("\"compared\":true") != std::string::npos);
+    CHECK(e.find("\"skipped\":false") != std::string::npos);
+    CHECK(e.find("\"differing\":" + std::to_string(perturbed.size()) + ",") != std::string::npos);
+    CHECK(e.find("\"bytes\":0,") == std::string::npos);
+  }
+}
+
+TEST_CASE("with resync_mode::broadcast the state moves after a kill even when the survivors hold the same") {
+  std::string transcript;
+  std::vector<std::string> perturbed;
+  const auto resyncs = lose_one_before_allreduce("always", {"--resync-mode", "1"}, transcript, perturbed);
+  INFO(transcript);
+  REQUIRE(resyncs.size() == 3);
+  for (const auto& e : resyncs) {
+    INFO(e);
+    CHECK(e.find("\"compared\":false") != std::string::npos);
+    CHECK(e.find("\"skipped\":false") != std::string::npos);
+    CHECK(e.find("\"bytes\":0,") == std::string::npos);
+  }
+}
+
+TEST_CASE("a group refuses a resync mode it does not know, with a clear error") {
+  scratch s;
+  fleet f(ELASTIC_GROUP_WORKER, s.url, "badmode", fast, s.events);
+  const auto i = f.start("w0", {"--dir", s.ckpt, "--steps", "5", "--min", "1", "--max", "1", "--resync-mode", "7"});
+  REQUIRE(f.wait_until([&] { return f.all_ended({i}); }, 60s));
+  INFO(f.transcript(i));
+  CHECK(exit_code_of(f[i].status) == 3);
+  const auto err = f.find(i, "error ");
+  REQUIRE(err);
+  CHECK(field(*err, "code") == "invalid_argument");
+  CHECK(err->find("resync 7 must be resync_mode::compare or resync_mode::broadcast") != std::string::npos);
+}
+
 TEST_CASE("a rank that hangs (SIGSTOP) is dropped by its peers and killed by the watchdog") {
   const std::uint64_t steps = 60;
   const std::string want = reference_crc(fast, steps);

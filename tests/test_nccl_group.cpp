@@ -219,6 +219,19 @@ void start_four(fleet& f, const std::string& run, topology t, const std::vector<
   }
 }
 
+/// The group_resynced events of the round worker i rebuilt into first, printed (a GPU run
+/// reports whether the state moved and what hashing it cost).
+std::vector<std::string> first_rebuild_resyncs(fleet& f, std::size_t i, const std::string& events, const char* what) {
+  const auto rebuilt = f.find(i, "rebuilt ");
+  if (!rebuilt) return {};
+  auto all = elastic::test::events_named(events, "group_resynced");
+  std::erase_if(all, [&](const std::string& e) {
+    return e.find("\"round\":" + field(*rebuilt, "round") + ",") == std::string::npos;
+  });
+  for (const auto& e : all) std::printf("%s: %s\n", what, e.c_str());
+  return all;
+}
+
 std::string transcripts(fleet& f) {
   std::string out;
   for (std::size_t i = 0; i < f.size(); ++i) out += f.transcript(i, 20);
@@ -248,6 +261,11 @@ TEST_CASE("4 ranks on four hosts lose one mid-allreduce: the 3 survivors rebuild
   print_rebuilds(f, {0, 1, 3}, num(*killed, "t"), "kill, four hosts");
   print_teardowns(s.events, "kill, four hosts");
   for (std::size_t i : {0, 1, 3}) check_finished(f, i, steps, want, "3");
+  // Whether the survivors held one state depends on how far the dead rank's allreduce got: the
+  // resync compared and moved the state only if not (printed, not asserted).
+  for (const auto& e : first_rebuild_resyncs(f, 0, s.events, "kill, four hosts, resync")) {
+    CHECK(e.find("\"compared\":true") != std::string::npos);
+  }
   // Every survivor took the same path. Over sockets the dead rank's neighbours carry a network
   // error, which NCCL's shrink refuses: so "shrink" where it was accepted, else "reinit".
   const auto p0 = paths_of(f, 0);
@@ -303,6 +321,15 @@ TEST_CASE("a rank that hangs is revoked away: the 3 survivors shrink, and the wa
   REQUIRE(stopped);
   print_rebuilds(f, {0, 2, 3}, num(*stopped, "t"), "hang");
   print_teardowns(s.events, "hang");
+  // The hung rank never entered step 15's allreduce, so no survivor finished it: they held one
+  // state, proved it by hashes (the device weights hashed through pinned staging) and moved none.
+  const auto resyncs = first_rebuild_resyncs(f, 0, s.events, "hang, resync");
+  CHECK(resyncs.size() == 3);
+  for (const auto& e : resyncs) {
+    INFO(e);
+    CHECK(e.find("\"skipped\":true") != std::string::npos);
+    CHECK(e.find("\"bytes\":0,") != std::string::npos);
+  }
   for (std::size_t i : {0, 2, 3}) {
     check_finished(f, i, steps, want, "3");
     // Its sockets stay open while it is stopped: nothing breaks, the departure revokes, and the

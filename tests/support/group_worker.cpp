@@ -11,7 +11,10 @@
 //   joined round=R rank=r world=W t=<ns>
 //   step=N world=W rank=r t=<CLOCK_MONOTONIC ns> crc=<crc32c of the weights>   (N steps done)
 //   rebuilt round=R world=W rank=r cause=<...> noticed=<ns> met=<ns> connected=<ns> resynced=<ns>
-//   killing t=<ns>                      (--kill-self-at: just before the SIGKILL)
+//   killing t=<ns>                      (--kill-self-at, --die-at: just before the SIGKILL)
+//   perturbed step=N rank=r             (--perturb-after I: this rank, not rank 0 of the full group
+//                                        (--max), flipped a bit of a weight after step I's update;
+//                                        N = I + 1 steps done)
 //   stopping t=<ns>                     (--stop-self-at: just before the SIGSTOP)
 //   stopping round=R t=<ns>             (--stop-in-connect-round R: just before the SIGSTOP, when
 //                                        round R formed and before its communicator connects)
@@ -76,10 +79,20 @@ int main(int argc, char** argv) {
   // partitioned across the group (add_partitioned), ZeRO-1 style.
   long long shard = 0;
   long long stop_in_connect = 0;  // a hang in the connect of this round's communicator
+  long long perturb_after = -1;   // a rank other than 0 diverges after this step (a resync must mend it)
+  long long resync_mode = 0;      // group_options::resync, as its number (1: broadcast)
   const job_options o = elastic::test::parse_job_options(argc, argv, "elastic_group_worker", {},
                                                          [&](const std::string& name, long long v) {
                                                            if (name == "--shard") {
                                                              shard = v;
+                                                             return true;
+                                                           }
+                                                           if (name == "--resync-mode") {
+                                                             resync_mode = v;
+                                                             return true;
+                                                           }
+                                                           if (name == "--perturb-after") {
+                                                             perturb_after = v;
                                                              return true;
                                                            }
                                                            if (name == "--stop-in-connect-round") {
@@ -114,7 +127,9 @@ int main(int argc, char** argv) {
           }
           return gloo(s, r);
         };
-    comm::gloo_group group(*store, elastic::test::group_options_of(o), std::move(connect));
+    comm::group_options go = elastic::test::group_options_of(o);
+    go.resync = static_cast<comm::resync_mode>(resync_mode);
+    comm::gloo_group group(*store, go, std::move(connect));
     elastic::training_loop loop({.dir = o.dir,
                                  .steps = o.steps,
                                  .every_steps = o.every,
@@ -130,7 +145,7 @@ int main(int argc, char** argv) {
       const std::uint64_t idx = step.index();
       std::fill(grad.begin(), grad.end(), 0);
       elastic::test::local_gradient(data, w, idx, o.batch, group.rank(), group.size(), grad.data());
-      std::jthread killer = elastic::test::inject_faults(o, idx);
+      std::jthread killer = elastic::test::inject_faults(o, idx, group.size() == o.max ? group.rank() : -2);
       if (!group.allreduce(std::span<std::int64_t>(grad), comm::reduce_op::sum)) continue;  // redone on the new group
       step.before_update();
       elastic::test::apply_gradient(w, grad.data(), o.batch);
@@ -145,6 +160,16 @@ int main(int argc, char** argv) {
       hist.recent.push_back(crc);
       if (hist.recent.size() > 8) hist.recent.erase(hist.recent.begin());
       elastic::test::report_step(idx + 1, group.size(), group.rank(), crc);
+      if (perturb_after >= 0 && idx == static_cast<std::uint64_t>(perturb_after) && group.rank() != 0 &&
+          group.size() == o.max) {
+        // One bit of one weight, after the update (so before any rebuild that comes next): only
+        // rank 0's state, broadcast at the resync, can mend it.
+        std::uint32_t bits;
+        std::memcpy(&bits, &w[o.dim / 2], sizeof bits);
+        bits ^= 1u << 20;
+        std::memcpy(&w[o.dim / 2], &bits, sizeof bits);
+        say("perturbed step=" + std::to_string(idx + 1) + " rank=" + std::to_string(group.rank()));
+      }
       if (o.step_sleep.count() > 0) std::this_thread::sleep_for(o.step_sleep);
     }
     char line[160];

@@ -31,6 +31,8 @@ struct job_options {
   ms timeout{2000}, hb_interval{100}, hb_timeout{500}, last_call{300}, join_timeout{20000}, poll{20};
   ms step_sleep{0}, step_timeout{0};
   long kill_self_at = -1;  // SIGKILL ourselves mid-allreduce of this step
+  long die_at = -1;        // SIGKILL ourselves before the allreduce of this step (no peer finishes it)
+  int die_rank = -1;       // ... only when we are this rank of the full group (--max ranks) then (-1: any)
   long stop_self_at = -1;  // SIGSTOP ourselves before the allreduce of this step (a hang)
   int replicas = 1;        // group_options::replicas: successors holding our slices in memory
 };
@@ -67,6 +69,8 @@ inline job_options parse_job_options(int argc, char** argv, const char* program,
     else if (a == "--step-sleep-ms") o.step_sleep = ms(n);
     else if (a == "--step-timeout-ms") o.step_timeout = ms(n);
     else if (a == "--kill-self-at") o.kill_self_at = static_cast<long>(n);
+    else if (a == "--die-at") o.die_at = static_cast<long>(n);
+    else if (a == "--die-rank") o.die_rank = static_cast<int>(n);
     else if (a == "--replicas") o.replicas = static_cast<int>(n);
     else if (a == "--stop-self-at") o.stop_self_at = static_cast<long>(n);
     else if (!extra || !extra(a, n)) usage("unknown option " + a);
@@ -166,12 +170,20 @@ void report_group(const Group& group, bool& announced, std::size_t& seen) {
 }
 
 /// The faults a test asks of step `step`: a SIGSTOP now (a hang inside the step's timer scope, as
-/// a hung kernel or NFS read would leave it), or a SIGKILL ~20 ms into the step's allreduce (the
-/// returned thread fires it; the others enter the allreduce first).
-inline std::jthread inject_faults(const job_options& o, std::uint64_t step) {
+/// a hung kernel or NFS read would leave it), a SIGKILL now (--die-at, when `rank` is --die-rank;
+/// no peer can finish the step's allreduce, so the survivors all hold the state before it), or a SIGKILL ~20 ms into the step's allreduce (the returned thread fires it; the
+/// others enter the allreduce first).
+inline std::jthread inject_faults(const job_options& o, std::uint64_t step, int rank = -1) {
   if (o.stop_self_at >= 0 && step == static_cast<std::uint64_t>(o.stop_self_at)) {
     say("stopping t=" + std::to_string(internal::monotonic_ns()));
     ::raise(SIGSTOP);
+  }
+  if (o.die_at >= 0 && step == static_cast<std::uint64_t>(o.die_at) && (o.die_rank < 0 || o.die_rank == rank)) {
+    // The peers first finish the previous allreduce: a process killed while their last bytes to
+    // it are unread resets its connections, and a peer still in that allreduce would fail it.
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    say("killing t=" + std::to_string(internal::monotonic_ns()));
+    ::kill(::getpid(), SIGKILL);
   }
   if (o.kill_self_at < 0 || step != static_cast<std::uint64_t>(o.kill_self_at)) return {};
   std::this_thread::sleep_for(std::chrono::milliseconds(20));

@@ -34,7 +34,8 @@
 // - A preemption notice while the group re-forms (joining a round, waiting for it to close or
 //   for the bootstrap, connecting the communicator) ends the wait with errc::interrupted
 //   within 100 ms: training_loop then exits 75 with the newest committed checkpoint standing.
-// Rank 0's state travels by the communicator (detail/state_resync.hpp). A collective is wrapped
+// Rank 0's state travels by the communicator (detail/state_resync.hpp), unless every rank's
+// step and state hash prove it holds rank 0's already (group_options::resync). A collective is wrapped
 // in a timer scope: a process stuck inside one past twice its communicator's timeout (plus a
 // second) is killed by the watchdog; the ranks waiting for it gave up at the timeout itself.
 #pragma once
@@ -244,6 +245,11 @@ class elastic_group final : public group_hook {
     if (opts_.poll_interval.count() <= 0) {
       throw error(errc::invalid_argument,
                   fmt::format("elastic_group: poll_interval {} ms must be positive", opts_.poll_interval.count()));
+    }
+    if (opts_.resync != resync_mode::compare && opts_.resync != resync_mode::broadcast) {
+      throw error(errc::invalid_argument,
+                  fmt::format("elastic_group: resync {} must be resync_mode::compare or resync_mode::broadcast",
+                              static_cast<int>(opts_.resync)));
     }
     open_flight_recorder();
   }
@@ -532,7 +538,8 @@ class elastic_group final : public group_hook {
     const auto agreed = size() <= 1 && !st.has_shards()
                             ? std::optional<detail::resynced>(detail::resynced{step})
                             : detail::resync_state<Comm>(runner, rank(), size(), step, st, shards_valid_,
-                                                         !resynced_ && step > 0, link_.restore, replicas_.get());
+                                                         !resynced_ && step > 0, link_.restore, replicas_.get(),
+                                                         opts_.resync, &resync_staging_);
     if (!agreed) return std::nullopt;
     resynced_ = true;
     last_.resynced_ns = internal::monotonic_ns();
@@ -636,6 +643,7 @@ class elastic_group final : public group_hook {
   // Peer-memory replicas of the partitioned state (made at the first resync that has some);
   // the checkpointer's copier thread hands it snapshots (keep), after it exists.
   std::unique_ptr<detail::peer_replicas> replicas_;
+  detail::resync_staging resync_staging_;  // a resync's device and pinned staging: made once, kept
   std::optional<detail::flight_recorder> flight_;  // the training thread's: it issues the collectives
   bool deadline_raised_ = false;  // collective_deadline_raised was said
   std::uint64_t collectives_ = 0;   // entered in this round

@@ -12,6 +12,17 @@
 
 namespace elastic::inline v1::comm {
 
+/// How an elastic_group's ranks come to hold rank 0's replicated state after a rebuild.
+enum class resync_mode {
+  /// Every rank hashes its replicated state (device buffers through pinned host staging) and
+  /// the group compares step and hash with rank 0's in one small collective: the state moves
+  /// only where some rank differs (a newcomer, a rank that diverged).
+  compare,
+  /// Rank 0's state is broadcast after every rebuild, unhashed: for a device state so large,
+  /// on a fabric so fast, that hashing it on the host costs more than moving it.
+  broadcast,
+};
+
 /// How an elastic_group forms its rounds and watches its members.
 struct group_options {
   rendezvous::rendezvous_options rendezvous{};  ///< run id, min/max ranks, join and heartbeat timeouts
@@ -35,6 +46,9 @@ struct group_options {
   /// tens of ns per collective. Nothing: as ELASTIC_FLIGHT_RECORDER says (elastic-run sets 1:
   /// it reads them; without a reader a killed process's record would only be left behind).
   std::optional<bool> flight_recorder{};
+  /// After a rebuild: move the replicated state only where a rank's differs from rank 0's
+  /// (compare), or always (broadcast). One rank set to broadcast makes the group broadcast.
+  resync_mode resync = resync_mode::compare;
   std::optional<event_log> events{};  ///< nothing: event_log::from_env()
 };
 

@@ -54,22 +54,27 @@ inline std::uint64_t fingerprint(const checkpoint::state& st) {
   return h >> 1;  // travels as a non-negative int64
 }
 
-/// Appends the host state of `st` to `out`.
-inline void pack(const checkpoint::state& st, std::vector<std::byte>& out, bool device_comm) {
+/// Hands `f` the host state of `st` as pack() lays it out, piece by piece (a span of bytes
+/// each): what a resync hashes without building the packed string.
+template <class F>
+void for_each_packed(const checkpoint::state& st, bool device_comm, F&& f) {
   std::vector<std::byte> obj;
   for (const auto& e : st.entries()) {
     if (e.kind == checkpoint::entry_kind::object) {
       obj.clear();
       e.save(obj);
       const std::uint64_t n = obj.size();
-      const auto* p = reinterpret_cast<const std::byte*>(&n);
-      out.insert(out.end(), p, p + sizeof n);
-      out.insert(out.end(), obj.begin(), obj.end());
+      f(std::as_bytes(std::span<const std::uint64_t>(&n, 1)));
+      f(std::span<const std::byte>(obj));
     } else if (!skip_entry(e, device_comm)) {
-      const auto* p = static_cast<const std::byte*>(e.data);
-      out.insert(out.end(), p, p + e.bytes);
+      f(std::span<const std::byte>(static_cast<const std::byte*>(e.data), e.bytes));
     }
   }
+}
+
+/// Appends the host state of `st` to `out`.
+inline void pack(const checkpoint::state& st, std::vector<std::byte>& out, bool device_comm) {
+  for_each_packed(st, device_comm, [&](std::span<const std::byte> s) { out.insert(out.end(), s.begin(), s.end()); });
 }
 
 /// Loads what pack() made on rank 0 into `st`; throws errc::corrupt where it ends early.

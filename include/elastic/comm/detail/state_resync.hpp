@@ -1,16 +1,21 @@
 // How an elastic_group's ranks come to hold rank 0's state after a rebuild: a header (step,
-// layout fingerprint), the partitioned state's slices (detail/shard_resync.hpp), the packed host
-// state (detail/state_packing.hpp), then each replicated device buffer straight from rank 0's
-// device memory when the communicator takes device memory. Every collective goes through the
-// group's `run`, so a peer dying midway fails the resync like any collective, and the group
-// rebuilds and resyncs again.
+// layout fingerprint, and with resync_mode::compare rank 0's state hash), the partitioned
+// state's slices (detail/shard_resync.hpp), then, unless every rank proved it holds rank 0's step
+// and hash already (one allreduce of a count, detail/state_hash.hpp), the packed host state
+// (detail/state_packing.hpp) and each replicated device buffer straight from rank 0's device
+// memory when the communicator takes device memory. Every collective goes through the group's
+// `run`, so a peer dying midway fails the resync like any collective, and the group rebuilds and
+// resyncs again.
 #pragma once
 
+#include <cmath>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include <fmt/format.h>
@@ -18,10 +23,13 @@
 #include <elastic/checkpoint/state.hpp>
 #include <elastic/comm/communicator.hpp>
 #include <elastic/comm/detail/shard_resync.hpp>
+#include <elastic/comm/detail/state_hash.hpp>
 #include <elastic/comm/detail/state_packing.hpp>
 #include <elastic/comm/group_options.hpp>
 #include <elastic/error.hpp>
 #include <elastic/events.hpp>
+#include <elastic/internal/clock.hpp>
+#include <elastic/internal/cuda.hpp>
 
 namespace elastic::inline v1::comm::detail {
 
@@ -30,7 +38,68 @@ struct resynced {
   std::uint64_t step = 0;   ///< rank 0's step, or the checkpoint step all ranks reloaded
   std::size_t bytes = 0;    ///< replicated host bytes moved
   sharded shards{};         ///< how the partitioned state came (when there is some)
+  bool compared = false;    ///< steps and hashes were compared with the root's
+  bool skipped = false;     ///< every rank held the root's: the replicated state did not move
+  std::int64_t differing = 0;  ///< ranks whose step or hash differed (when compared)
+  std::int64_t hash_ns = 0;    ///< this rank's hashing of its replicated state
+  std::string hash_error;      ///< why this rank could not hash (it then counted as differing)
 };
+
+/// Whether the resync carries host words through the group's device staging on this
+/// communicator's own stream (nccl_communicator); another device communicator uses its
+/// broadcast_host/allreduce_host.
+template <class Comm>
+inline constexpr bool stages_words =
+    device_communicator<Comm> && requires(Comm& c, const Comm& cc, std::span<std::int64_t> w, int root) {
+      { cc.device() } -> std::convertible_to<int>;
+      { cc.stream() } -> std::convertible_to<internal::cuda::stream_t>;
+      c.broadcast(w, root);
+      c.allreduce(w, reduce_op::sum);
+    };
+
+/// Whether `Comm` can sum a count of host words: Gloo's collectives take host memory, a device
+/// communicator stages them.
+template <class Comm>
+inline constexpr bool sums_on_host =
+    !device_communicator<Comm> || stages_words<Comm> ||
+    requires(Comm& c, std::span<double> v) { c.allreduce_host(v, reduce_op::sum); };
+
+/// Host words from rank `root` to every rank (false: the collective failed), staged through
+/// `staging` where the communicator allows: no device allocation per call.
+template <class Comm, class Run>
+bool resync_words(Run& run, std::span<std::int64_t> words, int root, resync_staging* staging) {
+  if constexpr (stages_words<Comm>) {
+    if (staging != nullptr) {
+      return run("broadcast", [&](Comm& c) {
+        internal::cuda::device_scope on(c.device());
+        staging->device_words(words, c.stream(), [&](std::span<std::int64_t> d) { c.broadcast(d, root); });
+      });
+    }
+  }
+  return broadcast_words<Comm>(run, words, root);
+}
+
+/// `n` summed over the ranks (false: the collective failed).
+template <class Comm, class Run>
+bool sum_count(Run& run, std::int64_t& n, resync_staging* staging) {
+  return run("allreduce", [&](Comm& c) {
+    const std::span<std::int64_t> one(&n, 1);
+    if constexpr (!device_communicator<Comm>) {
+      c.allreduce(one, reduce_op::sum);
+    } else {
+      if constexpr (stages_words<Comm>) {
+        if (staging != nullptr) {
+          internal::cuda::device_scope on(c.device());
+          staging->device_words(one, c.stream(), [&](std::span<std::int64_t> d) { c.allreduce(d, reduce_op::sum); });
+          return;
+        }
+      }
+      double v = static_cast<double>(n);  // exact: a count of ranks
+      c.allreduce_host(std::span<double>(&v, 1), reduce_op::sum);
+      n = std::llround(v);
+    }
+  });
+}
 
 /// A device buffer from rank `root`, bit for bit, moved as 64- or 32-bit words.
 template <class Comm, class Run>
@@ -58,21 +127,47 @@ bool broadcast_device(Run& run, const checkpoint::entry& e, int root) {
 /// from the rank whose own image it is), or else all of it from the newest committed checkpoint
 /// through `restore`. `shards_valid`: whether this rank's slices are whole (kept here: false once
 /// a move failed half way); `restored`: whether they are what the loop read from a checkpoint
-/// (a newcomer's first resync), for the event. Nothing when a collective failed on the way. Throws errc::mismatch
-/// when this rank registered other state than rank 0.
+/// (a newcomer's first resync), for the event. With `mode` compare (rank 0's decides whether the
+/// group compares) the replicated state moves only when some rank's step or hash differs from
+/// rank 0's; `staging` (kept by the group across rebuilds) carries device buffers to the host to
+/// be hashed, and the host words of a device communicator's collectives. Nothing when a
+/// collective failed on the way. Throws errc::mismatch when this rank registered other state
+/// than rank 0.
 template <class Comm, class Run>
 std::optional<resynced> resync_state(Run& run, int rank, int world, std::uint64_t step, checkpoint::state& st,
                                      bool& shards_valid, bool restored, const checkpoint::restore_fn& restore,
-                                     const peer_replicas* replicas = nullptr) {
-  std::int64_t head[2] = {static_cast<std::int64_t>(step), static_cast<std::int64_t>(fingerprint(st))};
-  if (!broadcast_words<Comm>(run, std::span<std::int64_t>(head))) return std::nullopt;
+                                     const peer_replicas* replicas = nullptr,
+                                     resync_mode mode = resync_mode::compare, resync_staging* staging = nullptr) {
+  resynced out;
+  // Hashed before the header, so that rank 0 sends its hash in it: one collective fewer.
+  const bool compare = mode == resync_mode::compare && world > 1 && sums_on_host<Comm>;
+  bool hashed = false;
+  std::uint64_t hash = 0;
+  if (compare) {
+    const std::int64_t t0 = internal::monotonic_ns();
+    try {
+      resync_staging none;
+      resync_staging* device = nullptr;
+      if constexpr (device_communicator<Comm>) device = staging != nullptr ? staging : &none;
+      hash = replicated_hash(st, device);
+      hashed = true;
+    } catch (const error& e) {
+      // The device could not be read or staged (a state the group cannot move at all throws
+      // on): counted as differing, the state then moves as without compare.
+      if (e.code() != errc::device_error && e.code() != errc::capacity_exhausted) throw;
+      out.hash_error = e.what();
+    }
+    out.hash_ns = internal::monotonic_ns() - t0;
+  }
+  std::int64_t head[4] = {static_cast<std::int64_t>(step), static_cast<std::int64_t>(fingerprint(st)),
+                          compare ? 1 : 0, static_cast<std::int64_t>(hash)};
+  if (!resync_words<Comm>(run, std::span<std::int64_t>(head), 0, staging)) return std::nullopt;
   if (static_cast<std::uint64_t>(head[1]) != fingerprint(st)) {
     throw error(errc::mismatch,
                 fmt::format("elastic_group: rank {} registered other state than rank 0 (names, types, sizes or "
                             "partitioning differ): every rank of a group must register the same state",
                             rank));
   }
-  resynced out;
   out.step = static_cast<std::uint64_t>(head[0]);
   if (st.has_shards()) {
     const auto sh = resync_shards<Comm>(run, rank, world, static_cast<std::int64_t>(step), head[0], shards_valid,
@@ -85,13 +180,25 @@ std::optional<resynced> resync_state(Run& run, int rank, int world, std::uint64_
   }
   // The replicated state: rank 0's live state, or the state the root took back from its image.
   const int root = out.shards.root >= 0 ? out.shards.root : 0;
+  // A root that took its state back from an image no longer holds what it hashed: it moves.
+  if (head[2] == 1 && out.shards.root < 0) {
+    out.compared = true;
+    out.differing = hashed && static_cast<std::int64_t>(step) == head[0] && static_cast<std::int64_t>(hash) == head[3]
+                        ? 0
+                        : 1;
+    if (!sum_count<Comm>(run, out.differing, staging)) return std::nullopt;
+    if (out.differing == 0) {
+      out.skipped = true;
+      return out;
+    }
+  }
   std::vector<std::byte> payload;
   if (rank == root) pack(st, payload, device_communicator<Comm>);
   std::int64_t size = static_cast<std::int64_t>((payload.size() + 7) / 8);
-  if (!broadcast_words<Comm>(run, std::span<std::int64_t>(&size, 1), root)) return std::nullopt;
+  if (!resync_words<Comm>(run, std::span<std::int64_t>(&size, 1), root, staging)) return std::nullopt;
   std::vector<std::int64_t> words(static_cast<std::size_t>(size));
   if (rank == root && !payload.empty()) std::memcpy(words.data(), payload.data(), payload.size());
-  if (!broadcast_words<Comm>(run, std::span<std::int64_t>(words), root)) return std::nullopt;
+  if (!resync_words<Comm>(run, std::span<std::int64_t>(words), root, staging)) return std::nullopt;
   if (rank != root) unpack(st, std::as_bytes(std::span<const std::int64_t>(words)), device_communicator<Comm>);
   if constexpr (device_communicator<Comm>) {
     for (const auto& e : st.entries()) {
@@ -107,9 +214,17 @@ std::optional<resynced> resync_state(Run& run, int rank, int world, std::uint64_
 inline void report_resync(const event_log& events, std::int64_t round, int world, const resynced& r,
                           const recovery_timings& t, bool shards) {
   if (world <= 1 && !shards) return;
+  if (!r.hash_error.empty()) {
+    events.emit("group_resync_hash_failed",
+                {{"round", round}, {"message", r.hash_error}, {"effect", "this rank counted as differing: the state moved"}});
+  }
   events.emit("group_resynced", {{"round", round},
                                  {"step", r.step},
                                  {"bytes", r.bytes},
+                                 {"compared", r.compared},
+                                 {"skipped", r.skipped},
+                                 {"differing", r.differing},
+                                 {"hash_ms", r.hash_ns / 1e6},
                                  {"resync_ms", (t.resynced_ns - t.connected_ns) / 1e6},
                                  {"recovery_ms", (t.resynced_ns - t.noticed_ns) / 1e6}});
   if (!shards) return;
