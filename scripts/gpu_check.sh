@@ -266,8 +266,8 @@ elif [ "$dry" = 1 ]; then
   record torchrun "$?" 0 "not run on the model (needs torch built for CUDA); the script compiles"
 else
   say "e. torchrun + NCCL"
-  run torchrun 150 python3 "$root/benchmarks/torchrun_restart.py" --backend nccl --intervals 0.1 --trials 3 \
-    --timeout 40 --json "$raw/torchrun.json"
+  run torchrun 150 python3 "$root/benchmarks/torchrun_restart.py" --backend nccl --intervals 0.1 --trials 2 \
+    --timeout 75 --json "$raw/torchrun.json"
   rc=$?
   record torchrun "$rc" "$(seconds_of torchrun)" "$(note_of "$rc")"
 fi
