@@ -56,7 +56,8 @@ if [ "$dry" = 1 ]; then
   steps=500 kill_after=100 preempt_after=300 sleep_ms=5 wait_s=150
 else
   # ~30 ms a step with four ranks on one H200: a 3000-step run outlasted the check's two minutes.
-  steps=600 kill_after=150 preempt_after=400 sleep_ms=2 wait_s=100
+  # Rank 0 reports every 100 steps, so the disturbances come at multiples of 100.
+  steps=600 kill_after=200 preempt_after=400 sleep_ms=2 wait_s=100
 fi
 # Four ranks on one GPU, as four hosts to NCCL; loopback sockets, no InfiniBand.
 export NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-lo}" NCCL_IB_DISABLE="${NCCL_IB_DISABLE:-1}"

@@ -93,6 +93,10 @@ std::vector<std::string> device_args(int slot, topology t) {
 }
 
 // Workers of 4 that notice a death quickly: 100 ms heartbeats, 500 ms to be declared dead.
+// Departures of so few ranks re-initialise by default (nccl_recovery_calls::shrink_from_world):
+// the cases about the shrink itself ask for it.
+const env_list inplace{{"ELASTIC_NCCL_RECOVERY", "inplace"}};
+
 // No standby communicators unless a case asks for them (--standby later on the line wins).
 const std::vector<std::string> fast{"--every", "10", "--dim", "16384", "--timeout-ms", "4000",
                                     "--hb-interval-ms", "100", "--hb-timeout-ms", "500", "--last-call-ms", "300",
@@ -276,7 +280,7 @@ TEST_CASE("4 ranks on four hosts lose one mid-allreduce: the 3 survivors rebuild
 }
 
 TEST_CASE("4 ranks on one host lose one mid-allreduce: no NCCL error comes, the departure revokes, and the 3 "
-          "survivors shrink",
+          "survivors shrink (asked for)",
           "[nccl]") {
   if (!model) elastic::test::skip_test("needs 4 GPUs in one host; the model stands in for them");
   const std::uint64_t steps = 40;
@@ -285,7 +289,7 @@ TEST_CASE("4 ranks on one host lose one mid-allreduce: no NCCL error comes, the 
   fleet f(worker(), s.url, "kill1h", fast, s.events);
   start_four(f, "kill1h", topology::one_host,
              {"--dir", s.ckpt, "--steps", std::to_string(steps), "--min", "2", "--max", "4"}, 2,
-             {"--kill-self-at", "15"});
+             {"--kill-self-at", "15"}, inplace);
   const bool ended = f.wait_until([&] { return f.all_ended({0, 1, 2, 3}); }, 150s);
   INFO(transcripts(f));
   REQUIRE(ended);
@@ -300,7 +304,8 @@ TEST_CASE("4 ranks on one host lose one mid-allreduce: no NCCL error comes, the 
   }
 }
 
-TEST_CASE("a rank that hangs is revoked away: the 3 survivors shrink, and the watchdog kills it", "[nccl]") {
+TEST_CASE("a rank that hangs is revoked away: the 3 survivors re-initialise without it, and the watchdog kills it",
+          "[nccl]") {
   require_gpu();
   const std::uint64_t steps = 40;
   const std::string want = reference_crc(steps);
@@ -333,10 +338,10 @@ TEST_CASE("a rank that hangs is revoked away: the 3 survivors shrink, and the wa
   for (std::size_t i : {0, 2, 3}) {
     check_finished(f, i, steps, want, "3");
     // Its sockets stay open while it is stopped: nothing breaks, the departure revokes, and the
-    // survivors shrink without it.
+    // survivors re-initialise without it (a shrink would wait for the revoke to drain first).
     const auto p = paths_of(f, i);
     REQUIRE_FALSE(p.empty());
-    CHECK(p.front() == (calls_of(f, i).shrink ? "shrink" : "reinit"));
+    CHECK(p.front() == "reinit");
   }
 }
 
@@ -560,7 +565,7 @@ TEST_CASE("when one rank's shrink fails, every rank falls back to a fresh init a
   fleet f(worker(), s.url, "fallback", fast, s.events);
   start_four(f, "fallback", topology::one_host,
              {"--dir", s.ckpt, "--steps", std::to_string(steps), "--min", "2", "--max", "4"}, 2,
-             {"--kill-self-at", "15"}, {}, 3, {{"ELASTIC_NCCL_MODEL_FAIL_SHRINK", "1"}});
+             {"--kill-self-at", "15"}, inplace, 3, {{"ELASTIC_NCCL_MODEL_FAIL_SHRINK", "1"}});
   const bool ended = f.wait_until([&] { return f.all_ended({0, 1, 2, 3}); }, 150s);
   INFO(transcripts(f));
   REQUIRE(ended);
@@ -590,7 +595,7 @@ TEST_CASE("a revoke NCCL refuses is noticed: that rank votes against the in-plac
   fleet f(worker(), s.url, "norevoke", fast, s.events);
   start_four(f, "norevoke", topology::one_host,
              {"--dir", s.ckpt, "--steps", std::to_string(steps), "--min", "2", "--max", "4"}, 2,
-             {"--kill-self-at", "15"}, {}, 1, {{"ELASTIC_NCCL_MODEL_FAIL_REVOKE", "1"}});
+             {"--kill-self-at", "15"}, inplace, 1, {{"ELASTIC_NCCL_MODEL_FAIL_REVOKE", "1"}});
   const bool ended = f.wait_until([&] { return f.all_ended({0, 1, 2, 3}); }, 150s);
   INFO(transcripts(f));
   REQUIRE(ended);
@@ -614,7 +619,7 @@ TEST_CASE("with NCCL 2.27 (no revoke, no grow) departures shrink with NCCL_SHRIN
   fleet f(worker(), s.url, "v227", fast, s.events);
   const std::vector<std::string> args{"--dir", s.ckpt, "--steps", std::to_string(steps), "--min", "2", "--max", "4",
                                       "--step-sleep-ms", "10"};
-  const env_list old_nccl{{"LD_LIBRARY_PATH", ELASTIC_NCCL_MODEL_227_DIR}};
+  const env_list old_nccl{{"LD_LIBRARY_PATH", ELASTIC_NCCL_MODEL_227_DIR}, {"ELASTIC_NCCL_RECOVERY", "inplace"}};
   start_four(f, "v227", topology::one_host, args, 2, {"--kill-self-at", "15"}, old_nccl);
   REQUIRE(f.wait_until([&] { return f.all_ended({2}); }, 60s));
   REQUIRE(f.wait_until([&] { return f.find(0, "step=", [](auto& l) { return field(l, "world") == "3"; }).has_value(); },

@@ -69,6 +69,11 @@ TEST_CASE("recovery calls follow the loaded release: new calls by version, known
   CHECK(c.warning.find("2397") != std::string::npos);
   c = decide_recovery_calls(nccl_version_code(2, 30, 7), true, true, true, true, "auto");
   CHECK(c.shrink);
+  // Departures are shrunk from 9 ranks on; ELASTIC_NCCL_RECOVERY=inplace shrinks at any size.
+  CHECK(c.shrink_from_world == 9);
+  c = decide_recovery_calls(nccl_version_code(2, 30, 7), true, true, true, false, "inplace");
+  CHECK((c.shrink && c.revoke && c.grow));
+  CHECK(c.shrink_from_world == 0);
   // ELASTIC_NCCL_RECOVERY=reinit turns everything off.
   c = decide_recovery_calls(nccl_version_code(2, 30, 7), true, true, true, false, "reinit");
   CHECK_FALSE((c.shrink || c.revoke || c.grow));

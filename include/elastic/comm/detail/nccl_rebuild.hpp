@@ -127,7 +127,11 @@ inline nccl_plan plan_round(const rendezvous::round_info& prev, const rendezvous
     }
   }
   p.ordered = true;
-  if (p.shrink() && !calls.shrink) {
+  if (p.shrink() && calls.shrink && prev.world_size < calls.shrink_from_world) {
+    p.why_not = fmt::format("a fresh init of {} ranks is faster than waiting for the revoke a shrink needs "
+                            "(shrink from {} ranks; ELASTIC_NCCL_RECOVERY=inplace shrinks at any size)",
+                            next.world_size, calls.shrink_from_world);
+  } else if (p.shrink() && !calls.shrink) {
     p.why_not = calls.warning.empty() ? "ncclCommShrink is not in the loaded libnccl (2.27+)" : calls.warning;
   } else if (p.grow(next.world_size) && !calls.grow) {
     p.why_not = calls.warning.empty() ? "ncclCommGrow is not in the loaded libnccl (2.29.2+)" : calls.warning;

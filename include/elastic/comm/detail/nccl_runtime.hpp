@@ -105,6 +105,12 @@ struct nccl_recovery_calls {
   bool shrink = false;   ///< ncclCommShrink (2.27)
   bool grow = false;     ///< ncclCommGrow + ncclCommGetUniqueId (2.29.2)
   std::string warning;   ///< why a call the library has is not used, for the group's event log
+  /// Departures are shrunk only in worlds of at least this many ranks; smaller ones re-initialise.
+  /// A shrink must wait for the revoked parent to drain (~580 ms on an H200 with 2.28.9: the
+  /// revoke's job joins NCCL's proxy thread, which sleeps in 500 ms polls), while a fresh init of
+  /// a few ranks took 10-40 ms there; at scale a fresh init costs seconds (NVIDIA/nccl#2397: ~1.3 s
+  /// against 60-70 ms for a shrink on A100s over RoCE).
+  int shrink_from_world = 9;
 };
 
 /// Whether more than one RDMA NIC is visible: ncclCommShrink before 2.30.7 breaks the survivors'
@@ -122,7 +128,8 @@ inline bool several_rdma_nics() noexcept {
 /// - 2.28.3 .. 2.28.8: NVIDIA's own in-process restart (NVRx) refuses them; here the group
 ///   gives up revoke/shrink/grow and rebuilds by abort + a fresh init.
 /// - below 2.30.7 on a host with several RDMA NICs: shrink is not used (nccl#2397).
-/// ELASTIC_NCCL_RECOVERY=reinit turns every in-place call off (for measuring, or a distrust).
+/// ELASTIC_NCCL_RECOVERY=reinit turns every in-place call off (for measuring, or a distrust);
+/// =inplace shrinks departures whatever the world size (auto: from shrink_from_world ranks).
 inline nccl_recovery_calls decide_recovery_calls(int version, bool has_revoke, bool has_shrink, bool has_grow,
                                                  bool multi_nic, std::string_view forced) {
   nccl_recovery_calls c;
@@ -130,6 +137,7 @@ inline nccl_recovery_calls decide_recovery_calls(int version, bool has_revoke, b
   c.revoke = has_revoke && version >= nccl_version_code(2, 28, 7);
   c.shrink = has_shrink && version >= nccl_version_code(2, 27, 0);
   c.grow = has_grow && version >= nccl_version_code(2, 29, 2);
+  if (forced == "inplace") c.shrink_from_world = 0;
   if (forced == "reinit") {
     c = {version, false, false, false, "ELASTIC_NCCL_RECOVERY=reinit: every rebuild is a fresh init"};
     return c;
@@ -154,10 +162,11 @@ inline nccl_recovery_calls decide_recovery_calls(int version, bool has_revoke, b
 inline const nccl_recovery_calls& recovery_calls() {
   static const nccl_recovery_calls c = [] {
     const auto forced = internal::env_string("ELASTIC_NCCL_RECOVERY").value_or("auto");
-    if (forced != "auto" && forced != "reinit") {
+    if (forced != "auto" && forced != "reinit" && forced != "inplace") {
       throw error(errc::invalid_argument,
                   fmt::format("ELASTIC_NCCL_RECOVERY='{}': use 'auto' (revoke/shrink/grow where the libnccl has "
-                              "them) or 'reinit' (a fresh init for every rebuild)",
+                              "them, departures shrunk from 9 ranks on), 'inplace' (shrink at any size) or "
+                              "'reinit' (a fresh init for every rebuild)",
                               forced));
     }
     return decide_recovery_calls(nccl_runtime_version(), nccl_revoke_fn() != nullptr, nccl_shrink_fn() != nullptr,
