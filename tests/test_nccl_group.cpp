@@ -242,6 +242,29 @@ std::string transcripts(fleet& f) {
   return out;
 }
 
+/// Waits for the four workers, prints the rebuilds of the three survivors after worker `victim`'s
+/// line `marker` ("killing ", "stopping ") and the teardowns, and checks that each survivor
+/// finished with `want` in a world of 3 and took `path` first.
+void check_survivors(fleet& f, const scratch& s, std::size_t victim, const char* marker, const char* what,
+                     std::uint64_t steps, const std::string& want, const std::string& path) {
+  const bool ended = f.wait_until([&] { return f.all_ended({0, 1, 2, 3}); }, 150s);
+  INFO(transcripts(f));
+  REQUIRE(ended);
+  const auto at = f.find(victim, marker);
+  REQUIRE(at);
+  std::vector<std::size_t> survivors;
+  for (std::size_t i = 0; i < 4; ++i)
+    if (i != victim) survivors.push_back(i);
+  print_rebuilds(f, survivors, num(*at, "t"), what);
+  print_teardowns(s.events, what);
+  for (std::size_t i : survivors) {
+    check_finished(f, i, steps, want, "3");
+    const auto p = paths_of(f, i);
+    REQUIRE_FALSE(p.empty());
+    CHECK(p.front() == path);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("4 ranks on four hosts lose one mid-allreduce: the 3 survivors rebuild in one path and finish with the "
@@ -357,21 +380,9 @@ TEST_CASE("with standby communicators a rank killed mid-allreduce is a switch: t
              {"--dir", s.ckpt, "--steps", std::to_string(steps), "--min", "2", "--max", "4", "--standby", "4",
               "--standbys-ready-by", "15"},
              2, {"--kill-self-at", "15"});
-  const bool ended = f.wait_until([&] { return f.all_ended({0, 1, 2, 3}); }, 150s);
-  INFO(transcripts(f));
-  REQUIRE(ended);
-  const auto killed = f.find(2, "killing ");
-  REQUIRE(killed);
-  print_rebuilds(f, {0, 1, 3}, num(*killed, "t"), "kill, standby");
-  print_teardowns(s.events, "kill, standby");
-  for (std::size_t i : {0, 1, 3}) {
-    check_finished(f, i, steps, want, "3");
-    // Every survivor held the standby without w2 (it waited for its own before step 15), so no
-    // NCCL call was needed: not even the shrink NCCL would refuse.
-    const auto p = paths_of(f, i);
-    REQUIRE_FALSE(p.empty());
-    CHECK(p.front() == "standby");
-  }
+  // Every survivor held the standby without w2 (it waited for its own before step 15), so no
+  // NCCL call was needed: not even the shrink NCCL would refuse.
+  check_survivors(f, s, 2, "killing ", "kill, standby", steps, want, "standby");
 }
 
 TEST_CASE("with standby communicators a rank that hangs is revoked away and the survivors switch to the one "
@@ -387,19 +398,7 @@ TEST_CASE("with standby communicators a rank that hangs is revoked away and the 
              {"--dir", s.ckpt, "--steps", std::to_string(steps), "--min", "2", "--max", "4", "--step-timeout-ms",
               "3000", "--standby", "4", "--standbys-ready-by", "15"},
              1, {"--stop-self-at", "15"}, {{"ELASTIC_WATCHDOG", wd.name}});
-  const bool ended = f.wait_until([&] { return f.all_ended({0, 1, 2, 3}); }, 150s);
-  INFO(transcripts(f));
-  REQUIRE(ended);
-  const auto stopped = f.find(1, "stopping ");
-  REQUIRE(stopped);
-  print_rebuilds(f, {0, 2, 3}, num(*stopped, "t"), "hang, standby");
-  print_teardowns(s.events, "hang, standby");
-  for (std::size_t i : {0, 2, 3}) {
-    check_finished(f, i, steps, want, "3");
-    const auto p = paths_of(f, i);
-    REQUIRE_FALSE(p.empty());
-    CHECK(p.front() == "standby");
-  }
+  check_survivors(f, s, 1, "stopping ", "hang, standby", steps, want, "standby");
 }
 
 TEST_CASE("with standby communicators two deaths in a row are two switches: 4 ranks become 3, then 2", "[nccl]") {

@@ -42,7 +42,7 @@ struct resynced {
   bool skipped = false;     ///< every rank held the root's: the replicated state did not move
   std::int64_t differing = 0;  ///< ranks whose step or hash differed (when compared)
   std::int64_t hash_ns = 0;    ///< this rank's hashing of its replicated state
-  std::string hash_error;      ///< why this rank could not hash (it then counted as differing)
+  std::string hash_error{};    ///< why this rank could not hash (it then counted as differing)
 };
 
 /// Whether the resync carries host words through the group's device staging on this
