@@ -4,8 +4,12 @@
 // checks need no GPU: they ask the loaded library, and the build checks (tests/CMakeLists.txt)
 // that no binary links ncclCommRevoke or ncclCommShrink directly.
 #include <dlfcn.h>
+#include <stdlib.h>
+
+#include <string>
 
 #include <elastic/comm/nccl.hpp>
+#include <elastic/comm/nccl_group.hpp>
 
 #include "support/catch.hpp"
 
@@ -89,4 +93,27 @@ TEST_CASE("only a malformed argument leaves a communicator usable: ncclInvalidUs
   CHECK_FALSE(detail::leaves_usable(ncclRemoteError));
   CHECK_FALSE(detail::leaves_usable(ncclInternalError));
   CHECK_FALSE(detail::leaves_usable(ncclUnhandledCudaError));
+}
+
+TEST_CASE("standby communicators: an explicit max_world wins, else ELASTIC_NCCL_STANDBY, and a bad value is "
+          "refused naming it",
+          "[nccl]") {
+  struct restore_env {
+    ~restore_env() { ::unsetenv("ELASTIC_NCCL_STANDBY"); }
+  } restore;
+  ::unsetenv("ELASTIC_NCCL_STANDBY");
+  CHECK(comm::nccl_standby{}.resolved() == 0);  // off by default
+  ::setenv("ELASTIC_NCCL_STANDBY", "4", 1);
+  CHECK(comm::nccl_standby{}.resolved() == 4);
+  CHECK(comm::nccl_standby{.max_world = 0}.resolved() == 0);
+  for (const char* bad : {"four", "-1", "8.5"}) {
+    ::setenv("ELASTIC_NCCL_STANDBY", bad, 1);
+    try {
+      (void)comm::nccl_standby{}.resolved();
+      FAIL("accepted ELASTIC_NCCL_STANDBY=" << bad);
+    } catch (const elastic::error& e) {
+      CHECK(e.code() == elastic::errc::invalid_argument);
+      CHECK(std::string(e.what()).find("ELASTIC_NCCL_STANDBY") != std::string::npos);
+    }
+  }
 }
