@@ -451,6 +451,7 @@ TEST_CASE("each contract rule ends the process with SIGABRT and says what was wr
       {"async-launch", {}, "ncclAllReduce on a communicator whose state is ncclInProgress"},
       {"one-thread", hang, "ncclCommGetAsyncError while thread"},
       {"abort-beside-a-call", hang, "ncclCommAbort while thread"},
+      {"abort-pending-beside-a-call", hang, "(the aborted communicator's asynchronous job is in flight)"},
       {"call-during-abort", {{"ELASTIC_NCCL_MODEL_HANG_OP", "1"}, {"ELASTIC_NCCL_MODEL_VERSION", "22707"}},
        "ncclCommGetAsyncError while ncclCommAbort runs on thread"},
       {"shrink-outstanding", hang, "ncclCommShrink with NCCL_SHRINK_DEFAULT while 1 operation(s) of the parent are"},

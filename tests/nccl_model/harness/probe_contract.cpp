@@ -79,6 +79,18 @@ int run(const std::string& rule) {
     say("reached");
     std::_Exit(0);  // not exit(): the finalize on the other thread never ends
   }
+  if (rule == "abort-pending-beside-a-call") {  // the aborted one's init is still in flight
+    stuck s(/*blocking=*/true);
+    std::thread t = finalize_forever(s.comm);
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclComm_t half = nullptr;
+    ncclUniqueId id = fresh_id();
+    ncclCommInitRankConfig(&half, 2, id, 0, &config);  // rank 1 never comes: in progress
+    ncclCommAbort(half);
+    t.detach();
+    reached();
+  }
   if (rule == "call-during-abort") {  // with ELASTIC_NCCL_MODEL_VERSION=22707: abort waits for the device
     stuck s(/*blocking=*/false);
     ncclComm_t other = init(fresh_id(), 1, 0);
