@@ -334,7 +334,7 @@ class elastic_group final : public group_hook {
     failed_ = true;
     noticed_ns_ = internal::monotonic_ns();
     // Read before the communicator goes: `e` may share its text with the communicator's own copy
-    // of it (last_error()), which the reaper thread destroys.
+    // of it (last_error()), which the teardown thread destroys.
     const errc code = e.code();
     const std::string message = e.what();
     // A rebuilder gets the communicator back, revoked (in-flight work stopped). Otherwise

@@ -116,8 +116,8 @@ class nccl_communicator {
  public:
   /// Collectives take device memory; elastic_group resyncs device state through it directly.
   static constexpr bool takes_device_memory = true;
-  /// Device memory each communicator keeps for the host collectives (broadcast_host,
-  /// allreduce_host) and barrier(): allocated with it, so a resync allocates nothing.
+  /// Device memory each communicator allocates with itself for the host collectives
+  /// (broadcast_host, allreduce_host) and barrier(): a resync's few words allocate nothing.
   static constexpr std::size_t scratch_bytes = 64 * 1024;
   /// Whether revoke() stops in-flight work with ncclCommRevoke (see detail::recovery_calls()).
   static bool can_revoke() { return detail::recovery_calls().revoke; }
@@ -253,17 +253,15 @@ class nccl_communicator {
     });
   }
 
-  /// Copies `root`'s HOST words into every rank's `words`, staged through device memory: the
-  /// communicator's own scratch (made with it) up to scratch_bytes, so the few words a resync
-  /// agrees on cost no cudaMalloc and no cudaFree (which waits for the whole device); a larger
-  /// host state gets a buffer of its own for the call.
+  /// Copies `root`'s HOST words into every rank's `words`, staged through the communicator's own
+  /// device scratch (made with it, grown and kept when a call needs more), so a resync's words
+  /// cost no cudaMalloc and no cudaFree per call (cudaFree waits for the whole device).
   void broadcast_host(std::span<std::int64_t> words, int root) {
     check_root(root, "broadcast_host");
     check_usable("broadcast_host");
     if (words.empty()) return;
     detail::cuda::device_scope on(device_);
-    detail::cuda::device_bytes own;
-    void* staging = staging_for(words.size_bytes(), own);
+    void* staging = staging_for(words.size_bytes());
     copy(staging, words.data(), words.size_bytes(), cudaMemcpyHostToDevice, "broadcast_host staging in");
     broadcast(std::span<std::int64_t>(static_cast<std::int64_t*>(staging), words.size()), root);
     copy(words.data(), staging, words.size_bytes(), cudaMemcpyDeviceToHost, "broadcast_host staging out");
@@ -275,8 +273,7 @@ class nccl_communicator {
     check_usable("allreduce_host");
     if (values.empty()) return;
     detail::cuda::device_scope on(device_);
-    detail::cuda::device_bytes own;
-    void* staging = staging_for(values.size_bytes(), own);
+    void* staging = staging_for(values.size_bytes());
     copy(staging, values.data(), values.size_bytes(), cudaMemcpyHostToDevice, "allreduce_host staging in");
     allreduce(std::span<double>(static_cast<double*>(staging), values.size()), op);
     copy(values.data(), staging, values.size_bytes(), cudaMemcpyDeviceToHost, "allreduce_host staging out");
@@ -418,11 +415,16 @@ class nccl_communicator {
     comm_ = nullptr;
   }
 
-  // Staging for `bytes` of host collective: the scratch when it fits, else `own`, made now.
-  void* staging_for(std::size_t bytes, detail::cuda::device_bytes& own) {
-    if (bytes <= scratch_bytes) return scratch_.get();
-    own = detail::cuda::device_bytes(bytes);
-    return own.get();
+  // Staging for `bytes` of host collective: the scratch, grown (doubling, kept) when it is too
+  // small, so a resync of a large host state allocates once per communicator, not per call.
+  void* staging_for(std::size_t bytes) {
+    if (bytes > scratch_size_) {
+      std::size_t n = scratch_size_ * 2;
+      while (n < bytes) n *= 2;
+      scratch_ = detail::cuda::device_bytes(n);
+      scratch_size_ = n;
+    }
+    return scratch_.get();
   }
 
   static ncclConfig_t nonblocking_config() noexcept {
@@ -776,6 +778,7 @@ class nccl_communicator {
   detail::cuda::event ready_;  // recorded on the legacy default stream before each collective (own stream)
   detail::cuda::event done_;   // recorded right behind each collective
   detail::cuda::device_bytes scratch_;  // the barrier's word, and the host collectives' staging
+  std::size_t scratch_size_ = scratch_bytes;
   mutable std::mutex comm_mu_;  // guards comm_ (its lifetime)
   ncclComm_t comm_ = nullptr;
   std::atomic<bool> revoked_{false};        // ncclCommRevoke was called (set under comm_mu_)

@@ -88,6 +88,19 @@ inline int member_index(const rendezvous::round_info& round, const std::string& 
   return -1;
 }
 
+/// The ranks of `prev` whose (member, incarnation) is not in `next`, in rank order.
+inline std::vector<int> departed_ranks(const rendezvous::round_info& prev, const rendezvous::round_info& next) {
+  std::vector<int> gone;
+  for (int j = 0; j < prev.world_size && static_cast<std::size_t>(j) < prev.members.size() &&
+                  static_cast<std::size_t>(j) < prev.incarnations.size();
+       ++j) {
+    if (member_index(next, prev.members[static_cast<std::size_t>(j)], prev.incarnations[static_cast<std::size_t>(j)]) < 0) {
+      gone.push_back(j);
+    }
+  }
+  return gone;
+}
+
 /// The plan for a rank holding `comm` (or nothing) as the group goes from `prev` to `next`.
 /// Pure: every survivor computes the same excluded list and survivor count from the same rounds.
 inline nccl_plan plan_round(const rendezvous::round_info& prev, const rendezvous::round_info& next,
@@ -104,13 +117,10 @@ inline nccl_plan plan_round(const rendezvous::round_info& prev, const rendezvous
   }
   p.survivor = true;
   // Survivors in their previous rank order; the others of the previous round are excluded.
+  p.excluded = departed_ranks(prev, next);
   std::vector<int> kept;
   for (int j = 0; j < prev.world_size; ++j) {
-    if (member_index(next, prev.members[j], prev.incarnations[j]) >= 0) {
-      kept.push_back(j);
-    } else {
-      p.excluded.push_back(j);
-    }
+    if (!std::binary_search(p.excluded.begin(), p.excluded.end(), j)) kept.push_back(j);
   }
   if (std::find(p.excluded.begin(), p.excluded.end(), prev.rank) != p.excluded.end()) {
     // Declared gone (a lapsed heartbeat) and back as a new life: a newcomer to the others.

@@ -224,20 +224,13 @@ class nccl_standbys {
  private:
   // The previous round's rank that departed, when exactly one did and nobody came; else -1.
   static int only_departure(const round_change<nccl_communicator>& ch) {
-    if (ch.next.world_size + 1 != ch.previous.world_size) return -1;
-    if (ch.previous.incarnations.size() != ch.previous.members.size() ||
-        ch.previous.members.size() != static_cast<std::size_t>(ch.previous.world_size)) {
+    if (ch.next.world_size + 1 != ch.previous.world_size ||
+        ch.previous.members.size() != static_cast<std::size_t>(ch.previous.world_size) ||
+        ch.previous.incarnations.size() != ch.previous.members.size()) {
       return -1;
     }
-    int gone = -1;
-    for (int j = 0; j < ch.previous.world_size; ++j) {
-      const auto& id = ch.previous.members[static_cast<std::size_t>(j)];
-      const auto& inc = ch.previous.incarnations[static_cast<std::size_t>(j)];
-      if (member_index(ch.next, id, inc) >= 0) continue;
-      if (gone >= 0) return -1;
-      gone = j;
-    }
-    return gone;
+    const auto gone = departed_ranks(ch.previous, ch.next);
+    return gone.size() == 1 ? gone.front() : -1;
   }
 
   // "P" of a round's keys "P/round/<r>/comm/": a pool of another run is never used.

@@ -1,11 +1,9 @@
 // A hash of the replicated state, so that a resync moves nothing when every rank already holds
 // rank 0's (detail/state_resync.hpp). The host state is hashed as pack() lays it out; a device
 // buffer is copied to the host in chunks through pinned staging that a group allocates once
-// and keeps across rebuilds (no cudaMalloc/cudaHostAlloc per rebuild), the copy of one chunk
-// overlapping the hashing of the previous one. The same staging carries the resync's host words
-// through a device communicator (device_words): no cudaMalloc/cudaFree per rebuild there either,
-// which matters beyond their cost, since cudaFree waits for the whole device, the stuck kernel
-// of a revoked communicator not yet aborted included.
+// and keeps across rebuilds (no cudaHostAlloc per rebuild), the copy of one chunk overlapping
+// the hashing of the previous one. (The resync's host words go through the communicator's own
+// device scratch: nccl_communicator::broadcast_host.)
 //
 // 64 bits, two independent 32-bit checks over the same bytes:
 // - CRC-32C (hardware): any difference of up to 32 bits in a row, any odd number of flipped
@@ -105,9 +103,8 @@ class state_digest {
 
 /// What a group keeps for its resyncs over a device communicator, made at the first use and kept
 /// for the group's life: pinned host staging for hashing device buffers (two halves, one being
-/// filled by a copy while the other is hashed, and an event each), and device memory for the
-/// host words its collectives carry (grown, never shrunk). Nothing CUDA happens before a method is
-/// called, so a host-only group never needs it.
+/// filled by a copy while the other is hashed, and an event each). Nothing CUDA happens before a
+/// method is called, so a host-only group never needs it.
 class resync_staging {
  public:
   static constexpr std::size_t half_bytes = std::size_t{4} << 20;
@@ -143,33 +140,6 @@ class resync_staging {
   /// Whether the pinned staging was made (once, at the first device buffer hashed).
   [[nodiscard]] bool allocated() const noexcept { return memory_.data() != nullptr; }
 
-  /// `words` through device memory on `stream`: copied in, `collective(device words)` (which
-  /// returns once done on the device), copied back, the stream synchronised. The current device
-  /// must be the communicator's.
-  template <class Collective>
-  void device_words(std::span<std::int64_t> words, internal::cuda::stream_t stream, Collective&& collective) {
-    if (words.empty()) return;
-    if (words.size_bytes() > device_bytes_) {
-      // Grown by doubling, from 4 KiB: the header and a count never grow it after the first use.
-      std::size_t n = std::max<std::size_t>(device_bytes_ * 2, 4096);
-      while (n < words.size_bytes()) n *= 2;
-      device_ = internal::cuda::device_bytes(n);
-      device_bytes_ = n;
-    }
-    auto* d = static_cast<std::int64_t*>(device_.get());
-#if ELASTIC_WITH_CUDA
-    internal::cuda::check(cudaMemcpyAsync(d, words.data(), words.size_bytes(), cudaMemcpyHostToDevice, stream),
-                          "cudaMemcpyAsync resync words to the device");
-    collective(std::span<std::int64_t>(d, words.size()));
-    internal::cuda::check(cudaMemcpyAsync(words.data(), d, words.size_bytes(), cudaMemcpyDeviceToHost, stream),
-                          "cudaMemcpyAsync resync words to the host");
-    internal::cuda::check(cudaStreamSynchronize(stream), "cudaStreamSynchronize after the resync words");
-#else
-    (void)stream, (void)collective, (void)d;
-    internal::cuda::unavailable("device staging of resync words");
-#endif
-  }
-
  private:
   void ready() {
     if (allocated()) return;
@@ -182,8 +152,6 @@ class resync_staging {
 
   checkpoint::detail::host_memory memory_;
   std::array<internal::cuda::event, 2> copied_;
-  internal::cuda::device_bytes device_;
-  std::size_t device_bytes_ = 0;
 };
 
 /// The hash of the replicated state of `st`: its packed host state, then, with a device

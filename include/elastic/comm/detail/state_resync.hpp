@@ -9,7 +9,6 @@
 #pragma once
 
 #include <cmath>
-#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -29,7 +28,6 @@
 #include <elastic/error.hpp>
 #include <elastic/events.hpp>
 #include <elastic/internal/clock.hpp>
-#include <elastic/internal/cuda.hpp>
 
 namespace elastic::inline v1::comm::detail {
 
@@ -45,55 +43,19 @@ struct resynced {
   std::string hash_error{};    ///< why this rank could not hash (it then counted as differing)
 };
 
-/// Whether the resync carries host words through the group's device staging on this
-/// communicator's own stream (nccl_communicator); another device communicator uses its
-/// broadcast_host/allreduce_host.
-template <class Comm>
-inline constexpr bool stages_words =
-    device_communicator<Comm> && requires(Comm& c, const Comm& cc, std::span<std::int64_t> w, int root) {
-      { cc.device() } -> std::convertible_to<int>;
-      { cc.stream() } -> std::convertible_to<internal::cuda::stream_t>;
-      c.broadcast(w, root);
-      c.allreduce(w, reduce_op::sum);
-    };
-
 /// Whether `Comm` can sum a count of host words: Gloo's collectives take host memory, a device
-/// communicator stages them.
+/// communicator stages them (allreduce_host).
 template <class Comm>
 inline constexpr bool sums_on_host =
-    !device_communicator<Comm> || stages_words<Comm> ||
-    requires(Comm& c, std::span<double> v) { c.allreduce_host(v, reduce_op::sum); };
-
-/// Host words from rank `root` to every rank (false: the collective failed), staged through
-/// `staging` where the communicator allows: no device allocation per call.
-template <class Comm, class Run>
-bool resync_words(Run& run, std::span<std::int64_t> words, int root, resync_staging* staging) {
-  if constexpr (stages_words<Comm>) {
-    if (staging != nullptr) {
-      return run("broadcast", [&](Comm& c) {
-        internal::cuda::device_scope on(c.device());
-        staging->device_words(words, c.stream(), [&](std::span<std::int64_t> d) { c.broadcast(d, root); });
-      });
-    }
-  }
-  return broadcast_words<Comm>(run, words, root);
-}
+    !device_communicator<Comm> || requires(Comm& c, std::span<double> v) { c.allreduce_host(v, reduce_op::sum); };
 
 /// `n` summed over the ranks (false: the collective failed).
 template <class Comm, class Run>
-bool sum_count(Run& run, std::int64_t& n, resync_staging* staging) {
+bool sum_count(Run& run, std::int64_t& n) {
   return run("allreduce", [&](Comm& c) {
-    const std::span<std::int64_t> one(&n, 1);
     if constexpr (!device_communicator<Comm>) {
-      c.allreduce(one, reduce_op::sum);
+      c.allreduce(std::span<std::int64_t>(&n, 1), reduce_op::sum);
     } else {
-      if constexpr (stages_words<Comm>) {
-        if (staging != nullptr) {
-          internal::cuda::device_scope on(c.device());
-          staging->device_words(one, c.stream(), [&](std::span<std::int64_t> d) { c.allreduce(d, reduce_op::sum); });
-          return;
-        }
-      }
       double v = static_cast<double>(n);  // exact: a count of ranks
       c.allreduce_host(std::span<double>(&v, 1), reduce_op::sum);
       n = std::llround(v);
@@ -130,7 +92,7 @@ bool broadcast_device(Run& run, const checkpoint::entry& e, int root) {
 /// (a newcomer's first resync), for the event. With `mode` compare (rank 0's decides whether the
 /// group compares) the replicated state moves only when some rank's step or hash differs from
 /// rank 0's; `staging` (kept by the group across rebuilds) carries device buffers to the host to
-/// be hashed, and the host words of a device communicator's collectives. Nothing when a
+/// be hashed. Nothing when a
 /// collective failed on the way. Throws errc::mismatch when this rank registered other state
 /// than rank 0.
 template <class Comm, class Run>
@@ -161,7 +123,7 @@ std::optional<resynced> resync_state(Run& run, int rank, int world, std::uint64_
   }
   std::int64_t head[4] = {static_cast<std::int64_t>(step), static_cast<std::int64_t>(fingerprint(st)),
                           compare ? 1 : 0, static_cast<std::int64_t>(hash)};
-  if (!resync_words<Comm>(run, std::span<std::int64_t>(head), 0, staging)) return std::nullopt;
+  if (!broadcast_words<Comm>(run, std::span<std::int64_t>(head))) return std::nullopt;
   if (static_cast<std::uint64_t>(head[1]) != fingerprint(st)) {
     throw error(errc::mismatch,
                 fmt::format("elastic_group: rank {} registered other state than rank 0 (names, types, sizes or "
@@ -186,7 +148,7 @@ std::optional<resynced> resync_state(Run& run, int rank, int world, std::uint64_
     out.differing = hashed && static_cast<std::int64_t>(step) == head[0] && static_cast<std::int64_t>(hash) == head[3]
                         ? 0
                         : 1;
-    if (!sum_count<Comm>(run, out.differing, staging)) return std::nullopt;
+    if (!sum_count<Comm>(run, out.differing)) return std::nullopt;
     if (out.differing == 0) {
       out.skipped = true;
       return out;
@@ -195,10 +157,10 @@ std::optional<resynced> resync_state(Run& run, int rank, int world, std::uint64_
   std::vector<std::byte> payload;
   if (rank == root) pack(st, payload, device_communicator<Comm>);
   std::int64_t size = static_cast<std::int64_t>((payload.size() + 7) / 8);
-  if (!resync_words<Comm>(run, std::span<std::int64_t>(&size, 1), root, staging)) return std::nullopt;
+  if (!broadcast_words<Comm>(run, std::span<std::int64_t>(&size, 1), root)) return std::nullopt;
   std::vector<std::int64_t> words(static_cast<std::size_t>(size));
   if (rank == root && !payload.empty()) std::memcpy(words.data(), payload.data(), payload.size());
-  if (!resync_words<Comm>(run, std::span<std::int64_t>(words), root, staging)) return std::nullopt;
+  if (!broadcast_words<Comm>(run, std::span<std::int64_t>(words), root)) return std::nullopt;
   if (rank != root) unpack(st, std::as_bytes(std::span<const std::int64_t>(words)), device_communicator<Comm>);
   if constexpr (device_communicator<Comm>) {
     for (const auto& e : st.entries()) {
