@@ -362,8 +362,11 @@ class rendezvous {
     if (opts_.peer_silence_timeout.count() == 0 || store_.local()) return;
     if (!beacon_) {
       try {
-        const std::string host = !opts_.peer_address.empty() ? opts_.peer_address
-                                 : internal::env_string("ELASTIC_HOST_ADDR").value_or(store_.local_address());
+        // Asks the store for a route (local_address(): a resolve and a connect per endpoint, and
+        // it may throw) only when neither the options nor the environment named the address.
+        std::string host = opts_.peer_address;
+        if (host.empty()) host = internal::env_string("ELASTIC_HOST_ADDR").value_or(std::string());
+        if (host.empty()) host = store_.local_address();
         beacon_ = std::make_unique<detail::peer_beacon>(host, opts_.run_id, opts_.peer_heartbeat_interval,
                                                         opts_.peer_silence_timeout);
       } catch (const error& e) {

@@ -58,6 +58,18 @@ inline bool valid_address(std::string_view a) noexcept {
   });
 }
 
+/// Splits a record's last field, "<field>[ <address>]", in place: `field` keeps what precedes
+/// the first space, `address` gets what follows it ("": none). False when an address is there
+/// but is not valid_address() (a trailing space included).
+inline bool split_address(std::string_view& field, std::string_view& address) noexcept {
+  address = {};
+  const auto sp = field.find(' ');
+  if (sp == std::string_view::npos) return true;
+  address = field.substr(sp + 1);
+  field = field.substr(0, sp);
+  return valid_address(address);
+}
+
 /// The run's bounds, in ranks, as P/config holds them.
 struct group_bounds {
   long long min_ranks = 0;
@@ -127,12 +139,11 @@ inline round_outcome parse_outcome(std::string_view key, const std::optional<std
     const std::string_view line = rest.substr(0, nl);
     rest = nl == std::string_view::npos ? std::string_view() : rest.substr(nl + 1);
     const auto sp = line.find(' ');
-    const auto sp2 = sp == std::string_view::npos ? sp : line.find(' ', sp + 1);
-    const std::string_view incarnation =
-        sp == std::string_view::npos ? std::string_view() : line.substr(sp + 1, sp2 == sp ? sp2 : sp2 - sp - 1);
-    const std::string_view address = sp2 == std::string_view::npos ? std::string_view() : line.substr(sp2 + 1);
-    if (sp == std::string_view::npos || !valid_participant(line.substr(0, sp)) || !valid_incarnation(incarnation) ||
-        (sp2 != std::string_view::npos && !valid_address(address)) || !seen.emplace(line.substr(0, sp)).second) {
+    std::string_view incarnation = sp == std::string_view::npos ? std::string_view() : line.substr(sp + 1);
+    std::string_view address;
+    if (sp == std::string_view::npos || !valid_participant(line.substr(0, sp)) ||
+        !split_address(incarnation, address) || !valid_incarnation(incarnation) ||
+        !seen.emplace(line.substr(0, sp)).second) {
       throw corrupt_key(key, v, "a member list ('<participant id> <incarnation> [<address>]' per line)", run_prefix);
     }
     out.members.push_back({std::string(line.substr(0, sp)), std::string(incarnation)});
@@ -150,12 +161,9 @@ inline join_entry parse_join(std::string_view key, std::string_view id, std::str
   const auto sp = value.find(' ');
   if (sp == std::string_view::npos || !valid_participant(id) || !valid_incarnation(value.substr(0, sp))) throw bad();
   join_entry e{{std::string(id), std::string(value.substr(0, sp))}, 0, 0, {}};
-  std::string_view prev = value.substr(sp + 1);
-  if (const auto sp2 = prev.find(' '); sp2 != std::string_view::npos) {
-    if (!valid_address(prev.substr(sp2 + 1))) throw bad();
-    e.address = std::string(prev.substr(sp2 + 1));
-    prev = prev.substr(0, sp2);
-  }
+  std::string_view prev = value.substr(sp + 1), address;
+  if (!split_address(prev, address)) throw bad();
+  e.address = std::string(address);
   if (prev == "new") return e;
   const auto colon = prev.find(':');
   if (colon == std::string_view::npos) throw bad();
