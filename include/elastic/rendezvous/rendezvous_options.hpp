@@ -34,8 +34,8 @@ struct rendezvous_options {
   /// 0: off. On by default on stores that span hosts (etcd), off on shm:// (one host).
   std::chrono::milliseconds peer_silence_timeout{std::chrono::seconds(2)};
   std::chrono::milliseconds peer_heartbeat_interval{std::chrono::milliseconds(250)};
-  /// The address the peer heartbeats listen on: empty: $ELASTIC_HOST_ADDR (elastic-run sets it
-  /// to this host's address towards the store), else 127.0.0.1.
+  /// The address the peer heartbeats listen on: empty: $ELASTIC_HOST_ADDR (elastic-run sets it),
+  /// else this host's address towards the store (store::local_address(); 127.0.0.1 on shm://).
   std::string peer_address{};
   /// empty: ELASTIC_PARTICIPANT_ID, else HOST:PID:RANDOM; [A-Za-z0-9._:@-], 1..128
   std::string participant_id{};
