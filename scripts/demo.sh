@@ -30,9 +30,7 @@ ensure_packages "${ELASTIC_BUILD_PACKAGES[@]}" libgloo-dev
 
 build="$root/build-demo"
 echo "=== building elastic-run and the digits trainer ($build) ==="
-cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DELASTIC_BUILD_TESTS=OFF \
-  -DELASTIC_BUILD_BENCHMARKS=OFF >/dev/null
-cmake --build "$build" --target elastic-run digits_train -j "$(jobs)" >/dev/null
+build_release "$build" elastic-run digits_train
 
 data="$build/data/digits.csv"
 if ! "$root/scripts/fetch_digits.sh" "$data"; then

@@ -38,9 +38,7 @@ elif [ -z "$run_tool" ] || [ -z "$train_tool" ]; then
   . "$root/scripts/lib.sh"
   build="$root/build-demo-gpu"
   echo "=== building elastic-run and cuda_train ($build) ==="
-  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DELASTIC_BUILD_TESTS=OFF \
-    -DELASTIC_BUILD_BENCHMARKS=OFF >/dev/null
-  cmake --build "$build" --target elastic-run cuda_train -j "$(jobs)" >/dev/null
+  build_release "$build" elastic-run cuda_train
   run_tool="${run_tool:-$build/tools/elastic-run}"
   train_tool="${train_tool:-$build/examples/cuda_train}"
   work="${work:-$build/demo-gpu-run}"

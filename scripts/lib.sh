@@ -21,3 +21,14 @@ ELASTIC_TEST_PACKAGES=(catch2 libbenchmark-dev procps etcd-server libcurl4-opens
                        iproute2 clang libclang-rt-14-dev munge slurmctld slurmd slurm-client shellcheck chromium)
 
 jobs() { nproc 2>/dev/null || echo 2; }
+
+# build_release DIR TARGET...: a Release build of the programs a demo runs (no tests, no
+# benchmarks) in DIR.
+build_release() {
+  local build="$1" src
+  shift
+  src="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+  cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DELASTIC_BUILD_TESTS=OFF \
+    -DELASTIC_BUILD_BENCHMARKS=OFF >/dev/null
+  cmake --build "$build" --target "$@" -j "$(jobs)" >/dev/null
+}
