@@ -404,7 +404,11 @@ TEST_CASE("a rank frozen while the next round's communicator connects is dropped
   const std::uint64_t steps = 40;
   const std::string want = reference_crc(slow_gloo, steps);
   scratch s;
-  fleet f(ELASTIC_GROUP_WORKER, s.url, "frozen_connect", slow_gloo, s.events);
+  // A last call of 3 s: round 2 must hold w1, which a loaded machine (TSan, -j2) made miss a
+  // 300 ms one, so that round 2 formed without it and w1 never reached its connect.
+  auto common = slow_gloo;
+  common.insert(common.end(), {"--last-call-ms", "3000"});
+  fleet f(ELASTIC_GROUP_WORKER, s.url, "frozen_connect", common, s.events);
   const std::vector<std::string> args{"--dir", s.ckpt, "--steps", std::to_string(steps), "--min", "2", "--max", "4"};
   start_workers(f, 4, args, {{1, {"--stop-in-connect-round", "2"}}, {3, {"--kill-self-at", "10"}}});
   const std::vector<std::size_t> survivors{0, 2};
