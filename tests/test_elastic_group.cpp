@@ -650,6 +650,44 @@ TEST_CASE("a group refuses a fixed slice (add_shard), which cannot follow it, wi
   }
 }
 
+TEST_CASE("a rank that comes to a run that already finished ends as finished with its final weights at once") {
+  const std::uint64_t steps = 30;
+  const std::string want = reference_crc(fast, steps);
+  scratch s;
+  fleet f(ELASTIC_GROUP_WORKER, s.url, "over", fast, s.events);
+  // A join timeout far past what this test waits: only the run's end can stop the late rank.
+  const std::vector<std::string> args{"--dir", s.ckpt, "--steps", std::to_string(steps), "--min", "2", "--max", "3",
+                                      "--join-timeout-ms", "120000"};
+  f.start("w0", args);
+  f.start("w1", args);
+  REQUIRE(f.wait_until([&] { return f.all_ended({0, 1}); }, 60s));
+  for (std::size_t i : {0u, 1u}) check_finished(f, i, steps, want, "0");
+
+  // A restarted rank no round admitted before the end (or one started again under the id):
+  // it does not wait for the members that left, it loads the final checkpoint and is done.
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto late = f.start("w2", args);
+  const bool ended = f.wait_until([&] { return f.all_ended({late}); }, 30s);
+  INFO(f.transcript(late));
+  REQUIRE(ended);
+  CHECK(std::chrono::steady_clock::now() - t0 < 20s);
+  check_finished(f, late, steps, want, "0");
+  CHECK_FALSE(f.find(late, "joined "));
+
+  // A launch that asks for other steps under the finished run's id is refused, saying why.
+  auto more = args;
+  more[3] = std::to_string(steps + 10);
+  const auto other = f.start("w3", more);
+  REQUIRE(f.wait_until([&] { return f.all_ended({other}); }, 30s));
+  INFO(f.transcript(other));
+  CHECK(exit_code_of(f[other].status) == 3);
+  const auto err = f.find(other, "error ");
+  REQUIRE(err);
+  CHECK(field(*err, "code") == "mismatch");
+  CHECK(err->find("already finished, its step 30 of 30 durable") != std::string::npos);
+  CHECK(err->find("asked for 30 steps, this loop for 40") != std::string::npos);
+}
+
 TEST_CASE("a group that falls below min_ranks stops with a clear error and keeps its checkpoint") {
   scratch s;
   fleet f(ELASTIC_GROUP_WORKER, s.url, "shrink", fast, s.events);

@@ -17,7 +17,8 @@ constexpr errc all_codes[] = {errc::invalid_argument, errc::bad_name,      errc:
                               errc::corrupt,          errc::capacity_exhausted, errc::timeout,
                               errc::os_error,         errc::mismatch,      errc::interrupted,
                               errc::unsafe_path,      errc::peer_lost,     errc::aborted,
-                              errc::not_supported,    errc::unavailable,   errc::device_error};
+                              errc::not_supported,    errc::unavailable,   errc::device_error,
+                              errc::run_finished};
 
 }  // namespace
 
@@ -99,4 +100,5 @@ TEST_CASE("the codes for lost peers, aborted communicators, missing features and
   CHECK(elastic::to_string(errc::not_supported) == "not_supported");
   CHECK(elastic::to_string(errc::unavailable) == "unavailable");
   CHECK(elastic::to_string(errc::device_error) == "device_error");
+  CHECK(elastic::to_string(errc::run_finished) == "run_finished");
 }

@@ -510,6 +510,60 @@ TEST_CASE("a participant id in use by a live participant is refused") {
   CHECK(error_of([&] { b.join(); }).code() == errc::already_running);
 }
 
+TEST_CASE("a participant waiting for the next round stops with errc::run_finished when the run finishes") {
+  scratch_store t;
+  auto a = options("job", 2, 3, "p0"), b = options("job", 2, 3, "p1");
+  rdzv::rendezvous ra(t.s, a), rb(t.s, b);
+  REQUIRE(on_threads(2, [&](int i) { (i == 0 ? ra : rb).join(); }).empty());
+  REQUIRE(ra.current().world_size == 2);
+  // The round closed without it: it waits as a newcomer, far longer than this test runs.
+  auto o = options("job", 2, 3, "late");
+  o.join_timeout = 120s;
+  rdzv::rendezvous late(t.s, o);
+  std::optional<elastic::error> failure;
+  clock_type::time_point ended;
+  std::thread waiter([&] {
+    try {
+      late.join();
+    } catch (const elastic::error& e) {
+      failure = e;
+    }
+    ended = clock_type::now();
+  });
+  // Its pending key is up once it waits.
+  const auto until = clock_type::now() + 10s;
+  while (!t.s.get("/elastic/job/pending/late") && clock_type::now() < until) std::this_thread::sleep_for(10ms);
+  CHECK(t.s.get("/elastic/job/pending/late"));
+  CHECK_FALSE(late.finished());
+  // Rank 0 records the end, then both members leave.
+  const auto t_end = clock_type::now();
+  ra.mark_finished(500, 500);
+  ra.leave(true);
+  rb.leave(true);
+  waiter.join();
+  REQUIRE(failure);
+  INFO(failure->what());
+  CHECK(failure->code() == errc::run_finished);
+  CHECK(ended - t_end < 2s);
+  CHECK(std::string(failure->what()).find("its step 500 of 500 durable (recorded by 'p0' in round 1)") !=
+        std::string::npos);
+  REQUIRE(late.finished());
+  CHECK(late.finished()->step == 500);
+  CHECK(late.finished()->steps == 500);
+  CHECK(late.finished()->by == "p0");
+  CHECK(late.finished()->round == 1);
+  CHECK_FALSE(t.s.get("/elastic/job/pending/late"));  // no member will look for it
+
+  // One that starts after the end stops before it waits at all.
+  rdzv::rendezvous again(t.s, options("job", 2, 3, "again"));
+  CHECK(error_of([&] { again.join(); }).code() == errc::run_finished);
+  // Removing the finished run's keys frees its id for a new run.
+  late.leave();
+  again.leave();
+  CHECK(rdzv::remove_finished_run(t.s, "/elastic", "job"));
+  CHECK_FALSE(t.s.get("/elastic/job/finished"));
+}
+
 TEST_CASE("garbage under the run's keys is errc::corrupt naming the key") {
   scratch_store t;
   auto o = options("job", 1, 1, "p0");
@@ -529,6 +583,10 @@ TEST_CASE("garbage under the run's keys is errc::corrupt naming the key") {
   SECTION("the run's bounds") {
     key = "/elastic/job/config";
     t.s.set(key, "min=1;max=1");
+  }
+  SECTION("the run's end") {
+    key = "/elastic/job/finished";
+    t.s.set(key, "step=10 steps=ten by=p0 round=1");
   }
   rdzv::rendezvous rv(t.s, o);
   const auto e = error_of([&] { rv.join(); });

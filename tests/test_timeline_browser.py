@@ -173,6 +173,17 @@ def self_contained(dom, what):
         check("url(" not in style.text() and "@import" not in style.text(), "%s: a style fetches from elsewhere" % what)
 
 
+def tails(run_dir, lines=12):
+    """The last lines of each rank's log and of the events: what a failed run was doing."""
+    out = []
+    for name in sorted(os.listdir(run_dir)) if os.path.isdir(run_dir) else []:
+        if name.startswith("rank-") or name == "events.jsonl":
+            with open(os.path.join(run_dir, name), errors="replace") as f:
+                last = f.read().splitlines()[-lines:]
+            out.append("--- %s, last %d lines:\n%s" % (name, len(last), "\n".join(l[:300] for l in last)))
+    return "\n".join(out)
+
+
 def disturbed_run(a, chromium, work):
     logs = os.path.join(work, "logs")
     run_id = "timeline-%d" % os.getpid()
@@ -183,7 +194,7 @@ def disturbed_run(a, chromium, work):
             "--kill-together-at", "100", "--hang-rank", "1", "--hang-at", "150"]
     code, _, err = run_bounded(argv, 240)
     err = err.decode(errors="replace")
-    if not check(code == 0, "elastic-run exited %s, want 0:\n%s" % (code, err)):
+    if not check(code == 0, "elastic-run exited %s, want 0:\n%s%s" % (code, err, tails(os.path.join(logs, run_id)))):
         return
     page = os.path.join(logs, run_id, "timeline.html")
     check("  timeline         %s\n" % page in err, "the summary does not name the timeline %s:\n%s" % (page, err))

@@ -33,6 +33,7 @@ enum class errc {
   not_supported,         ///< a feature not compiled in, or not offered by the runtime library found
   unavailable,           ///< a store or service that cannot be reached now (retrying later may work)
   device_error,          ///< a CUDA call failed (the device, its driver or its memory)
+  run_finished,          ///< the run to join already finished: its last step is durable, nothing is left to do
 };
 
 /// A short, stable name for a code (used in events and messages).
@@ -56,6 +57,7 @@ constexpr std::string_view to_string(errc code) noexcept {
     case errc::not_supported: return "not_supported";
     case errc::unavailable: return "unavailable";
     case errc::device_error: return "device_error";
+    case errc::run_finished: return "run_finished";
   }
   return "unknown";
 }
@@ -83,6 +85,7 @@ constexpr std::string_view describe(errc code) noexcept {
     case errc::not_supported: return "not compiled in, or not supported by the runtime library found";
     case errc::unavailable: return "a store or service cannot be reached now";
     case errc::device_error: return "a CUDA call failed";
+    case errc::run_finished: return "the run already finished";
   }
   return "unknown elastic error";
 }

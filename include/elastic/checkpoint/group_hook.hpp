@@ -32,6 +32,12 @@ struct loop_link {
   std::function<void(bool inside)> collective;
 };
 
+/// How a finished run ended: its last step (durable) of the steps the loop was asked for.
+struct run_end {
+  std::uint64_t step = 0;
+  std::uint64_t steps = 0;
+};
+
 /// A fixed slice (add_shard) cannot follow a group whose size changes: errc::not_supported
 /// naming the first one (the loop checks at its start, the group at a resync).
 inline void refuse_fixed_slices(const state& st) {
@@ -77,9 +83,11 @@ class group_hook {
   /// rebuilds its communicator and makes every rank agree on rank 0's step and `st`; it
   /// returns the step the loop goes on from. Throws elastic::error when no group can form (the
   /// world stayed below min_ranks past the join timeout, other bounds than the run's, a slice
-  /// lost with no checkpoint to reload it from, ...), and
+  /// lost with no checkpoint to reload it from, ...),
   /// errc::interrupted when a preemption notice (preemption_handler::requested()) came while it
-  /// waited: the loop then ends as preempted (exit 75) without a new checkpoint.
+  /// waited: the loop then ends as preempted (exit 75) without a new checkpoint, and
+  /// errc::run_finished when the run ended without this rank (finish(), run_ended()): the loop
+  /// then loads the newest checkpoint and ends as finished (exit 0).
   virtual std::uint64_t safe_point(std::uint64_t step, checkpoint::state& st) = 0;
 
   /// After the body of a step: true when a collective of this step failed, so its update was
@@ -89,6 +97,15 @@ class group_hook {
 
   /// Whether this rank writes the group's checkpoints now (rank 0 of the current round).
   [[nodiscard]] virtual bool writes_checkpoints() const noexcept = 0;
+
+  /// The loop reached its last step and made it durable (rank 0 of the round calls this, once,
+  /// at the loop's end): the group records that the run is over, so that a participant still
+  /// waiting to join it (a restarted rank no round admitted before the end) stops waiting for
+  /// members that have left: its safe_point() throws errc::run_finished. May throw
+  /// elastic::error (a store that does not answer); the loop's end does not depend on it.
+  virtual void finish(run_end /*end*/) {}
+  /// How the run ended, once safe_point() threw errc::run_finished (what finish() recorded).
+  [[nodiscard]] virtual std::optional<run_end> run_ended() const { return std::nullopt; }
 
   /// Every rank of the round calls this at the same step with as many `values`; each gets every
   /// rank's, rank after rank (size() x values.size()): the loop's step pace agrees on its

@@ -334,6 +334,17 @@ class training_loop {
   /// standing; no new checkpoint (this rank's state may not be the group's).
   void interrupted_while_regrouping(const error& e);
 
+  /// The run ended without this rank (safe_point threw errc::run_finished: no round admitted it
+  /// before the last step): it loads the newest checkpoint and ends as finished, exit 0.
+  /// errc::mismatch when the run's record is of a launch asked for other steps (its keys outlived
+  /// an earlier run under this id).
+  void ended_without_us(const error& e);
+
+  /// Rank 0 of a group at a finished loop's end, its last step durable: tells the group the run
+  /// is over (group_hook::finish), for the ranks still waiting to join. A store that does not
+  /// answer is an event, not a failure: the run did finish.
+  void record_finish();
+
   /// Starts the grace timer: `since` is when the notice came (CLOCK_MONOTONIC ns; 0: now).
   void start_grace(std::int64_t since);
 

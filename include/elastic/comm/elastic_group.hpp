@@ -224,6 +224,16 @@ class elastic_group final : public group_hook {
   [[nodiscard]] bool step_failed() const noexcept override { return failed(); }
   [[nodiscard]] bool writes_checkpoints() const noexcept override { return comm_ && rank() == 0; }
 
+  void finish(checkpoint::run_end end) override {
+    std::lock_guard lk(rdzv_mu_);
+    rdzv_.mark_finished(end.step, end.steps);
+  }
+  [[nodiscard]] std::optional<checkpoint::run_end> run_ended() const override {
+    std::lock_guard lk(rdzv_mu_);
+    if (const auto& f = rdzv_.finished()) return checkpoint::run_end{f->step, f->steps};
+    return std::nullopt;
+  }
+
  private:
   using clock = std::chrono::steady_clock;
   using rebuild_fn = std::function<rebuilt<Comm>(round_change<Comm>&)>;
@@ -620,7 +630,7 @@ class elastic_group final : public group_hook {
   rebuild_fn rebuild_;
   bool keeps_ = false;  // the rebuilder gets the previous communicator: revoke it, never retire it
   rendezvous::bootstrap_fn bootstrap_;
-  std::mutex rdzv_mu_;  // the rendezvous is driven by one thread at a time: us or the watcher
+  mutable std::mutex rdzv_mu_;  // the rendezvous is driven by one thread at a time: us or the watcher
   rendezvous::rendezvous rdzv_;
   std::mutex comm_ptr_mu_;      // comm_ is replaced by the training thread, revoked by the watcher
   std::unique_ptr<Comm> comm_;

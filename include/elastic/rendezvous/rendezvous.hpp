@@ -30,6 +30,11 @@
 //                             a member that stopped hearing its peer heartbeats
 //                             (detail/peer_beacon.hpp). Join records and outcomes carry each
 //                             participant's heartbeat address as a last field.
+//   P/finished                "step=S steps=N by=<id> round=R": the run is over, its last step S
+//                             durable (mark_finished(), the training loop's rank 0 at its end).
+//                             Not leased. A participant still waiting to join then stops
+//                             (errc::run_finished) instead of waiting for members that have
+//                             left; elastic-run removes it with the run's other keys.
 //   P/left/<id>               "<incarnation>": the participant left on purpose (leave(): it is done,
 //                             not dead). Not leased; it names one incarnation, so a restart under
 //                             the same id is not taken for it.
@@ -131,6 +136,10 @@ struct membership_change {
   }
 };
 
+/// How a finished run ended (mark_finished(), P/finished): its last step, durable; the steps
+/// the training loop was asked for; who recorded it, in which round.
+using finished_run = detail::finished_record;
+
 /// Makes the leader's bootstrap blob for a round (e.g. ncclGetUniqueId's 128 bytes).
 using bootstrap_fn = std::function<std::string(const round_info&)>;
 
@@ -170,7 +179,9 @@ class rendezvous {
   /// Throws errc::mismatch for other min/max than the run's; errc::capacity_exhausted when
   /// the run already has max_ranks live members; errc::timeout when no round formed within
   /// join_timeout (the group stayed below min_ranks); errc::interrupted when a preemption
-  /// notice came while waiting; errc::corrupt naming a damaged key.
+  /// notice came while waiting; errc::run_finished when the run is over (mark_finished(): a
+  /// participant the last round never admitted, or one started again under a finished run's
+  /// id; finished() says how it ended); errc::corrupt naming a damaged key.
   round_info join(const bootstrap_fn& make_bootstrap = {}) {
     const auto start = std::chrono::steady_clock::now();
     const auto deadline = start + opts_.join_timeout;
@@ -182,6 +193,7 @@ class rendezvous {
                                        {"previous_round", current_.round}});
       for (;;) {
         check_notice("joining");
+        check_finished("joining");
         try {
           if (auto info = join_turn(make_bootstrap, start, deadline)) return *info;
         } catch (const error& e) {
@@ -201,6 +213,12 @@ class rendezvous {
         events_.emit("rendezvous_timeout", {{"participant", opts_.participant_id}, {"message", e.what()}});
       } else if (e.code() == errc::interrupted) {
         events_.emit("rendezvous_interrupted", {{"participant", opts_.participant_id}, {"message", e.what()}});
+      } else if (e.code() == errc::run_finished && finished_) {
+        events_.emit("rendezvous_run_finished", {{"participant", opts_.participant_id},
+                                                 {"step", finished_->step},
+                                                 {"steps", finished_->steps},
+                                                 {"by", finished_->by},
+                                                 {"round", finished_->round}});
       }
       throw;
     }
@@ -262,6 +280,20 @@ class rendezvous {
       }
     }
   }
+
+  /// Records that the run is over (P/finished): its last step `step` of `steps` is durable. Rank
+  /// 0 of the last round calls it (the training loop does, at its end), before it leaves: a
+  /// participant still waiting to join (a restarted rank no round admitted before the end)
+  /// stops waiting for members that have left, with errc::run_finished. Not leased: the run's
+  /// id stays finished until its keys are removed (remove_finished_run, which elastic-run calls
+  /// when every worker of its host exited 0).
+  void mark_finished(std::uint64_t step, std::uint64_t steps) {
+    store_.set(prefix_ + "/finished",
+               detail::format_finished({step, steps, opts_.participant_id, current_.round}));
+  }
+
+  /// How the run ended, once join() threw errc::run_finished; nothing before.
+  [[nodiscard]] const std::optional<finished_run>& finished() const noexcept { return finished_; }
 
   /// The last round this participant was a member of (round 0: none yet).
   [[nodiscard]] const round_info& current() const noexcept { return current_; }
@@ -330,6 +362,26 @@ class rendezvous {
                               "75, the newest committed checkpoint stands",
                               opts_.participant_id, opts_.run_id, doing, sig));
     }
+  }
+  /// Throws errc::run_finished when the run is over (P/finished, from the view): called in every
+  /// wait for a round, so a participant that no round admitted before the end stops waiting
+  /// for members that have left.
+  void check_finished(std::string_view doing) {
+    const std::string key = prefix_ + "/finished";
+    const auto v = view_.get(key);
+    if (!v) return;
+    const auto f = detail::parse_finished(*v);
+    if (!f) throw detail::corrupt_key(key, *v, "'step=S steps=N by=<id> round=R'", prefix_);
+    finished_ = *f;
+    if (pending_) {
+      store_.erase(key_pending());
+      pending_ = false;
+    }
+    throw error(errc::run_finished,
+                fmt::format("participant '{}' of run '{}' stopped {}: the run already finished, its step {} of {} "
+                            "durable (recorded by '{}' in round {}); nothing is left for this participant to do. To "
+                            "train the run further, start it under another run id, or remove its keys first",
+                            opts_.participant_id, opts_.run_id, doing, f->step, f->steps, f->by, f->round));
   }
   static bool contains(const std::vector<detail::member>& ms, const detail::member& m) {
     return std::find(ms.begin(), ms.end(), m) != ms.end();
@@ -535,6 +587,10 @@ class rendezvous {
       view_.refresh();
       if (!is_alive(self())) return std::nullopt;  // declared gone: join() starts a new life
       if (auto end = round_end(r, mine)) return end->members;
+      if (view_.get(prefix_ + "/finished")) {
+        store_.erase(mine);
+        check_finished(fmt::format("waiting for round {} to close", r));
+      }
       const auto now = clock::now();
       if (!c.joins) claim_closer(r, c, now);
       if (c.joins) {
@@ -710,6 +766,7 @@ class rendezvous {
       }
       view_.refresh();
       if (read_round() != r) return;
+      check_finished(fmt::format("waiting for round {} to end", r));
       if (live == 0) bump(r);  // no member left to start the next round: we do
       if (clock::now() >= deadline) {
         store_.erase(key_pending());
@@ -827,6 +884,7 @@ class rendezvous {
   bool pending_ = false;          // we set P/pending/<id> and have not erased it since
   std::string incarnation_;
   round_info current_;
+  std::optional<finished_run> finished_;  // P/finished, once a wait met it
   std::vector<detail::member> members_;
   std::set<std::string> reported_;
   detail::run_view view_;        // the run's membership keys, as a feed keeps them

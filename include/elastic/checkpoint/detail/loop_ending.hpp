@@ -112,13 +112,44 @@ inline void training_loop::final_checkpoint(loop_reason why) {
   reason_ = why;
   if (!writer() || (why != loop_reason::preempted && !opts_.checkpoint_at_end)) {
     settle(why);
-    emit_end();
-    rethrow_unless_preempted();
+  } else {
+    if (why == loop_reason::preempted) start_grace(preemption_handler::requested_at_ns());
+    write_final(next_);
+    grace_.reset();
+  }
+  record_finish();
+  emit_end();
+  rethrow_unless_preempted();
+}
+
+inline void training_loop::record_finish() {
+  if (reason_ != loop_reason::finished || !opts_.group || opts_.steps == 0 || final_failure_ ||
+      !opts_.group->writes_checkpoints()) {
     return;
   }
-  if (why == loop_reason::preempted) start_grace(preemption_handler::requested_at_ns());
-  write_final(next_);
-  grace_.reset();
+  try {
+    opts_.group->finish({next_, opts_.steps});
+  } catch (const error& e) {
+    events_.emit("loop_finish_record_failed", {{"step", next_}, {"error", e.what()}});
+  }
+}
+
+inline void training_loop::ended_without_us(const error& e) {
+  scope_.reset();
+  const auto end = opts_.group->run_ended();
+  if (!end || end->steps != opts_.steps) {
+    throw error(errc::mismatch,
+                fmt::format("training_loop: {} That record is of a launch asked for {} steps, this loop for {}: the "
+                            "run's keys outlived an earlier run under its id",
+                            e.message(), end ? end->steps : 0, opts_.steps));
+  }
+  settle(loop_reason::finished);  // what this rank had in flight
+  if (!sharded_group_) {
+    // The run's final state where this rank can read it (a directory the ranks share); a
+    // sharded state's parts belong to the last round's ranks, which this one is not among.
+    if (const auto m = ckpt_.restore()) next_ = m->step;
+  }
+  reason_ = loop_reason::finished;
   emit_end();
   rethrow_unless_preempted();
 }
@@ -189,6 +220,7 @@ inline void training_loop::finish_agreed() {
                                                {"error", failure.empty() ? event_value() : event_value(failure)}});
   }
   grace_.reset();
+  record_finish();
   emit_end();
   rethrow_unless_preempted();
 }

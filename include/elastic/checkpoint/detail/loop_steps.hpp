@@ -20,6 +20,10 @@ inline bool training_loop::begin_step() {
     try {
       agreed = opts_.group->safe_point(next_, state_);
     } catch (const error& e) {
+      if (e.code() == errc::run_finished) {
+        ended_without_us(e);
+        return false;
+      }
       if (e.code() != errc::interrupted) throw;
       interrupted_while_regrouping(e);
       return false;

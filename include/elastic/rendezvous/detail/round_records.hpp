@@ -2,7 +2,8 @@
 // rendezvous/rendezvous.hpp): the run's bounds ("min_nodes=M max_nodes=N", a wire name kept for
 // groups already running: both count ranks), a round's outcome ("members\n<id> <incarnation>
 // [<address>]..." or "abandoned\n<why>") and a join ("<incarnation> new|<round>:<rank>
-// [<address>]"; the address is where the participant's peer heartbeats listen). Each is written and
+// [<address>]"; the address is where the participant's peer heartbeats listen) and the run's end
+// ("step=S steps=N by=<id> round=R"). Each is written and
 // read here only; a record that does not parse is errc::corrupt naming the key and what to do.
 // Fuzzed by tests/fuzz/fuzz_rendezvous_record.cpp.
 #pragma once
@@ -10,6 +11,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <iterator>
 #include <optional>
 #include <map>
 #include <set>
@@ -103,6 +105,39 @@ inline std::optional<group_bounds> parse_config(std::string_view v) noexcept {
   const auto mx = internal::parse_integer(v.substr(sep + max_tag.size()));
   if (!mn || !mx || *mn < 0 || *mx < 0) return std::nullopt;
   return group_bounds{*mn, *mx};
+}
+
+/// P/finished: how the run ended, as its last round's rank 0 recorded it.
+struct finished_record {
+  std::uint64_t step = 0;   ///< the last step, durable
+  std::uint64_t steps = 0;  ///< the steps the training loop was asked for
+  std::string by;           ///< the participant that recorded it
+  std::int64_t round = 0;   ///< its round then
+};
+
+/// "step=S steps=N by=<id> round=R".
+inline std::string format_finished(const finished_record& f) {
+  return fmt::format("step={} steps={} by={} round={}", f.step, f.steps, f.by, f.round);
+}
+
+/// P/finished parsed (the fields in that order; S, N and R non-negative decimal integers, the id
+/// not empty); nothing for anything else.
+inline std::optional<finished_record> parse_finished(std::string_view v) {
+  constexpr std::string_view tags[] = {"step=", " steps=", " by=", " round="};
+  std::string_view fields[std::size(tags)];
+  for (std::size_t i = 0; i < std::size(tags); ++i) {
+    if (!v.starts_with(tags[i])) return std::nullopt;
+    v.remove_prefix(tags[i].size());
+    const auto end = i + 1 < std::size(tags) ? v.find(tags[i + 1]) : v.size();
+    if (end == std::string_view::npos) return std::nullopt;
+    fields[i] = v.substr(0, end);
+    v.remove_prefix(end);
+  }
+  const auto step = internal::parse_integer(fields[0]), steps = internal::parse_integer(fields[1]),
+             round = internal::parse_integer(fields[3]);
+  if (!step || !steps || !round || *step < 0 || *steps < 0 || *round < 0 || fields[2].empty()) return std::nullopt;
+  return finished_record{static_cast<std::uint64_t>(*step), static_cast<std::uint64_t>(*steps), std::string(fields[2]),
+                         static_cast<std::int64_t>(*round)};
 }
 
 /// Participant ids joined with ',' (the members field of events).
