@@ -65,7 +65,7 @@ for h in "${hosts[@]}"; do
   extra=()
   [ "$h" = c ] && extra=(--stop-self-at 40)
   ip netns exec "$tag$h" "$run" --run-id frozen --nproc-per-node 1 --nnodes 2:3 --rdzv "$url" --quiet \
-    --log-dir "$work/logs-$h" -- "$worker" --store "$url" --run-id frozen --min 2 --max 3 --steps 150 \
+    --log-dir "$work/logs-$h" -- "$worker" --run-id frozen --min 2 --max 3 --steps 150 \
     --step-sleep-ms 20 --timeout-ms ${GLOO_TIMEOUT_MS:-60000} --dir "$work/ckpt" --dim 4096 "${extra[@]}" \
     >"$work/launcher-$h.log" 2>&1 &
   pids+=($!)

@@ -16,8 +16,10 @@
 #include <vector>
 
 #include <elastic/rendezvous/etcd_store.hpp>
+#include <elastic/rendezvous/open_store.hpp>
 #include <elastic/rendezvous/rendezvous.hpp>
 
+#include "agent/store_relay.hpp"
 #include "support/catch.hpp"
 #include "support/etcd_server.hpp"
 #include "support/process.hpp"
@@ -142,6 +144,69 @@ TEST_CASE("32 participants over etcd: an idle round asks etcd for heartbeats onl
   // Seen in the test's log: the figures behind the bound.
   WARN("first round " << first_round << " s; idle " << idle_requests << " requests in " << idle_s << " s for " << n
                       << " participants; re-round " << reround << " s");
+}
+
+TEST_CASE("32 participants on 4 hosts' relays over etcd: one lease and one watch per host, an idle round asks "
+          "etcd for the hosts' renewals alone") {
+  constexpr int hosts = 4, per_host = 8, n = hosts * per_host;
+  etcd_server etcd;
+  elastic::test::temp_dir dir;
+  std::vector<rdzv::etcd_store*> upstream;
+  std::vector<std::unique_ptr<elastic::agent::store_relay>> relays;
+  for (int h = 0; h < hosts; ++h) {
+    auto up = std::make_unique<rdzv::etcd_store>(etcd.url(), client_options());
+    upstream.push_back(up.get());
+    relays.push_back(std::make_unique<elastic::agent::store_relay>(std::move(up), dir.file("h" + std::to_string(h))));
+  }
+  auto etcd_requests = [&] {
+    std::uint64_t r = 0;
+    for (auto* u : upstream) r += u->requests();
+    return r;
+  };
+  std::vector<std::unique_ptr<rdzv::store>> stores;
+  std::vector<std::unique_ptr<rdzv::rendezvous>> rs;
+  std::vector<int> all(n);
+  for (int i = 0; i < n; ++i) {
+    all[i] = i;
+    stores.push_back(rdzv::open_store(relays[static_cast<std::size_t>(i / per_host)]->url()));
+    rs.push_back(std::make_unique<rdzv::rendezvous>(*stores.back(), options(n, i)));
+  }
+  const auto t0 = clock_type::now();
+  REQUIRE(on_threads(all, [&](int i) { rs[i]->join(); }).empty());
+  const double first_round = std::chrono::duration<double>(clock_type::now() - t0).count();
+  for (const auto& r : rs) CHECK(r->current().world_size == n);
+  const std::uint64_t formation = etcd_requests();
+  for (const auto& relay : relays) {
+    CHECK(relay->leases() == per_host);
+    // The run's keys and the heartbeat erasures, for all its workers (a closer's watch of the
+    // joins ends with the round).
+    const auto until = clock_type::now() + 2s;
+    while (relay->watches() > 2 && clock_type::now() < until) std::this_thread::sleep_for(10ms);
+    CHECK(relay->watches() == 2);
+  }
+
+  // Idle, every member polling every 50 ms: the relays renew their own leases (every 10 s / 6),
+  // and a registration set again by every worker at each beat goes to etcd once per host.
+  const std::uint64_t before = etcd_requests();
+  const auto idle_from = clock_type::now();
+  while (clock_type::now() - idle_from < 3s) {
+    for (auto& r : rs) CHECK_FALSE(r->poll().any());
+    std::this_thread::sleep_for(50ms);
+  }
+  const double idle_s = std::chrono::duration<double>(clock_type::now() - idle_from).count();
+  const std::uint64_t idle_requests = etcd_requests() - before;
+  // Per host, every 1.67 s (a sixth of the 10 s lease): a renewal, and the run's registration
+  // asked for once (not per worker); a third for a beat that straddles the window.
+  const auto bound = static_cast<std::uint64_t>(hosts * 3 * (idle_s / 1.66 + 1));
+  INFO("first round " << first_round << " s, " << formation << " etcd requests; idle " << idle_s << " s: "
+                      << idle_requests << " etcd requests (bound " << bound << ")");
+  CHECK(idle_requests <= bound);
+
+  WARN("relayed: first round " << first_round << " s, " << formation << " etcd requests; idle " << idle_requests
+                               << " etcd requests in " << idle_s << " s for " << n << " participants on " << hosts
+                               << " hosts");
+  rs.clear();  // before the stores they speak through
+  stores.clear();
 }
 
 namespace {

@@ -57,7 +57,7 @@ url="etcd://$addr_a:2379"
 for ns in "$a" "$b"; do
   # The checkpoint directory is shared, as /shared/ckpt would be on two real hosts.
   ip netns exec "$ns" "$run" --run-id twonets --nproc-per-node 1 --nnodes 2:2 --rdzv "$url" --quiet \
-    --log-dir "$work/logs-$ns" -- "$worker" --store "$url" --run-id twonets --min 2 --max 2 --steps 30 \
+    --log-dir "$work/logs-$ns" -- "$worker" --run-id twonets --min 2 --max 2 --steps 30 \
     --dir "$work/ckpt" --dim 4096 >"$work/launcher-$ns.log" 2>&1 &
   pids+=($!)
 done
@@ -73,7 +73,7 @@ done
 log() { cat "$work/logs-$1/twonets/rank-0.log" 2>/dev/null || true; }
 for ns in "$a" "$b"; do
   echo "--- host $ns"
-  grep -E "^(joined|final)|HOST_ADDR" <(log "$ns") || true
+  grep -E "^(store|joined|final)|HOST_ADDR" <(log "$ns") || true
 done
 if [ "$status" != 0 ]; then
   for ns in "$a" "$b"; do echo "--- launcher $ns"; tail -20 "$work/launcher-$ns.log"; echo "--- rank log $ns"; log "$ns" | tail -20; done
@@ -83,7 +83,9 @@ field() { grep -m1 "^$2" <(log "$1") | grep -o "$3=[^ ]*" | cut -d= -f2; }
 ra=$(field "$a" joined rank) rb=$(field "$b" joined rank)
 wa=$(field "$a" joined world) wb=$(field "$b" joined world)
 ca=$(field "$a" final crc) cb=$(field "$b" final crc)
+sa=$(field "$a" store scheme) sb=$(field "$b" store scheme)
+[ "$sa" = relay ] && [ "$sb" = relay ] || { echo "the workers reached the store as '$sa' and '$sb', not through their launcher's relay"; exit 1; }
 [ "$wa" = 2 ] && [ "$wb" = 2 ] || { echo "world sizes $wa and $wb, not 2"; exit 1; }
 [ -n "$ra" ] && [ "$ra" != "$rb" ] || { echo "ranks '$ra' and '$rb' are not distinct"; exit 1; }
 [ -n "$ca" ] && [ "$ca" = "$cb" ] || { echo "final weights differ: $ca vs $cb"; exit 1; }
-echo "two hosts ($addr_a, $addr_b) trained as one group: ranks $ra and $rb, final crc $ca on both"
+echo "two hosts ($addr_a, $addr_b) trained as one group, each through its launcher's store relay: ranks $ra and $rb, final crc $ca on both"

@@ -8,6 +8,7 @@
 // weights as an undisturbed one, and the tests compare them bit for bit.
 //
 // stdout, one line each, flushed:
+//   store scheme=<shm|etcd|relay>       (the store's URL scheme: relay under elastic-run with etcd)
 //   joined round=R rank=r world=W t=<ns>
 //   step=N world=W rank=r t=<CLOCK_MONOTONIC ns> crc=<crc32c of the weights>   (N steps done)
 //   rebuilt round=R world=W rank=r cause=<...> noticed=<ns> met=<ns> connected=<ns> resynced=<ns>
@@ -106,6 +107,7 @@ int main(int argc, char** argv) {
   namespace comm = elastic::comm;
   try {
     auto store = open_store(o, unavailable);
+    say("store scheme=" + o.store.substr(0, o.store.find("://")));
     const elastic::test::dataset data(o.dim, 20);
     std::vector<float> w(o.dim, 0.0f);
     std::uint64_t samples_seen = 0;

@@ -75,7 +75,9 @@ inline job_options parse_job_options(int argc, char** argv, const char* program,
     else if (a == "--stop-self-at") o.stop_self_at = static_cast<long>(n);
     else if (!extra || !extra(a, n)) usage("unknown option " + a);
   }
-  if (o.store.empty() || o.dir.empty()) usage("--store and --dir are required");
+  // Under elastic-run the store is the one it gives its workers (its relay, with an etcd store).
+  if (const char* e = std::getenv("ELASTIC_RDZV"); o.store.empty() && e != nullptr) o.store = e;
+  if (o.store.empty() || o.dir.empty()) usage("--store (or ELASTIC_RDZV) and --dir are required");
   return o;
 }
 

@@ -19,6 +19,10 @@ struct launch_options {
   std::size_t min_ranks = 0;        ///< the group's lower bound, in workers; 0: min_nodes * nproc_per_node
   std::string rdzv;                 ///< store URL; empty: shm://elastic-<run id>
   std::string host_addr;            ///< what peers reach this host's workers at; empty: worked out
+  /// With an etcd store the workers reach it through this launcher's relay (one lease and one
+  /// watch per host, store_relay.hpp) unless --no-store-relay.
+  bool store_relay = true;
+  std::string relay;                ///< the relay's URL the workers get as ELASTIC_RDZV; empty: none
   std::string run_id;               ///< empty: ELASTIC_RUN_ID, else a random one
   std::size_t max_restarts = 3;     ///< failures restarted, across all workers
   std::chrono::milliseconds step_timeout{0};  ///< exported as ELASTIC_STEP_TIMEOUT (0: not set)

@@ -60,6 +60,7 @@
 #include "run_files.hpp"
 #include "run_report.hpp"
 #include "run_timeline.hpp"
+#include "store_relay.hpp"
 #include "watchdog_kills.hpp"
 #include "worker_environment.hpp"
 #include "worker_process.hpp"
@@ -120,6 +121,7 @@ class launcher {
     if (opts_.host_addr.empty()) opts_.host_addr = elastic::internal::env_string("ELASTIC_HOST_ADDR").value_or("");
     if (opts_.host_addr.empty()) opts_.host_addr = rendezvous::host_address_for(url);
     open_store(url, own_default_store);
+    start_relay(url);
     // Only now, as the run's owner (a second launcher of a live run is refused above), and only
     // what no process maps: a record of this run's earlier life names nothing now.
     culprits_->forget_all();
@@ -243,6 +245,33 @@ class launcher {
     } else {
       // Shared with other launchers (and left alone at the end); opened by the store's thread.
       store_.emplace(opts_.rdzv, nullptr);
+    }
+  }
+
+  /// One participant per host: with an etcd store the workers reach it through this launcher's
+  /// relay, in a directory only this user can enter. Without one (it cannot start), each
+  /// worker speaks to the store itself, as with --no-store-relay.
+  void start_relay(const rendezvous::store_url& url) {
+    if (url.scheme != rendezvous::store_url::kind::etcd || !opts_.store_relay) return;
+    try {
+      std::string dir = "/tmp/elastic-relay-XXXXXX";  // short: a socket path holds at most 107 bytes
+      if (::mkdtemp(dir.data()) == nullptr) throw os_error("mkdtemp for the store relay's directory");
+      relay_dir_ = dir;
+      relay_.emplace(rendezvous::open_store(opts_.rdzv), relay_dir_ / "store.sock");
+      opts_.relay = relay_->url();
+    } catch (const error& e) {
+      say(fmt::format("no store relay ({}): each worker speaks to the store itself", detail::plain(e)));
+      stop_relay();
+    }
+  }
+
+  void stop_relay() noexcept {
+    relay_.reset();
+    opts_.relay.clear();
+    if (!relay_dir_.empty()) {
+      std::error_code ec;
+      std::filesystem::remove_all(relay_dir_, ec);
+      relay_dir_.clear();
     }
   }
 
@@ -821,6 +850,7 @@ class launcher {
     }
     slots_.clear();  // kills and reaps whatever still runs
     end_processes();
+    stop_relay();  // no worker is left to speak through it
     watchdog_.reset();
     watchdog_object_.remove();
     if (store_) store_->stop(std::chrono::seconds(2));
@@ -906,6 +936,8 @@ class launcher {
   std::optional<console> err_;
   owned_shm store_object_;
   std::optional<async_store> store_;
+  std::filesystem::path relay_dir_;
+  std::optional<store_relay> relay_;  ///< the workers' way to an etcd store (one participant per host)
   std::string watchdog_name_;
   owned_shm watchdog_object_;
   watchdog_kills watchdog_kills_;  ///< filled by the watchdog's thread: declared before it, outlives it

@@ -127,6 +127,9 @@ inline void add_store_options(CLI::App& app, raw_flags& f, launch_options& o) {
                  "torchrun's: HOST:PORT[,HOST:PORT] of the etcd for --rdzv-backend etcd (a URL is taken as --rdzv)")
       ->check(detail::any_text("HOST:PORT"));
   app.add_flag("--standalone", f.standalone, "torchrun's: one host, this launcher's own store (the default)");
+  app.add_flag_callback("--no-store-relay", [&] { o.store_relay = false; },
+                        "with an etcd store, each worker speaks to etcd itself (its own lease, watches and "
+                        "connections) instead of through this launcher's relay (one of each per host)");
   app.add_option("--host-addr,--local-addr,--local_addr", f.host_addr,
                  "the address workers on other hosts reach this host's workers at, exported as ELASTIC_HOST_ADDR "
                  "(default: $ELASTIC_HOST_ADDR, else loopback for shm://, else this host's address on the route to "
@@ -328,6 +331,12 @@ inline void resolve_store(raw_flags& f, launch_options& o, std::vector<std::stri
     } catch (const error& e) {
       throw error(errc::invalid_argument, fmt::format("--rdzv-endpoint: {}", e.message()));
     }
+  }
+  if (!f.rdzv.empty() && rendezvous::parse_store_url(f.rdzv).scheme == rendezvous::store_url::kind::relay) {
+    throw error(errc::invalid_argument,
+                fmt::format("--rdzv-endpoint {}: a relay is what elastic-run gives its own workers; give the store "
+                            "itself (etcd://HOST:PORT)",
+                            f.rdzv));
   }
   const bool one_host_store = f.rdzv.empty() || rendezvous::parse_store_url(f.rdzv).scheme == rendezvous::store_url::kind::shm;
   if (f.standalone && !one_host_store) {

@@ -78,7 +78,7 @@ inline std::vector<std::string> worker_environment(const launch_options& o, cons
   set("ELASTIC_LOCAL_WORLD_SIZE", std::to_string(o.nproc_per_node));
   set("ELASTIC_RESTART_COUNT", std::to_string(w.starts));
   set("ELASTIC_WATCHDOG", w.watchdog);
-  set("ELASTIC_RDZV", o.rdzv);
+  set("ELASTIC_RDZV", o.relay.empty() ? o.rdzv : o.relay);
   set("ELASTIC_EVENTS", o.events.string());
   set("ELASTIC_MIN_RANKS", std::to_string(o.min_ranks));
   set("ELASTIC_MAX_RANKS", std::to_string(o.max_ranks()));

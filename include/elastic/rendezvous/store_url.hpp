@@ -1,5 +1,6 @@
 // Store URLs (docs/design.md): shm://NAME for one host, etcd://HOST:PORT[,HOST:PORT...] (or
-// etcds:// for TLS) across hosts.
+// etcds:// for TLS) across hosts, relay:///PATH for the host's store relay (the Unix socket
+// elastic-run serves its workers' store through: relay_store.hpp).
 #pragma once
 
 #include <cstdint>
@@ -23,9 +24,9 @@ struct endpoint {
 };
 
 struct store_url {
-  enum class kind { shm, etcd };
+  enum class kind { shm, etcd, relay };
   kind scheme = kind::shm;
-  std::string name;                 ///< shm: the store name
+  std::string name;                 ///< shm: the store name; relay: the socket's absolute path
   std::vector<endpoint> endpoints;  ///< etcd: one or more
   bool tls = false;                 ///< etcds://
 };
@@ -43,6 +44,13 @@ inline store_url parse_store_url(std::string_view url) {
   if (scheme == "shm") {
     out.scheme = store_url::kind::shm;
     internal::validate_shm_name("store", rest);
+    out.name = std::string(rest);
+    return out;
+  }
+  if (scheme == "relay") {
+    if (!rest.starts_with('/')) return bad("names no absolute socket path (relay:///PATH)");
+    if (rest.find('\0') != std::string_view::npos) return bad("holds a NUL");
+    out.scheme = store_url::kind::relay;
     out.name = std::string(rest);
     return out;
   }

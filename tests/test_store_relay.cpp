@@ -1,0 +1,247 @@
+// elastic-run's store relay (tools/agent/store_relay.hpp) and the relay_store its workers reach
+// it with: calls forwarded as they are, one lease and one watch per host, a worker's keys gone
+// the moment it dies (a real SIGKILL), a relay that is gone a clear error. The store behind the
+// relay here is a real shm:// store; test_rendezvous_etcd runs it in front of a real etcd.
+#include <signal.h>
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <elastic/rendezvous/open_store.hpp>
+#include <elastic/rendezvous/relay_store.hpp>
+#include <elastic/rendezvous/rendezvous.hpp>
+#include <elastic/rendezvous/shm_store.hpp>
+
+#include "agent/store_relay.hpp"
+#include "support/catch.hpp"
+#include "support/errors.hpp"
+#include "support/process.hpp"
+#include "support/threads.hpp"
+
+using namespace std::chrono_literals;
+using elastic::errc;
+using elastic::test::error_of;
+namespace rdzv = elastic::rendezvous;
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+/// A shm store (the real store behind the relay here) and a relay serving it in a temp dir.
+struct relayed {
+  std::string name = elastic::test::unique_name("relay");
+  elastic::test::temp_dir dir;
+  rdzv::shm_store* upstream = nullptr;
+  std::optional<elastic::agent::store_relay> relay;
+  relayed() {
+    auto up = std::make_unique<rdzv::shm_store>(name);
+    upstream = up.get();
+    relay.emplace(std::move(up), dir.file("store.sock"));
+  }
+  ~relayed() {
+    relay.reset();
+    rdzv::shm_store::remove(name);
+  }
+  [[nodiscard]] std::unique_ptr<rdzv::store> client() const { return rdzv::open_store(relay->url()); }
+};
+
+/// True once `f` holds, polling for at most `limit`.
+template <class F>
+bool within(std::chrono::milliseconds limit, F f) {
+  const auto until = clock_type::now() + limit;
+  while (!f()) {
+    if (clock_type::now() >= until) return false;
+    std::this_thread::sleep_for(5ms);
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("a relay forwards every call to its store, errors included") {
+  relayed t;
+  auto s = t.client();
+  s->set("/k/a", "1");
+  CHECK(t.upstream->get("/k/a") == "1");
+  CHECK(s->get("/k/a") == "1");
+  CHECK_FALSE(s->get("/k/none"));
+  CHECK(s->add("/k/n", 5) == 5);
+  CHECK(s->add("/k/n", -2) == 3);
+  std::optional<std::string> held;
+  CHECK_FALSE(s->compare_set("/k/a", std::string_view("2"), "3", 0, &held));
+  CHECK(held == "1");
+  CHECK(s->compare_set("/k/a", std::string_view("1"), "3"));
+  CHECK(s->compare_set("/k/new", std::nullopt, "x"));
+  CHECK(s->list("/k/") == std::vector<std::pair<std::string, std::string>>{{"/k/a", "3"}, {"/k/n", "3"}, {"/k/new", "x"}});
+  CHECK(s->erase("/k/new"));
+  CHECK_FALSE(s->erase("/k/new"));
+  s->set("/k/w", "here");
+  const std::vector<std::string> keys{"/k/w"};
+  s->wait(keys, 1s);
+  // The store's own errors come back as the same elastic::error.
+  s->set("/k/text", "banana");
+  CHECK(error_of([&] { s->add("/k/text", 1); }).code() == errc::invalid_argument);
+  const std::vector<std::string> missing{"/k/never"};
+  const auto e = error_of([&] { s->wait(missing, 100ms); });
+  CHECK(e.code() == errc::timeout);
+  CHECK(std::string(e.what()).find("/k/never") != std::string::npos);
+  CHECK(error_of([&] { (void)s->erase_prefix(""); }).code() == errc::invalid_argument);
+  CHECK(s->erase_prefix("/k/") == 4);
+  CHECK(t.upstream->list("/k/").empty());
+  CHECK(s->local());  // what the store behind it is
+}
+
+TEST_CASE("a relay keeps one lease of the store for all its workers, renewed without asking the store per worker") {
+  relayed t;
+  auto a = t.client(), b = t.client();
+  const auto la = a->grant(2s), lb = b->grant(2s);
+  CHECK(la != lb);
+  a->set("/l/a", "a", la);
+  b->set("/l/b", "b", lb);
+  for (int i = 0; i < 3; ++i) {
+    a->keep_alive(la);
+    b->keep_alive(lb);
+  }
+  CHECK(t.relay->leases() == 2);
+  // A revoke erases that worker's keys, not the other's.
+  a->revoke(la);
+  CHECK_FALSE(t.upstream->get("/l/a"));
+  CHECK(t.upstream->get("/l/b") == "b");
+  CHECK(t.relay->leases() == 1);
+  const auto e = error_of([&] { a->keep_alive(la); });
+  CHECK(e.code() == errc::not_found);
+  CHECK(error_of([&] { a->set("/l/late", "x", la); }).code() == errc::not_found);
+  // A key set again without a lease no longer goes with one.
+  b->set("/l/b", "kept");
+  b->revoke(lb);
+  CHECK(t.upstream->get("/l/b") == "kept");
+}
+
+TEST_CASE("a worker's keys go the moment its last connection closes: a client dropped, a process SIGKILLed") {
+  relayed t;
+  SECTION("a client object destroyed") {
+    auto a = t.client();
+    const auto l = a->grant(30s);
+    a->set("/d/a", "alive", l);
+    auto feed = a->watch("/d/", "/d0");  // a second connection of the same client
+    a.reset();
+    CHECK(t.upstream->get("/d/a") == "alive");  // the watch is still open
+    feed.reset();
+    CHECK(within(2s, [&] { return !t.upstream->get("/d/a"); }));
+  }
+  SECTION("a real participant SIGKILLed: the others see the departure at once, its 30 s lease notwithstanding") {
+    std::vector<elastic::test::child_process> ps;
+    for (int i = 0; i < 3; ++i) {
+      ps.push_back(elastic::test::child_process::spawn({ELASTIC_RDZV_WORKER, t.relay->url(), "job", "3", "3",
+                                                        "p" + std::to_string(i), "stay", "--hb", "5000", "--hb-timeout",
+                                                        "30000"}));
+    }
+    for (auto& p : ps) {
+      for (;;) {
+        auto line = p.read_line(20s);
+        REQUIRE(line);
+        if (line->starts_with("round 1")) break;
+      }
+    }
+    const auto t0 = clock_type::now();
+    ps[2].kill(SIGKILL);
+    REQUIRE(ps[2].killed_by(SIGKILL, 5s));
+    for (std::size_t i : {0u, 1u}) {
+      std::optional<std::string> line;
+      for (line = ps[i].read_line(10s); line && !line->starts_with("change "); line = ps[i].read_line(10s)) {
+      }
+      REQUIRE(line);
+      CHECK(line->find("departed=p2") != std::string::npos);
+    }
+    CHECK(clock_type::now() - t0 < 5s);  // not at the lease's 30 s
+    for (std::size_t i : {0u, 1u}) ps[i].kill(SIGKILL);
+  }
+}
+
+TEST_CASE("workers following the same range share one watch of the store; a later one gets the range first") {
+  relayed t;
+  auto a = t.client(), b = t.client(), c = t.client();
+  t.upstream->set("/w/x", "1");
+  auto fa = a->watch("/w/", "/w0"), fb = b->watch("/w/", "/w0");
+  CHECK(t.relay->watches() == 1);
+  auto erasures = c->watch("/w/", "/w0", {.snapshot = false, .puts = false, .previous = true});
+  CHECK(t.relay->watches() == 2);  // other options, another watch
+  rdzv::detail::key_copy ma, mb;
+  auto drain = [](rdzv::key_feed& f, rdzv::detail::key_copy& m) { rdzv::detail::take_into(f, m); };
+  CHECK(within(2s, [&] {
+    drain(*fa, ma);
+    drain(*fb, mb);
+    return ma.size() == 1 && mb.size() == 1;
+  }));
+  t.upstream->set("/w/y", "2");
+  t.upstream->erase("/w/x");
+  CHECK(within(2s, [&] {
+    drain(*fa, ma);
+    drain(*fb, mb);
+    return ma == rdzv::detail::key_copy{{"/w/y", "2"}} && mb == ma;
+  }));
+  std::vector<rdzv::key_event> seen;
+  CHECK(within(2s, [&] {
+    bool reset = false;
+    for (auto& e : erasures->take(reset)) seen.push_back(std::move(e));
+    return !seen.empty();
+  }));
+  REQUIRE(seen.size() == 1);
+  CHECK(seen[0].key == "/w/x");
+  CHECK_FALSE(seen[0].value);
+  CHECK(seen[0].previous == "1");
+  // One that comes later is given the range as it is now.
+  auto late = t.client();
+  auto fl = late->watch("/w/", "/w0");
+  rdzv::detail::key_copy ml;
+  CHECK(within(2s, [&] {
+    drain(*fl, ml);
+    return ml == rdzv::detail::key_copy{{"/w/y", "2"}};
+  }));
+  CHECK(t.relay->watches() == 2);
+  fa.reset();
+  fb.reset();
+  fl.reset();
+  CHECK(within(2s, [&] { return t.relay->watches() == 1; }));
+}
+
+TEST_CASE("participants behind one relay form rounds and see a departure, as on the store itself") {
+  relayed t;
+  std::vector<std::unique_ptr<rdzv::store>> stores;
+  std::vector<std::unique_ptr<rdzv::rendezvous>> rs;
+  for (int i = 0; i < 3; ++i) {
+    stores.push_back(t.client());
+    rdzv::rendezvous_options o;
+    o.run_id = "job";
+    o.min_ranks = 2;
+    o.max_ranks = 3;
+    o.participant_id = "p" + std::to_string(i);
+    o.last_call_timeout = 300ms;
+    o.join_timeout = 20s;
+    o.events = elastic::event_log();
+    rs.push_back(std::make_unique<rdzv::rendezvous>(*stores.back(), o));
+  }
+  REQUIRE(elastic::test::on_threads(3, [&](int i) { rs[static_cast<std::size_t>(i)]->join(); }).empty());
+  for (auto& r : rs) CHECK(r->current().world_size == 3);
+  // The run's keys and its heartbeat erasures, for all three (the closer's watch of the joins
+  // ends with the round).
+  CHECK(within(2s, [&] { return t.relay->watches() == 2; }));
+  rs[2].reset();
+  stores[2].reset();
+  CHECK(within(5s, [&] { return rs[0]->poll().departed == std::vector<std::string>{"p2"}; }));
+}
+
+TEST_CASE("a relay that is gone is errc::unavailable, and a relay URL is checked") {
+  auto t = std::make_unique<relayed>();
+  auto s = t->client();
+  const std::string url = t->relay->url();
+  t->relay->stop();
+  CHECK(error_of([&] { (void)s->get("/x"); }).code() == errc::unavailable);
+  CHECK(error_of([&] { (void)rdzv::open_store(url); }).code() == errc::unavailable);
+  CHECK(error_of([] { (void)rdzv::parse_store_url("relay://relative/path"); }).code() == errc::invalid_argument);
+  CHECK(rdzv::parse_store_url("relay:///run/x.sock").name == "/run/x.sock");
+}
