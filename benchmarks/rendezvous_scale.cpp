@@ -25,8 +25,8 @@
 //
 //   rendezvous_scale [--sizes=4,16,64,128,256,512,1024] [--cap-s=120] [--idle-s=5]
 //                    [--max-processes=64] [--hb-interval-ms=500] [--hb-timeout-ms=2000]
-//                    [--poll-ms=50] [--hosts=H] [--label=TEXT] [--out=FILE] [--participant=PATH]
-//                    [--require-idle-per-participant=R]
+//                    [--poll-ms=50] [--hosts=H] [--relays=R] [--label=TEXT] [--out=FILE]
+//                    [--participant=PATH] [--require-idle-per-participant=R]
 //
 // --require-idle-per-participant=R makes it a test (the suite runs one): exit 1 unless every size
 // formed, re-formed after both deaths, and asked etcd at most R requests/s per participant idle;
@@ -36,6 +36,11 @@
 // by a veth to a bridge in this namespace where etcd also listens, as H hosts would reach one
 // etcd (root and iproute2; tests/two_hosts_netns.sh does the same with two). The namespaces
 // share this machine's CPUs: it separates the network paths, not the hardware.
+//
+// --relays=R gives the participants R store relays (tools/agent/store_relay.hpp, what elastic-run
+// runs on each host), processes dealt to them in turn: one etcd client, lease and watch per range
+// per relay. The relays run in this process; their etcd requests are the client counts (the
+// peak column has only etcd's).
 #include <curl/curl.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -67,6 +72,7 @@
 #include <elastic/rendezvous/rendezvous_options.hpp>
 #include <elastic/rendezvous/run_keys.hpp>
 
+#include "agent/store_relay.hpp"
 #include "support/etcd_server.hpp"
 #include "support/process.hpp"
 
@@ -99,6 +105,7 @@ struct settings {
   int poll_ms = 50;
   int sample_ms = 250;
   int hosts = 0;  // 0: every process in this network namespace; else that many namespaces
+  int relays = 0;  // 0: each participant its own etcd client; else that many store relays (hosts)
   double require_idle = 0;  // > 0: fail unless every size formed, re-formed twice, idled below it
   std::string label;
   std::string out;
@@ -111,6 +118,7 @@ struct result {
   int processes = 0;
   int max_per_process = 0;
   int hosts = 0;
+  int relays = 0;
   int failed = 0;  // participants whose join()/next_round() threw (out of the group)
   int formed = 0;  // participants with a round when the first-round wait ended
   std::optional<double> first_round_s, retired_s, silent_s;
@@ -208,6 +216,8 @@ class netns_hosts {
   ~netns_hosts() { remove(); }
 
   [[nodiscard]] int count() const { return static_cast<int>(names_.size()); }
+  /// Host `i`'s own address (its end of the veth).
+  [[nodiscard]] std::string address(int i) const { return fmt::format("{}.{}", net_, i % count() + 2); }
   /// The address etcd serves the namespaces on (the bridge's).
   [[nodiscard]] std::string gateway() const { return net_ + ".1"; }
   /// The command prefix that runs a program in host `i`'s namespace (ip netns exec execs it, so
@@ -244,7 +254,8 @@ struct host_proc {
 /// The run: processes, what they reported, and the participants' newest rounds.
 class run_state {
  public:
-  run_state(const settings& cfg, int n, const etcd_server& etcd, const netns_hosts& hosts, const std::string& dir)
+  run_state(const settings& cfg, int n, const etcd_server& etcd, const netns_hosts& hosts, const std::string& dir,
+            const std::vector<std::string>& relay_urls)
       : cfg_(cfg), n_(n), go_(dir + "/go") {
     // The victims come first, one process each; the rest are spread evenly.
     const int procs = std::min(n, cfg.max_processes);
@@ -264,8 +275,15 @@ class run_state {
       h.ids = groups[i];
       std::vector<std::string> argv;
       if (hosts.count() > 0) argv = hosts.prefix(static_cast<int>(i));
+      // A relay here, in the driver's namespace, would give them its address for their peer
+      // heartbeats (elastic-run's runs on their host): each is told its own.
+      if (hosts.count() > 0 && !relay_urls.empty()) {
+        argv.insert(argv.end(), {"/usr/bin/env", "ELASTIC_HOST_ADDR=" + hosts.address(static_cast<int>(i))});
+      }
+      // With relays, processes are dealt to them in turn too (a relay per host).
+      const std::string store = relay_urls.empty() ? url : relay_urls[i % relay_urls.size()];
       argv.insert(argv.end(),
-                  {cfg.participant, "--store=" + url, "--run=scale", fmt::format("--min={}", std::max(1, n - 2)),
+                  {cfg.participant, "--store=" + store, "--run=scale", fmt::format("--min={}", std::max(1, n - 2)),
                    fmt::format("--max={}", n), "--ids=" + ids, "--go=" + go_, fmt::format("--poll-ms={}", cfg.poll_ms),
                    fmt::format("--hb-interval-ms={}", cfg.hb_interval_ms),
                    fmt::format("--hb-timeout-ms={}", cfg.hb_timeout_ms), fmt::format("--sample-ms={}", cfg.sample_ms),
@@ -419,8 +437,26 @@ result measure(const settings& cfg, int n) {
   if (hosts.count() > 0) eo.extra_client_hosts.push_back(hosts.gateway());
   etcd_server etcd(eo);
   elastic::test::temp_dir dir;
-  run_state run(cfg, n, etcd, hosts, dir.path());
+  // One participant per host: --relays store relays (elastic-run's, in this process), each with
+  // its own etcd client; their requests are the participants' requests.
+  std::vector<std::unique_ptr<elastic::agent::store_relay>> relays;
+  std::vector<rdzv::etcd_store*> relay_clients;
+  std::vector<std::string> relay_urls;
+  for (int h = 0; h < cfg.relays; ++h) {
+    auto up = std::make_unique<rdzv::etcd_store>(
+        hosts.count() > 0 ? fmt::format("etcd://{}:{}", hosts.gateway(), etcd.port()) : etcd.url());
+    relay_clients.push_back(up.get());
+    relays.push_back(std::make_unique<elastic::agent::store_relay>(std::move(up), dir.file(fmt::format("r{}", h))));
+    relay_urls.push_back(relays.back()->url());
+  }
+  auto relay_requests = [&] {
+    std::uint64_t r = 0;
+    for (auto* c : relay_clients) r += c->requests();
+    return r;
+  };
+  run_state run(cfg, n, etcd, hosts, dir.path(), relay_urls);
   res.hosts = hosts.count();
+  res.relays = cfg.relays;
   // What a participant threw (a join timeout, a refusal) goes into the note on every path.
   auto done = [&]() -> result {
     res.failed = run.failed();
@@ -472,7 +508,7 @@ result measure(const settings& cfg, int n) {
       any = true;
     }
   }
-  if (any) res.peak_client = peak;
+  if (any && relays.empty()) res.peak_client = peak;
   double epeak = 0;
   for (std::size_t i = 1; i < etcd_samples.size(); ++i) {
     const double dt = (etcd_samples[i].first - etcd_samples[i - 1].first) / 1e9;
@@ -492,6 +528,7 @@ result measure(const settings& cfg, int n) {
   {
     const auto cpu0 = cpu_seconds(etcd.pid());
     const auto calls0 = etcd_calls(etcd);
+    const auto relayed0 = relay_requests();
     const std::int64_t w0 = now_ns();
     const std::int64_t b0 = run.bucket_of(w0) + 1;
     const std::int64_t b1 = b0 + static_cast<std::int64_t>(cfg.idle_s * 1000 / cfg.sample_ms);
@@ -500,7 +537,9 @@ result measure(const settings& cfg, int n) {
     const auto cpu1 = cpu_seconds(etcd.pid());
     const auto calls1 = etcd_calls(etcd);
     const double window = (w1 - w0) / 1e9;
-    if (auto a = run.requests_at(b0), z = run.requests_at(b1); a && z) {
+    if (!relays.empty()) {
+      res.idle_client = static_cast<double>(relay_requests() - relayed0) / window;
+    } else if (auto a = run.requests_at(b0), z = run.requests_at(b1); a && z) {
       res.idle_client = static_cast<double>(*z - *a) / ((b1 - b0) * cfg.sample_ms / 1000.0);
     }
     if (calls0 && calls1) res.idle_etcd = (*calls1 - *calls0) / window;
@@ -605,6 +644,7 @@ int main(int argc, char** argv) {
     else if (key == "--hb-timeout-ms") cfg.hb_timeout_ms = static_cast<int>(number());
     else if (key == "--poll-ms") cfg.poll_ms = static_cast<int>(number());
     else if (key == "--hosts") cfg.hosts = static_cast<int>(number());
+    else if (key == "--relays") cfg.relays = static_cast<int>(number());
     else if (key == "--require-idle-per-participant") cfg.require_idle = number();
     else if (key == "--label") cfg.label = value;
     else if (key == "--out") cfg.out = value;
@@ -660,6 +700,7 @@ int main(int argc, char** argv) {
     std::string layout = r.max_per_process <= 1 ? fmt::format("{} procs", r.processes)
                                                  : fmt::format("{} procs <={} thr", r.processes, r.max_per_process);
     if (r.hosts > 0) layout += fmt::format(" {} ns", r.hosts);
+    if (r.relays > 0) layout += fmt::format(" {} relays", r.relays);
     const std::string idle =
         r.idle_client ? fmt::format("{:.0f} ({:.1f})", *r.idle_client, *r.idle_client / n) : std::string("-");
     std::printf("%6d  %-16s  %-14s  %-16s  %-16s  %-22s  %-10s  %-15s  %s\n", n, layout.c_str(),

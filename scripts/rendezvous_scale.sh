@@ -5,12 +5,13 @@
 # the new one. Installs what is missing (Debian packages) first.
 #
 #   scripts/rendezvous_scale.sh [--label TEXT] [--sizes 4,16,...] [--out DIR] [--build DIR]
-#                               [--hb-timeout-ms MS] [--hosts H] [--torch]
+#                               [--hb-timeout-ms MS] [--hosts H] [--relays R] [--torch]
 #
 #   --label    names the run's lines in the plot (default "after: <short commit>")
 #   --sizes    default 4,16,64,128,256,512,1024 (about 7 min on 2 vCPUs; more where sizes do
 #              not form, each wait being capped at 120 s)
 #   --hosts    participant processes in H network namespaces (root)
+#   --relays   the participants reach etcd through R store relays (elastic-run's, one per host)
 #   --torch    also runs torchrun's c10d rendezvous (installs python3-torch; about 10 min)
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
@@ -18,7 +19,7 @@ here="$(cd "$(dirname "$0")/.." && pwd)"
 . "$here/scripts/lib.sh"
 
 label="" sizes="4,16,64,128,256,512,1024" out="$here/build-bench/rendezvous-scale" build="$here/build-bench"
-hb_timeout=2000 hosts="" torch=0
+hb_timeout=2000 hosts="" relays="" torch=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --label) label="$2"; shift 2 ;;
@@ -27,6 +28,7 @@ while [ $# -gt 0 ]; do
     --build) build="$2"; shift 2 ;;
     --hb-timeout-ms) hb_timeout="$2"; shift 2 ;;
     --hosts) hosts="$2"; shift 2 ;;
+    --relays) relays="$2"; shift 2 ;;
     --torch) torch=1; shift ;;
     *) echo "rendezvous_scale.sh: unknown argument '$1' (see the comment at the top of this script)" >&2; exit 2 ;;
   esac
@@ -47,6 +49,7 @@ mkdir -p "$out"
 args=(--sizes="$sizes" --cap-s=120 --hb-timeout-ms="$hb_timeout" --label="$label" --out="$out/rendezvous_scale.json")
 [ "$hb_timeout" -ge 20000 ] && args+=(--hb-interval-ms=$((hb_timeout / 6)))
 [ -n "$hosts" ] && args+=(--hosts="$hosts")
+[ -n "$relays" ] && args+=(--relays="$relays")
 "$build/benchmarks/rendezvous_scale" "${args[@]}"
 
 files=("$here/benchmarks/results/rendezvous_scale_before.json" "$out/rendezvous_scale.json")

@@ -121,6 +121,22 @@ TEST_CASE("a relay keeps one lease of the store for all its workers, renewed wit
   CHECK(t.upstream->get("/l/b") == "kept");
 }
 
+TEST_CASE("a worker that stops renewing its lease, its connections open (frozen), loses its keys at its time to live") {
+  relayed t;
+  auto a = t.client(), b = t.client();
+  const auto la = a->grant(400ms), lb = b->grant(400ms);
+  a->set("/f/a", "a", la);
+  b->set("/f/b", "b", lb);
+  const auto until = clock_type::now() + 1500ms;
+  while (clock_type::now() < until) {
+    b->keep_alive(lb);  // b lives; a says nothing
+    std::this_thread::sleep_for(50ms);
+  }
+  CHECK_FALSE(t.upstream->get("/f/a"));
+  CHECK(t.upstream->get("/f/b") == "b");
+  CHECK(error_of([&] { a->keep_alive(la); }).code() == errc::not_found);
+}
+
 TEST_CASE("a worker's keys go the moment its last connection closes: a client dropped, a process SIGKILLed") {
   relayed t;
   SECTION("a client object destroyed") {

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -22,7 +23,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <filesystem>
@@ -135,18 +135,24 @@ class store_relay {
     std::shared_ptr<std::atomic<bool>> done = std::make_shared<std::atomic<bool>>(false);
   };
 
-  /// A worker's lease: the keys it set under it, and whose it is.
+  /// A worker's lease: the keys it set under it, whose it is, and when it lapses unless renewed
+  /// (a worker that stops renewing, frozen with its connections open, loses its keys as it
+  /// would on a lease of its own).
   struct worker_lease {
     std::string client;
     std::set<std::string, std::less<>> keys;
+    std::chrono::milliseconds ttl{0};
+    clock::time_point renewed;
   };
 
   /// One watch of the store, shared by every worker following that range with those options.
+  // Its connection's thread sleeps in poll() on the socket and this eventfd: no wakeup while
+  // nothing changes, and a watcher that closes (a worker that died) is seen at once.
   struct subscriber {
     std::mutex mu;
-    std::condition_variable cv;
     std::deque<std::string> frames;
     bool overflow = false;
+    internal::unique_fd wake{::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)};
   };
   struct hub {
     bool mirrored = false;  // keeps a copy of the range, for workers that come later
@@ -372,12 +378,16 @@ class store_relay {
       }
       renewer_.emplace(every, [this, l] {
         renew(l);
+        sweep();
         return true;
       });
     }
     std::lock_guard lk(mu_);
     const auto id = next_lease_++;
-    leases_[id].client = client;
+    auto& l = leases_[id];
+    l.client = client;
+    l.ttl = ttl;
+    l.renewed = clock::now();
     return id;
   }
 
@@ -398,7 +408,22 @@ class store_relay {
 
   void keep_alive(rendezvous::lease_id l) {
     std::lock_guard lk(mu_);
-    if (!leases_.contains(l)) throw lease_gone(l);
+    const auto it = leases_.find(l);
+    if (it == leases_.end()) throw lease_gone(l);
+    it->second.renewed = clock::now();
+  }
+
+  /// Ends the worker leases not renewed within their time to live (on the renewal thread).
+  void sweep() noexcept {
+    std::vector<rendezvous::lease_id> lapsed;
+    {
+      std::lock_guard lk(mu_);
+      const auto now = clock::now();
+      for (const auto& [id, l] : leases_) {
+        if (now - l.renewed > l.ttl) lapsed.push_back(id);
+      }
+    }
+    for (auto id : lapsed) revoke(id);
   }
 
   void revoke(rendezvous::lease_id l) {
@@ -513,17 +538,20 @@ class store_relay {
       writer ok;
       ok.u8(0);
       rendezvous::detail::relay::send_frame(fd, ok.payload(), what);
+      if (!sub->wake) throw os_error("eventfd for a relayed watch");
       while (!st.stop_requested()) {
+        pollfd p[2] = {{fd, POLLIN, 0}, {sub->wake.get(), POLLIN, 0}};
+        if (::poll(p, 2, -1) < 0 && errno != EINTR) break;
+        if (p[0].revents != 0) break;  // a watcher never writes: this is its end (or stop()'s shutdown)
+        std::uint64_t count = 0;
+        [[maybe_unused]] const auto n = ::read(sub->wake.get(), &count, sizeof count);
         std::deque<std::string> frames;
         {
-          std::unique_lock lk(sub->mu);
-          sub->cv.wait_for(lk, std::chrono::milliseconds(100), [&] { return !sub->frames.empty() || sub->overflow; });
+          std::lock_guard lk(sub->mu);
           if (sub->overflow) break;  // a worker that stopped reading: it gets an end, not a gap
           frames.swap(sub->frames);
         }
         for (const auto& f : frames) rendezvous::detail::relay::send_frame(fd, f, what);
-        pollfd p{fd, POLLIN, 0};
-        if (::poll(&p, 1, 0) > 0) break;  // a watcher never writes: this is its end
       }
     } catch (...) {
     }
@@ -554,7 +582,8 @@ class store_relay {
         s.frames.push_back(frame);
       }
     }
-    s.cv.notify_one();
+    const std::uint64_t one = 1;
+    [[maybe_unused]] const auto n = ::write(s.wake.get(), &one, sizeof one);
   }
 
   std::shared_ptr<hub> subscribe(const std::string& from, const std::string& to, const rendezvous::feed_options& o,

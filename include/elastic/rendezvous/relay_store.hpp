@@ -39,6 +39,22 @@ namespace elastic::inline v1::rendezvous {
 
 namespace detail {
 
+/// Sends a request on `fd` and reads the reply (its status not yet read: see succeeded()).
+inline relay::reader exchange(int fd, const relay::writer& w, std::string_view what) {
+  relay::send_frame(fd, w.payload(), what);
+  std::vector<char> reply;
+  if (!relay::recv_frame(fd, reply, what)) {
+    throw error(errc::unavailable, fmt::format("{}: the relay closed the connection (is its elastic-run gone?)", what));
+  }
+  return relay::reader(std::move(reply));
+}
+
+/// Reads a reply's status: its results follow, or the relay's error is rethrown.
+inline relay::reader& succeeded(relay::reader& r) {
+  if (r.u8() != static_cast<std::uint8_t>(relay::status::ok)) throw relay::failure_of(r);
+  return r;
+}
+
 /// What the relay says of its store at the hello.
 struct relay_hello {
   bool local = false;         ///< store::local() of the relay's store
@@ -59,13 +75,8 @@ inline internal::unique_fd relay_connect(const std::string& path, const std::str
   }
   relay::writer w;
   w.u8(static_cast<std::uint8_t>(relay::op::hello)).str(relay::protocol).str(token);
-  relay::send_frame(fd.get(), w.payload(), what);
-  std::vector<char> reply;
-  if (!relay::recv_frame(fd.get(), reply, what)) {
-    throw error(errc::unavailable, fmt::format("{}: closed the connection at the hello", what));
-  }
-  relay::reader r(std::move(reply));
-  if (r.u8() != static_cast<std::uint8_t>(relay::status::ok)) throw relay::failure_of(r);
+  auto r = exchange(fd.get(), w, what);
+  succeeded(r);
   const bool local = r.u8() != 0;
   auto address = r.str();
   if (hello) *hello = {local, std::move(address)};
@@ -174,13 +185,8 @@ class relay_store final : public store {
     auto w = request(detail::relay::op::watch);
     w.str(from).str(to).u8(o.snapshot ? 1 : 0).u8(o.puts ? 1 : 0).u8(o.previous ? 1 : 0);
     const std::string what = fmt::format("store relay at '{}' (watch)", path_);
-    detail::relay::send_frame(fd.get(), w.payload(), what);
-    std::vector<char> reply;
-    if (!detail::relay::recv_frame(fd.get(), reply, what)) {
-      throw error(errc::unavailable, fmt::format("{}: the relay closed the connection", what));
-    }
-    detail::relay::reader r(std::move(reply));
-    if (r.u8() != static_cast<std::uint8_t>(detail::relay::status::ok)) throw detail::relay::failure_of(r);
+    auto r = detail::exchange(fd.get(), w, what);
+    detail::succeeded(r);
     return std::make_unique<detail::relay_feed>(std::move(fd), what);
   }
   [[nodiscard]] bool local() const noexcept override { return hello_.local; }
@@ -216,19 +222,14 @@ class relay_store final : public store {
       }
     }
     if (!fd) fd = detail::relay_connect(path_, token_);
-    const std::string what = fmt::format("store relay at '{}'", path_);
-    detail::relay::send_frame(fd.get(), w.payload(), what);
-    std::vector<char> reply;
-    if (!detail::relay::recv_frame(fd.get(), reply, what)) {
-      throw error(errc::unavailable, fmt::format("{}: the relay closed the connection (is its elastic-run gone?)", what));
-    }
-    detail::relay::reader r(std::move(reply));
+    auto r = detail::exchange(fd.get(), w, fmt::format("store relay at '{}'", path_));
     {
+      // Back to the pool before an error reply is rethrown: closing this client's last
+      // connection would end its leases.
       std::lock_guard lk(mu_);
       idle_.push_back(std::move(fd));
     }
-    if (r.u8() != static_cast<std::uint8_t>(detail::relay::status::ok)) throw detail::relay::failure_of(r);
-    return r;
+    return std::move(detail::succeeded(r));
   }
 
   std::string path_;
