@@ -306,8 +306,8 @@ class store_relay {
       }
       case op::wait: {
         const std::chrono::milliseconds timeout(r.i64());
-        std::vector<std::string> keys(static_cast<std::size_t>(std::max<std::int64_t>(0, r.i64())));
-        for (auto& k : keys) k = r.str();
+        std::vector<std::string> keys;
+        for (auto n = r.i64(); n > 0; --n) keys.push_back(r.str());  // each read is bounded by the frame
         up_->wait(keys, timeout);
         break;
       }
