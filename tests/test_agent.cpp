@@ -565,9 +565,16 @@ TEST_CASE("a run given in torchrun's spellings runs, and says which flags change
 TEST_CASE("two launchers meet through one etcd and train as one group") {
   elastic::test::etcd_server etcd;
   temp_dir ckpt;
-  const std::vector<std::string> program{ELASTIC_GROUP_WORKER, "--store", etcd.url(), "--run-id", "twohosts", "--min",
-                                         "2", "--max", "2", "--steps", "30", "--dir", ckpt.path(), "--dim", "4096"};
-  const std::vector<std::string> options{"--nproc-per-node", "1", "--nnodes", "2:2", "--rdzv", etcd.url()};
+  // The workers take the store elastic-run gives them (ELASTIC_RDZV): its relay, unless told not.
+  const std::vector<std::string> program{ELASTIC_GROUP_WORKER, "--run-id", "twohosts", "--min", "2", "--max", "2",
+                                         "--steps", "30", "--dir", ckpt.path(), "--dim", "4096"};
+  std::vector<std::string> options{"--nproc-per-node", "1", "--nnodes", "2:2", "--rdzv", etcd.url()};
+  std::string scheme = "relay";
+  SECTION("each worker through its launcher's store relay (the default)") {}
+  SECTION("each worker its own etcd client (--no-store-relay)") {
+    options.push_back("--no-store-relay");
+    scheme = "etcd";
+  }
   launch a("twohosts", options, program);
   launch b("twohosts", options, program);
   REQUIRE(a.finish(120s) == 0);
@@ -575,6 +582,7 @@ TEST_CASE("two launchers meet through one etcd and train as one group") {
   std::vector<std::string> joined, finals;
   for (auto* l : {&a, &b}) {
     const std::string log = l->log(0);
+    CHECK(log.find("store scheme=" + scheme + "\n") != std::string::npos);
     const auto j = log.find("joined ");
     REQUIRE(j != std::string::npos);
     joined.push_back(log.substr(j, log.find('\n', j) - j));
