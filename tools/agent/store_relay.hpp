@@ -165,7 +165,7 @@ class store_relay {
 
   static constexpr std::size_t max_queued_frames = 100000;
 
-  void accept_loop(const std::stop_token& st) {
+  void accept_loop(const std::stop_token& st) noexcept {
     while (!st.stop_requested()) {
       pollfd p{listener_.get(), POLLIN, 0};
       const int n = ::poll(&p, 1, 100);
@@ -173,17 +173,25 @@ class store_relay {
       if (n <= 0) continue;
       internal::unique_fd fd(::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC));
       if (!fd) continue;
-      std::lock_guard lk(conns_mu_);
-      auto& c = conns_.emplace_back();
-      c.fd = std::move(fd);
-      c.thread = std::jthread([this, f = c.fd.get(), done = c.done](std::stop_token cst) {
-        serve(f, cst);
-        done->store(true);
-      });
+      try {
+        std::lock_guard lk(conns_mu_);
+        auto& c = conns_.emplace_back();
+        c.fd = std::move(fd);
+        try {
+          c.thread = std::jthread([this, f = c.fd.get(), done = c.done](std::stop_token cst) {
+            serve(f, cst);
+            done->store(true);
+          });
+        } catch (...) {
+          conns_.pop_back();
+          throw;
+        }
+      } catch (...) {  // no memory or thread to be had: the client sees its connection end (unavailable)
+      }
     }
   }
 
-  void reap_finished() {
+  void reap_finished() noexcept {
     std::list<connection> finished;
     {
       std::lock_guard lk(conns_mu_);
