@@ -271,7 +271,7 @@ TEST_CASE("the identity comes from the worker environment") {
   ::unsetenv("ELASTIC_RANK");
 }
 
-TEST_CASE("without ELASTIC_EVENTS only warnings reach stderr; the standalone watchdog keeps every event") {
+TEST_CASE("without ELASTIC_EVENTS only warnings reach stderr, and the standalone watchdog keeps every event") {
   using elastic::events::is_warning;
   for (const char* w : {"watchdog_kill", "watchdog_kill_failed", "checkpoint_failed", "checkpoint_skipped",
                         "checkpoint_quarantined", "rendezvous_timeout", "group_failure", "timer_unwatched",

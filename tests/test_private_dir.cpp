@@ -118,7 +118,7 @@ TEST_CASE("a directory or symbolic link of another user is refused (root only)")
   CHECK_FALSE(fs::exists(tmp.file("mine/logs")));
 }
 
-TEST_CASE("stale shared-memory objects are swept; used and locked ones are kept") {
+TEST_CASE("stale shared-memory objects are swept, used and locked ones kept") {
   const std::string prefix = elastic::test::unique_name("elastic-sweeptest") + ".";
   auto make = [&](const std::string& n) {
     const int fd = ::open(("/dev/shm/" + prefix + n).c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);

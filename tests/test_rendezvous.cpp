@@ -250,7 +250,7 @@ TEST_CASE("a late joiner waits and is admitted in the next round (scale-up)") {
   }
 }
 
-TEST_CASE("a participant that leaves done is a departure on purpose; one that leaves otherwise, a death") {
+TEST_CASE("a participant that leaves done is a departure on purpose, one that leaves otherwise a death") {
   scratch_store t;
   std::optional<rdzv::rendezvous> a, b, c;
   a.emplace(t.s, options("job", 3, 3, "a"));
@@ -446,7 +446,7 @@ TEST_CASE("a run id is a plain name, by the same rule elastic-run applies") {
   }
 }
 
-TEST_CASE("runs share a store, each under its own keys; one alone names the live runs when it times out") {
+TEST_CASE("runs share a store, each under its own keys, and one alone names the live runs when it times out") {
   scratch_store t;
   std::optional<rdzv::rendezvous> a(std::in_place, t.s, options("job", 1, 1, "a0"));
   rdzv::rendezvous b(t.s, options("job-b", 1, 1, "b0"));
@@ -465,6 +465,7 @@ TEST_CASE("runs share a store, each under its own keys; one alone names the live
   const auto e = error_of([&] { c.join(); });
   CHECK(e.code() == errc::timeout);
   CHECK(std::string(e.what()).find("runs 'job', 'job-b' are live in this store") != std::string::npos);
+  c.leave();  // it gave up: its registration goes with its lease
 
   // A finished run's keys go once its last participant has left, and only its own.
   CHECK_FALSE(rdzv::remove_finished_run(t.s, "/elastic", "job"));  // a0 still lives

@@ -178,7 +178,7 @@ TEST_CASE("a worker's keys go the moment its last connection closes: a client dr
   }
 }
 
-TEST_CASE("workers following the same range share one watch of the store; a later one gets the range first") {
+TEST_CASE("workers following the same range share one watch of the store, and a later one gets the range first") {
   relayed t;
   auto a = t.client(), b = t.client(), c = t.client();
   t.upstream->set("/w/x", "1");

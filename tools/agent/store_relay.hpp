@@ -155,9 +155,12 @@ class store_relay {
     internal::unique_fd wake{::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)};
   };
   struct hub {
+    std::string from, to;   // the range [from, to)
     bool mirrored = false;  // keeps a copy of the range, for workers that come later
+    bool whole = false;     // the copy holds the whole range (a snapshot came first, and it did)
     rendezvous::detail::key_copy mirror;
     std::unique_ptr<rendezvous::key_feed> feed;
+    bool snapshot = false;  // the store's feed began with the range's contents
     std::mutex mu;
     std::vector<std::shared_ptr<subscriber>> subs;
     std::jthread pump;  // last: joined before the rest goes
@@ -288,6 +291,10 @@ class store_relay {
             break;
           }
           if (auto have = registered_elsewhere(key)) {
+            w.u8(0).opt(std::move(have));
+            break;
+          }
+          if (auto have = watched(key)) {
             w.u8(0).opt(std::move(have));
             break;
           }
@@ -462,6 +469,21 @@ class store_relay {
     return it->second.value;
   }
 
+  /// The value `key` holds in a watch this relay keeps whole, if it holds one: creating it would
+  /// fail. Every joiner of a round tries to claim its closer; the workers of a host other than the
+  /// closer's are answered here, from what the watch has shown (a claim refused by a copy a few
+  /// milliseconds old is tried again at the joiner's next look, as one refused by the store).
+  std::optional<std::string> watched(const std::string& key) {
+    std::lock_guard lk(hubs_mu_);
+    for (const auto& [name, h] : hubs_) {
+      if (key < h->from || key >= h->to) continue;
+      std::lock_guard hl(h->mu);
+      if (!h->whole) continue;
+      if (const auto it = h->mirror.find(key); it != h->mirror.end()) return it->second;
+    }
+    return std::nullopt;
+  }
+
   /// A run's registration (rendezvous/run_keys.hpp: <key_prefix>/.runs/<run id>) that another
   /// host holds: each worker re-creates it at every heartbeat (the workers of a host beat
   /// together), so its failure is remembered for one renewal period, and while one worker's
@@ -600,8 +622,11 @@ class store_relay {
     auto& h = hubs_[hub_key(from, to, o)];
     if (!h) {
       auto fresh = std::make_shared<hub>();
+      fresh->from = from;
+      fresh->to = to;
       fresh->mirrored = o.puts;
       fresh->feed = up_->watch(from, to, o);
+      fresh->snapshot = o.snapshot;
       fresh->pump = std::jthread([hp = fresh.get()](std::stop_token st) { pump(*hp, st); });
       h = std::move(fresh);
     }
@@ -639,8 +664,10 @@ class store_relay {
         h.feed->wait(std::chrono::milliseconds(100));
         bool reset = false;
         auto events = h.feed->take(reset);
-        if (events.empty() && !reset) continue;
         std::lock_guard lk(h.mu);
+        // The first take of a feed that begins with a snapshot holds the range's contents.
+        if (h.mirrored && h.snapshot) h.whole = true;
+        if (events.empty() && !reset) continue;
         if (h.mirrored) {
           if (reset) h.mirror.clear();
           for (const auto& e : events) {
