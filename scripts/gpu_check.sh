@@ -96,6 +96,25 @@ note_of() {  # a section's outcome in words
     *) echo "failed (exit $1)" ;;
   esac
 }
+# recorded NAME WANT COMMAND...: run, then the section's row of the table; returns its status.
+recorded() {
+  local name="$1" rc
+  run "$@"
+  rc=$?
+  record "$name" "$rc" "$(seconds_of "$name")" "$(note_of "$rc")"
+  return "$rc"
+}
+# gate NAME DRY_NOTE PROGRAM...: records why section NAME does not run (named in --skip; DRY_NOTE,
+# when not empty, on the model; a PROGRAM missing from $bin) and fails; succeeds when it runs.
+gate() {
+  local name="$1" dry_note="$2" p
+  shift 2
+  if skipped "$name"; then record "$name" 0 0 "skipped (--skip)"; return 1; fi
+  if [ "$dry" = 1 ] && [ -n "$dry_note" ]; then record "$name" 0 0 "$dry_note"; return 1; fi
+  for p in "$@"; do
+    if [ ! -x "$bin/$p" ]; then record "$name" 1 0 "no $(IFS=/; echo "$*") in $bin"; return 1; fi
+  done
+}
 
 finish() {
   # The table (a Python report over the raw logs; should that fail, the section list alone), then
@@ -241,13 +260,11 @@ scenarios() {  # scenarios RELEASE_INDEX CASES...
     logdir="$raw/nccl/${releases[$i]}-$c"
     mkdir -p "$logdir"
     release_env "$i"
-    run "$name" "$([ "$c" = restart ] && echo 90 || echo 75)" "${renv[@]}" \
+    recorded "$name" "$([ "$c" = restart ] && echo 90 || echo 75)" "${renv[@]}" \
       ELASTIC_TEST_NCCL_WORKER="$bin/elastic_nccl_group_worker" NCCL_DEBUG=INFO \
       NCCL_DEBUG_SUBSYS=INIT,BOOTSTRAP,NET,ENV,DESTROY NCCL_DEBUG_TIMESTAMP_FORMAT='[%F %T.%6f] ' \
       NCCL_DEBUG_TIMESTAMP_LEVELS=ALL NCCL_DEBUG_FILE="$logdir/%h.%p.log" \
       "$bin/test_nccl_group" "${case_filter[$c]}"
-    local rc=$?
-    record "$name" "$rc" "$(seconds_of "$name")" "$(note_of "$rc")"
   done
 }
 cases=(kill kill-standby hang hang-standby restart)
@@ -266,52 +283,36 @@ elif [ "$dry" = 1 ]; then
   record torchrun "$?" 0 "not run on the model (needs torch built for CUDA); the script compiles"
 else
   say "e. torchrun + NCCL"
-  run torchrun 150 python3 "$root/benchmarks/torchrun_restart.py" --backend nccl --intervals 0.1 --trials 2 \
+  recorded torchrun 150 python3 "$root/benchmarks/torchrun_restart.py" --backend nccl --intervals 0.1 --trials 2 \
     --timeout 75 --json "$raw/torchrun.json"
-  rc=$?
-  record torchrun "$rc" "$(seconds_of torchrun)" "$(note_of "$rc")"
 fi
 
 # ---- d. the GPU demo ----------------------------------------------------------------------------
-if skipped demo; then
-  record demo 0 0 "skipped (--skip)"
-elif [ ! -x "$bin/cuda_train" ] || [ ! -x "$bin/elastic-run" ]; then
-  record demo 1 0 "no cuda_train/elastic-run in $bin"
-elif [ ${#releases[@]} -gt 0 ]; then
+if gate demo "" cuda_train elastic-run && [ ${#releases[@]} -gt 0 ]; then
   say "d. the GPU demo"
   release_env 0
   demo_args=(--bin "$bin" --work "$raw/demo-run")
   [ "$dry" = 1 ] && demo_args+=(--dry-run)
-  run demo "$([ "$dry" = 1 ] && echo 200 || echo 120)" "${renv[@]}" "$root/scripts/demo_gpu.sh" "${demo_args[@]}"
-  rc=$?
-  record demo "$rc" "$(seconds_of demo)" "$(note_of "$rc")"
+  recorded demo "$([ "$dry" = 1 ] && echo 200 || echo 120)" "${renv[@]}" "$root/scripts/demo_gpu.sh" "${demo_args[@]}"
   # The workers' logs are worth keeping; the checkpoints are not.
   rm -rf "$raw/demo-run/ckpt" "$raw/demo-run/ckpt-reference"
 fi
 
 # ---- f. the adaptive checkpoint's training slowdown on 1 GiB ------------------------------------
-if skipped checkpoint; then
-  record checkpoint 0 0 "skipped (--skip)"
-elif [ "$dry" = 1 ]; then
-  record checkpoint 0 0 "not run on the model (checkpoint_gpu_bench needs real cuBLAS)"
-elif [ ! -x "$bin/checkpoint_gpu_bench" ]; then
-  record checkpoint 1 0 "no checkpoint_gpu_bench in $bin"
-else
+if gate checkpoint "not run on the model (checkpoint_gpu_bench needs real cuBLAS)" checkpoint_gpu_bench; then
   say "f. checkpoint overhead, 1 GiB, adaptive policy"
   ckdir="${TMPDIR:-/tmp}/gpu-check-ckpt.$$"
   mkdir -p "$ckdir"
   release_env 0
-  run checkpoint 120 "${renv[@]}" "$bin/checkpoint_gpu_bench" --dir="$ckdir" \
+  recorded checkpoint 120 "${renv[@]}" "$bin/checkpoint_gpu_bench" --dir="$ckdir" \
     --benchmark_filter='BM_gpu_training_overhead/every:adaptive' --benchmark_format=json \
     --benchmark_out="$raw/checkpoint.json" --benchmark_out_format=json
-  rc=$?
   rm -rf "$ckdir"
-  record checkpoint "$rc" "$(seconds_of checkpoint)" "$(note_of "$rc")"
 fi
 
 # ---- c. the standby prototype -------------------------------------------------------------------
-if skipped standby; then
-  record standby 0 0 "skipped (--skip)"
+if ! gate standby ""; then
+  :
 elif [ ! -x "$bin/nccl_standby_bench" ]; then
   record standby 0 0 "not built in this tree (no nccl_standby_bench in $bin)"
 elif [ ${#releases[@]} -gt 0 ]; then
@@ -319,9 +320,7 @@ elif [ ${#releases[@]} -gt 0 ]; then
   release_env 0
   standby_args=()
   [ "$dry" = 1 ] && standby_args=(--size-kib=64 --steps=5 --init-reps=1)  # the model is slow at 16 MiB
-  run standby 90 "${renv[@]}" "$bin/nccl_standby_bench" "${standby_args[@]}"
-  rc=$?
-  record standby "$rc" "$(seconds_of standby)" "$(note_of "$rc")"
+  recorded standby 90 "${renv[@]}" "$bin/nccl_standby_bench" "${standby_args[@]}"
 fi
 
 # ---- b, again: the second release, with what time is left ---------------------------------------
@@ -331,18 +330,10 @@ if ! skipped scenarios && [ ${#releases[@]} -gt 1 ]; then
 fi
 # ---- last, with what time is left: one communicator's init and abort (nccl_bench), the teardown
 # the issue puts on the critical path, measured alone -----------------------------------------------
-if skipped nccl_bench; then
-  record nccl_bench 0 0 "skipped (--skip)"
-elif [ "$dry" = 1 ]; then
-  record nccl_bench 0 0 "not run on the model (built against real NCCL only)"
-elif [ ! -x "$bin/nccl_bench" ]; then
-  record nccl_bench 1 0 "no nccl_bench in $bin"
-elif [ ${#releases[@]} -gt 0 ]; then
+if gate nccl_bench "not run on the model (built against real NCCL only)" nccl_bench && [ ${#releases[@]} -gt 0 ]; then
   say "nccl_bench: init and abort of a one-rank communicator"
   release_env 0
-  run nccl_bench 60 "${renv[@]}" "$bin/nccl_bench" --benchmark_filter='BM_(init|abort|reinit)/' \
+  recorded nccl_bench 60 "${renv[@]}" "$bin/nccl_bench" --benchmark_filter='BM_(init|abort|reinit)/' \
     --benchmark_out="$raw/nccl_bench.json" --benchmark_out_format=json
-  rc=$?
-  record nccl_bench "$rc" "$(seconds_of nccl_bench)" "$(note_of "$rc")"
 fi
 say "done in $(( $(date +%s) - t_start ))s"
