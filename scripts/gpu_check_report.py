@@ -34,6 +34,19 @@ def read(path, default=""):
         return default
 
 
+def json_of(path):
+    """The JSON a section wrote, or None when it is absent, empty or cut short."""
+    try:
+        return json.loads(read(path) or "null")
+    except ValueError:
+        return None
+
+
+def benchmarks_of(path):
+    """The benchmark entries of a Google Benchmark JSON file (none when it is unreadable)."""
+    return (json_of(path) or {}).get("benchmarks", [])
+
+
 def ms(v):
     return "—" if v is None else f"{v:,.0f}" if abs(v) >= 100 else f"{v:.1f}"
 
@@ -197,11 +210,7 @@ def main():
 
     def render_torchrun():
         # torchrun + NCCL against our kill.
-        tr = None
-        try:
-            tr = json.loads(read(os.path.join(raw, "torchrun.json")) or "null")
-        except ValueError:
-            pass
+        tr = json_of(os.path.join(raw, "torchrun.json"))
         if not tr:
             # The script writes its JSON at the end: the trials that finished before a failure or a
             # timeout are in its log, one line each.
@@ -248,12 +257,9 @@ def main():
         # The checkpoint's overhead.
         w("#### Adaptive checkpoint, 1 GiB of device weights (`checkpoint_gpu_bench`)")
         w("")
-        try:
-            bench = json.loads(read(os.path.join(raw, "checkpoint.json")) or "null")
-        except ValueError:
-            bench = None
-        rows = [b for b in (bench or {}).get("benchmarks", []) if "overhead_pct" in b]
-        errors = [f"{b.get('name')}: {b['error_message']}" for b in (bench or {}).get("benchmarks", []) if b.get("error_message")]
+        bench = benchmarks_of(os.path.join(raw, "checkpoint.json"))
+        rows = [b for b in bench if "overhead_pct" in b]
+        errors = [f"{b.get('name')}: {b['error_message']}" for b in bench if b.get("error_message")]
         if errors and not rows:
             w("not measured: " + "; ".join(errors))
         elif rows:
@@ -288,11 +294,8 @@ def main():
 
     def render_nccl_bench():
         # One communicator's lifecycle, alone (nccl_bench).
-        try:
-            bench = json.loads(read(os.path.join(raw, "nccl_bench.json")) or "null")
-        except ValueError:
-            bench = None
-        rows = [b for b in (bench or {}).get("benchmarks", []) if "real_time" in b and not b.get("error_message")]
+        bench = benchmarks_of(os.path.join(raw, "nccl_bench.json"))
+        rows = [b for b in bench if "real_time" in b and not b.get("error_message")]
         w("#### One communicator's lifecycle (`nccl_bench`, one rank, libnccl "
           f"{releases[0] if releases else '?'})")
         w("")
@@ -302,7 +305,7 @@ def main():
             for b in rows:
                 w(f"| {b['name']} | {b['real_time']:.1f} {b.get('time_unit', '')} |")
         else:
-            errors = [b["error_message"] for b in (bench or {}).get("benchmarks", []) if b.get("error_message")]
+            errors = [b["error_message"] for b in bench if b.get("error_message")]
             w(f"not measured: {errors[0] if errors else said('nccl_bench')}")
         w("")
     guard("nccl_bench", render_nccl_bench)
