@@ -245,8 +245,10 @@ std::string transcripts(fleet& f) {
 /// Waits for the four workers, prints the rebuilds of the three survivors after worker `victim`'s
 /// line `marker` ("killing ", "stopping ") and the teardowns, and checks that each survivor
 /// finished with `want` in a world of 3 and took `path` first.
-void check_survivors(fleet& f, const scratch& s, std::size_t victim, const char* marker, const char* what,
-                     std::uint64_t steps, const std::string& want, const std::string& path) {
+/// Waits until the four ranks ended, then prints the survivors' rebuilds, timed from the victim's
+/// `marker` line, and (given `s`) the teardowns; returns the survivors.
+std::vector<std::size_t> after_the_fault(fleet& f, const scratch* s, std::size_t victim, const char* marker,
+                                         const char* what) {
   const bool ended = f.wait_until([&] { return f.all_ended({0, 1, 2, 3}); }, 150s);
   INFO(transcripts(f));
   REQUIRE(ended);
@@ -256,7 +258,14 @@ void check_survivors(fleet& f, const scratch& s, std::size_t victim, const char*
   for (std::size_t i = 0; i < 4; ++i)
     if (i != victim) survivors.push_back(i);
   print_rebuilds(f, survivors, num(*at, "t"), what);
-  print_teardowns(s.events, what);
+  if (s) print_teardowns(s->events, what);
+  return survivors;
+}
+
+void check_survivors(fleet& f, const scratch& s, std::size_t victim, const char* marker, const char* what,
+                     std::uint64_t steps, const std::string& want, const std::string& path) {
+  const auto survivors = after_the_fault(f, &s, victim, marker, what);
+  INFO(transcripts(f));
   for (std::size_t i : survivors) {
     check_finished(f, i, steps, want, "3");
     const auto p = paths_of(f, i);
@@ -278,15 +287,10 @@ TEST_CASE("4 ranks on four hosts lose one mid-allreduce: the 3 survivors rebuild
   start_four(f, "kill4", topology::hosts,
              {"--dir", s.ckpt, "--steps", std::to_string(steps), "--min", "2", "--max", "4"}, 2,
              {"--kill-self-at", "15"});
-  const bool ended = f.wait_until([&] { return f.all_ended({0, 1, 2, 3}); }, 150s);
+  after_the_fault(f, &s, 2, "killing ", "kill, four hosts");
   INFO(transcripts(f));
-  REQUIRE(ended);
   REQUIRE(f[2].status);
   CHECK(WIFSIGNALED(*f[2].status));
-  const auto killed = f.find(2, "killing ");
-  REQUIRE(killed);
-  print_rebuilds(f, {0, 1, 3}, num(*killed, "t"), "kill, four hosts");
-  print_teardowns(s.events, "kill, four hosts");
   for (std::size_t i : {0, 1, 3}) check_finished(f, i, steps, want, "3");
   // Whether the survivors held one state depends on how far the dead rank's allreduce got: the
   // resync compared and moved the state only if not (printed, not asserted).
@@ -313,12 +317,8 @@ TEST_CASE("4 ranks on one host lose one mid-allreduce: no NCCL error comes, the 
   start_four(f, "kill1h", topology::one_host,
              {"--dir", s.ckpt, "--steps", std::to_string(steps), "--min", "2", "--max", "4"}, 2,
              {"--kill-self-at", "15"}, inplace);
-  const bool ended = f.wait_until([&] { return f.all_ended({0, 1, 2, 3}); }, 150s);
+  after_the_fault(f, nullptr, 2, "killing ", "kill, one host");
   INFO(transcripts(f));
-  REQUIRE(ended);
-  const auto killed = f.find(2, "killing ");
-  REQUIRE(killed);
-  print_rebuilds(f, {0, 1, 3}, num(*killed, "t"), "kill, one host");
   for (std::size_t i : {0, 1, 3}) {
     check_finished(f, i, steps, want, "3");
     const auto p = paths_of(f, i);
@@ -339,16 +339,11 @@ TEST_CASE("a rank that hangs is revoked away: the 3 survivors re-initialise with
              {"--dir", s.ckpt, "--steps", std::to_string(steps), "--min", "2", "--max", "4", "--step-timeout-ms",
               "3000"},
              1, {"--stop-self-at", "15"}, {{"ELASTIC_WATCHDOG", wd.name}});
-  const bool ended = f.wait_until([&] { return f.all_ended({0, 1, 2, 3}); }, 150s);
+  after_the_fault(f, &s, 1, "stopping ", "hang");
   INFO(transcripts(f));
-  REQUIRE(ended);
   REQUIRE(f[1].status);
   CHECK(WIFSIGNALED(*f[1].status));
   CHECK(WTERMSIG(*f[1].status) == SIGKILL);
-  const auto stopped = f.find(1, "stopping ");
-  REQUIRE(stopped);
-  print_rebuilds(f, {0, 2, 3}, num(*stopped, "t"), "hang");
-  print_teardowns(s.events, "hang");
   // The hung rank never entered step 15's allreduce, so no survivor finished it: they held one
   // state, proved it by hashes (the device weights hashed through pinned staging) and moved none.
   const auto resyncs = first_rebuild_resyncs(f, 0, s.events, "hang, resync");
