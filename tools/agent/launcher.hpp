@@ -257,7 +257,7 @@ class launcher {
       std::string dir = "/tmp/elastic-relay-XXXXXX";  // short: a socket path holds at most 107 bytes
       if (::mkdtemp(dir.data()) == nullptr) throw os_error("mkdtemp for the store relay's directory");
       relay_dir_ = dir;
-      relay_.emplace(rendezvous::open_store(opts_.rdzv), relay_dir_ / "store.sock");
+      relay_.emplace(rendezvous::open_store(opts_.rdzv), relay_dir_ / "store.sock", opts_.host_addr);
       opts_.relay = relay_->url();
     } catch (const error& e) {
       say(fmt::format("no store relay ({}): each worker speaks to the store itself", detail::plain(e)));

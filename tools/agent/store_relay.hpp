@@ -53,9 +53,11 @@ namespace elastic::agent {
 class store_relay {
  public:
   /// Serves `upstream` at the Unix socket `socket` (created; its directory must exist and be
-  /// private to this user).
-  store_relay(std::unique_ptr<rendezvous::store> upstream, std::filesystem::path socket)
-      : up_(std::move(upstream)), socket_(std::move(socket)) {
+  /// private to this user). `address` is the host's address its workers' peers reach (what each
+  /// worker's hello is told); empty: the store's own answer, asked once here.
+  store_relay(std::unique_ptr<rendezvous::store> upstream, std::filesystem::path socket, std::string address = {})
+      : up_(std::move(upstream)), socket_(std::move(socket)), address_(std::move(address)) {
+    if (address_.empty()) address_ = up_->local_address();
     const sockaddr_un a = rendezvous::detail::relay::socket_address(socket_.string());
     listener_ = internal::unique_fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
     if (!listener_) throw os_error("socket(AF_UNIX) for the store relay");
@@ -231,7 +233,7 @@ class store_relay {
         ++clients_[client];
       }
       writer hello;
-      hello.u8(0).u8(up_->local() ? 1 : 0).str(up_->local_address());
+      hello.u8(0).u8(up_->local() ? 1 : 0).str(address_);
       rendezvous::detail::relay::send_frame(fd, hello.payload(), what);
       while (!st.stop_requested()) {
         std::vector<char> frame;
@@ -688,6 +690,7 @@ class store_relay {
 
   std::unique_ptr<rendezvous::store> up_;
   std::filesystem::path socket_;
+  std::string address_;  // told to every worker at its hello
   internal::unique_fd listener_;
   std::atomic<bool> stopped_{false};
 
