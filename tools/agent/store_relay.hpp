@@ -110,7 +110,6 @@ class store_relay {
     ::unlink(socket_.c_str());
   }
 
-  [[nodiscard]] const std::filesystem::path& socket() const noexcept { return socket_; }
   /// What a worker passes to open_store.
   [[nodiscard]] std::string url() const { return "relay://" + socket_.string(); }
   /// Leases granted to workers that are still in force; watches of the store now open.

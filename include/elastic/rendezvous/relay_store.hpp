@@ -140,8 +140,6 @@ class relay_store final : public store {
     idle_.push_back(detail::relay_connect(path_, token_, &hello_));
   }
 
-  [[nodiscard]] const std::string& path() const noexcept { return path_; }
-
   void set(std::string_view key, std::string_view value, lease_id lease = 0) override {
     call(request(detail::relay::op::set).str(key).str(value).i64(lease));
   }

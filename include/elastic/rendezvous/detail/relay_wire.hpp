@@ -108,7 +108,6 @@ class reader {
     if (u8() == 0) return std::nullopt;
     return str();
   }
-  [[nodiscard]] bool done() const noexcept { return at_ == buf_.size(); }
 
  private:
   void need(std::size_t n) const {
