@@ -3,6 +3,7 @@
 
 #include <elastic/checkpoint/archive.hpp>
 #include <elastic/checkpoint/checkpointer.hpp>
+#include <elastic/checkpoint/data_position.hpp>
 #include <elastic/checkpoint/device_span.hpp>
 #include <elastic/checkpoint/dtype.hpp>
 #include <elastic/checkpoint/format.hpp>

@@ -33,6 +33,9 @@
 #ifndef ELASTIC_WITH_LIBDW
 #define ELASTIC_WITH_LIBDW 0
 #endif
+#ifndef ELASTIC_WITH_TORCH
+#define ELASTIC_WITH_TORCH 0
+#endif
 
 namespace elastic::inline v1 {
 

@@ -8,6 +8,7 @@
 //   st.add_partitioned("adam_m", m, n, rank, world);    // a slice that follows the world size
 //   st.add_value("step", step);                        // trivially copyable scalars
 //   st.add_object("loader", loader);                   // user type via elastic_checkpoint()
+//   st.add_object("opt", save_fn, load_fn);            // bytes made and taken by two functions
 #pragma once
 
 #include <concepts>
@@ -234,6 +235,20 @@ class state {
       ar(object);
       ar.finish();
     };
+    return push(std::move(e));
+  }
+
+  /// An object whose bytes two functions make and take: `save(out)` fills `out` when a snapshot
+  /// is taken, `load(bytes)` restores from them (for types whose library has its own serializer).
+  state& add_object(std::string name, std::function<void(std::vector<std::byte>&)> save,
+                    std::function<void(std::span<const std::byte>)> load) {
+    if (!save || !load) throw error(errc::invalid_argument, "checkpoint object '" + name + "': no save or load function");
+    entry e;
+    e.name = std::move(name);
+    e.kind = entry_kind::object;
+    e.type = dtype::bytes;
+    e.save = std::move(save);
+    e.load = std::move(load);
     return push(std::move(e));
   }
 

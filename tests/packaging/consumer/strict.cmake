@@ -24,7 +24,7 @@ foreach(_h IN LISTS _headers)
     list(APPEND _needs ${CMAKE_MATCH_2})
   endif()
   file(STRINGS "${_root}/${_h}" _refuses REGEX "^[ \t]*#[ \t]*error.*ELASTIC_WITH_")
-  foreach(_f cuda nccl gloo etcd)
+  foreach(_f cuda nccl gloo etcd torch)
     string(TOUPPER ${_f} _F)
     if(_refuses MATCHES "ELASTIC_WITH_${_F}")
       list(APPEND _needs ${_f})
@@ -52,3 +52,9 @@ target_link_libraries(consumer_strict PRIVATE elastic::elastic ${_features})
 target_compile_options(consumer_strict PRIVATE -Wall -Wextra -Werror -pedantic)
 # elastic's headers with -I, not -isystem: FetchContent and pkg-config users see their warnings.
 set_target_properties(consumer_strict PROPERTIES NO_SYSTEM_FROM_IMPORTED ON)
+if(TARGET torch)
+  # LibTorch's own headers are not ours to warn about: named again as system directories
+  # (a directory given both ways is searched as a system one).
+  get_target_property(_torch_dirs torch INTERFACE_INCLUDE_DIRECTORIES)
+  target_include_directories(consumer_strict SYSTEM PRIVATE ${_torch_dirs})
+endif()
