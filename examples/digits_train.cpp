@@ -53,11 +53,8 @@
 #include <vector>
 
 #include <elastic/checkpoint.hpp>
-#include <elastic/comm/gloo_group.hpp>
+#include <elastic/comm/gloo_worker.hpp>
 #include <elastic/crc32c.hpp>
-#include <elastic/env.hpp>
-#include <elastic/rendezvous/open_store.hpp>
-#include <elastic/rendezvous/shm_store.hpp>
 
 namespace {
 
@@ -241,43 +238,6 @@ int predict(const float* p, const float* x) {
   return best;
 }
 
-/// The worker environment this program acts on (docs/design.md), every value checked: a malformed
-/// setting is an error naming it, never a silent default.
-struct settings {
-  std::optional<std::string> rdzv;  // none: a world of one with a store of its own
-  int min_ranks = 1, max_ranks = 1;
-  long restart_count = 0;
-  long local_rank = -1;  // -1: the first rank this worker gets
-  std::chrono::milliseconds step_timeout{0};
-};
-
-settings read_settings() {
-  settings s;
-  s.rdzv = elastic::env_string("ELASTIC_RDZV");
-  // The group's bounds, in ranks: ELASTIC_MIN_RANKS/MAX_RANKS, or their older names _NODES.
-  const char* min_var = std::getenv("ELASTIC_MIN_RANKS") ? "ELASTIC_MIN_RANKS" : "ELASTIC_MIN_NODES";
-  const char* max_var = std::getenv("ELASTIC_MAX_RANKS") ? "ELASTIC_MAX_RANKS" : "ELASTIC_MAX_NODES";
-  s.min_ranks = static_cast<int>(elastic::env_int(min_var, 1, 65536).value_or(1));
-  s.max_ranks = static_cast<int>(elastic::env_int(max_var, 1, 65536).value_or(s.min_ranks));
-  if (s.min_ranks > s.max_ranks) {
-    throw elastic::error(elastic::errc::invalid_argument,
-                         std::string(min_var) + "=" + std::to_string(s.min_ranks) + " is above " + max_var + "=" +
-                             std::to_string(s.max_ranks) + ": the group needs MIN <= MAX; fix either");
-  }
-  if (!s.rdzv && s.min_ranks > 1) {
-    throw elastic::error(elastic::errc::invalid_argument,
-                         std::string(min_var) + "=" + std::to_string(s.min_ranks) +
-                             " needs ELASTIC_RDZV, a store the other ranks reach (elastic-run sets it): set it, or "
-                             "unset " + min_var + " to train alone");
-  }
-  s.restart_count = static_cast<long>(elastic::env_int("ELASTIC_RESTART_COUNT", 0, 1'000'000'000).value_or(0));
-  s.local_rank = static_cast<long>(elastic::env_int("ELASTIC_LOCAL_RANK", 0, 65535).value_or(-1));
-  s.step_timeout = elastic::env_seconds_in("ELASTIC_STEP_TIMEOUT", std::chrono::milliseconds(1),
-                                       std::chrono::milliseconds(1'000'000'000), "no timeout")
-                       .value_or(std::chrono::milliseconds(0));
-  return s;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -285,18 +245,6 @@ int main(int argc, char** argv) {
   try {
     const dataset data = load(o.data);
     const std::size_t n_test = data.size() / 6, n_train = data.size() - n_test;  // the last sixth is held out
-    const settings cfg = read_settings();
-    std::unique_ptr<elastic::rendezvous::store> store;
-    if (cfg.rdzv) {
-      store = elastic::rendezvous::open_store(*cfg.rdzv);
-    } else {
-      // A world of one: a store of our own, which nobody else opens by name. Its name goes at
-      // once (the mapping stays), so nothing is left in /dev/shm even if we are SIGKILLed.
-      const std::string name = "digits-" + std::to_string(::getpid());
-      store = std::make_unique<elastic::rendezvous::shm_store>(name);
-      elastic::rendezvous::shm_store::remove(name);
-    }
-
     // The parameters, initialized the same on every rank, and the momentum: replicated, or with
     // --zero1 this rank's slice of it (a world of one until the group says otherwise).
     std::vector<float> p(params), velocity(o.zero1 ? 0 : params, 0.0f);
@@ -316,28 +264,25 @@ int main(int argc, char** argv) {
     }
     std::vector<float> gathered(o.zero1 ? params : 0), next_velocity;
 
-    elastic::comm::group_options go;
-    go.rendezvous.min_ranks = cfg.min_ranks;
-    go.rendezvous.max_ranks = cfg.max_ranks;
-    go.rendezvous.heartbeat_interval = 200ms;
-    go.rendezvous.heartbeat_timeout = 2s;
-    go.rendezvous.last_call_timeout = 500ms;
-    if (go.rendezvous.run_id.empty() && !elastic::env_string("ELASTIC_RUN_ID")) go.rendezvous.run_id = "digits";
-    // How long a rank waits in a collective for a peer before the group rebuilds without it
-    // (the library orders the watchdog's deadlines after it, so waiting ranks are never killed):
-    // with a --step-timeout, a third of it, so a hang costs the group no more than its kill.
-    const auto collective_timeout = cfg.step_timeout.count() > 0
-                                        ? std::max(std::chrono::milliseconds(200), cfg.step_timeout / 3)
-                                        : std::chrono::milliseconds(10s);
-    elastic::comm::gloo_group group(*store, go, elastic::comm::gloo_factory(collective_timeout));
+    // The store, the group and the settings elastic-run gives (comm/worker.hpp), every one
+    // checked. How long a rank waits in a collective for a peer before the group rebuilds
+    // without it: a third of --step-timeout (the library orders the watchdog's deadlines after
+    // it, so waiting ranks are never killed), so a hang costs the group no more than its kill.
+    elastic::comm::worker_options wo;
+    wo.run_id = "digits";
+    wo.group.rendezvous.heartbeat_interval = 200ms;
+    wo.group.rendezvous.heartbeat_timeout = 2s;
+    wo.group.rendezvous.last_call_timeout = 500ms;
+    elastic::comm::gloo_worker worker(wo);
+    auto& group = worker.group();
 
-    elastic::training_loop loop({.dir = o.ckpt, .steps = o.steps, .every_steps = o.every, .keep_last = 2, .group = &group},
-                                st);
+    elastic::training_loop loop(
+        worker.loop_options({.dir = o.ckpt, .steps = o.steps, .every_steps = o.every, .keep_last = 2}), st);
     std::vector<std::int64_t> grad(params);
     std::vector<std::uint32_t> order(n_train);
     std::size_t rebuilds = 0;
     bool said_hello = false;
-    long slot = cfg.local_rank;
+    long slot = worker.env().local_rank.value_or(-1);
     int slow = -1;  // -1: not decided yet; 1: this life is the injected straggler
     for (auto& step : loop) {
       const int rank = group.rank(), world = group.size();
