@@ -32,8 +32,6 @@
 //                                restarts it)
 //
 // Without a --data file it trains on a synthetic stand-in (and says so).
-#include <fcntl.h>
-#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -56,6 +54,8 @@
 #include <elastic/comm/gloo_worker.hpp>
 #include <elastic/crc32c.hpp>
 
+#include "injected_faults.hpp"
+
 namespace {
 
 using namespace std::chrono_literals;
@@ -67,10 +67,10 @@ struct options {
   std::string data, ckpt = "digits-ckpt";
   std::uint64_t steps = 600, every = 25;
   long step_sleep_ms = 0;
-  long kill_rank = -1, kill_at = -1, hang_rank = -1, hang_at = -1, slow_rank = -1;
+  long slow_rank = -1;
   double slow_factor = 1;
-  long together[2] = {-1, -1}, together_at = -1;
   bool zero1 = false;
+  examples::injected_faults faults;
 };
 
 [[noreturn]] void usage(const std::string& why) {
@@ -100,30 +100,14 @@ options parse(int argc, char** argv) {
     else if (a == "--steps") o.steps = static_cast<std::uint64_t>(n());
     else if (a == "--every") o.every = static_cast<std::uint64_t>(n());
     else if (a == "--step-sleep-ms") o.step_sleep_ms = static_cast<long>(n());
-    else if (a == "--kill-rank") o.kill_rank = static_cast<long>(n());
-    else if (a == "--kill-at") o.kill_at = static_cast<long>(n());
-    else if (a == "--hang-rank") o.hang_rank = static_cast<long>(n());
-    else if (a == "--hang-at") o.hang_at = static_cast<long>(n());
+    else if (o.faults.take(a, v, [&] { return static_cast<long>(n()); })) continue;
     else if (a == "--zero1") o.zero1 = n() != 0;
     else if (a == "--slow-rank") o.slow_rank = static_cast<long>(n());
     else if (a == "--slow-factor") o.slow_factor = std::atof(v.c_str());
-    else if (a == "--kill-together-at") o.together_at = static_cast<long>(n());
-    else if (a == "--kill-together") {
-      if (std::sscanf(v.c_str(), "%ld,%ld", &o.together[0], &o.together[1]) != 2) usage("--kill-together takes R1,R2");
-    }
     else usage("unknown option " + a);
   }
+  o.faults.ckpt = o.ckpt;
   return o;
-}
-
-/// Whether worker `slot` has yet to suffer fault `tag` in this checkpoint directory's run; marks
-/// it suffered (a file beside the directory outlives the worker's restarts).
-bool first_time(const options& o, const char* tag, long slot) {
-  const std::string mark = o.ckpt + ".injected-" + tag + "-" + std::to_string(slot);
-  const int fd = ::open(mark.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0600);
-  if (fd < 0) return false;
-  ::close(fd);
-  return true;
 }
 
 /// Images as 64 features in [0, 1] and labels 0..9.
@@ -315,25 +299,7 @@ int main(int argc, char** argv) {
         const std::uint32_t i = order[(first + static_cast<std::uint64_t>(j)) % n_train];
         loss += sample_gradient(p.data(), &data.x[i * in], data.y[i], grad.data());
       }
-      if (slot == o.hang_rank && static_cast<long>(s) == o.hang_at && first_time(o, "hang", slot)) {
-        std::printf("worker %ld hangs in step %llu (injected): the watchdog will kill it\n", slot,
-                    static_cast<unsigned long long>(s));
-        std::fflush(stdout);
-        for (;;) std::this_thread::sleep_for(1s);
-      }
-      std::jthread killer;
-      const bool together = (slot == o.together[0] || slot == o.together[1]) && static_cast<long>(s) == o.together_at;
-      if ((slot == o.kill_rank && static_cast<long>(s) == o.kill_at && first_time(o, "kill", slot)) ||
-          (together && first_time(o, "kill-together", slot))) {
-        std::printf("worker %ld is SIGKILLed inside the allreduce of step %llu (injected)\n", slot,
-                    static_cast<unsigned long long>(s));
-        std::fflush(stdout);
-        std::this_thread::sleep_for(20ms);  // the others are in the allreduce by now
-        killer = std::jthread([] {
-          std::this_thread::sleep_for(std::chrono::microseconds(200));
-          ::kill(::getpid(), SIGKILL);
-        });
-      }
+      const std::jthread killer = o.faults.before_collective(slot, s);
       if (!group.allreduce(std::span<std::int64_t>(grad), elastic::comm::reduce_op::sum)) continue;  // redone
       constexpr float lr = 0.05f, momentum = 0.9f;
       if (o.zero1) {
@@ -368,7 +334,7 @@ int main(int argc, char** argv) {
                     100.0 * static_cast<double>(right) / static_cast<double>(n_test));
       }
       std::fflush(stdout);
-      if (slot == o.slow_rank && slow < 0) slow = first_time(o, "slow", slot) ? 1 : 0;
+      if (slot == o.slow_rank && slow < 0) slow = o.faults.first_time("slow", slot) ? 1 : 0;
       const double pace = slow == 1 ? o.slow_factor : 1.0;  // a straggler's first life
       if (o.step_sleep_ms > 0) {
         std::this_thread::sleep_for(std::chrono::microseconds(static_cast<long>(static_cast<double>(o.step_sleep_ms) * 1e3 * pace)));

@@ -6,10 +6,12 @@
 #include <elastic/comm/communicator.hpp>
 #include <elastic/comm/elastic_group.hpp>
 #include <elastic/comm/half.hpp>
+#include <elastic/comm/worker.hpp>
 #include <elastic/config.hpp>
 #if ELASTIC_WITH_GLOO
 #include <elastic/comm/gloo.hpp>
 #include <elastic/comm/gloo_group.hpp>
+#include <elastic/comm/gloo_worker.hpp>
 #endif
 #if ELASTIC_WITH_NCCL
 #include <elastic/comm/nccl.hpp>
