@@ -274,7 +274,7 @@ TEST_CASE("gradient_reducer averages the ranks' gradients as one process would",
   for (const auto& r : got) CHECK(r == got[0]);  // every rank holds the same bits
 }
 
-TEST_CASE("gradient_reducer: a gradient some ranks lack counts as zeros; one all lack stays undefined", "[torch]") {
+TEST_CASE("gradient_reducer: a gradient some ranks lack counts as zeros and one all lack stays undefined", "[torch]") {
   on_group(3, [](comm::gloo_group& g) {
     auto a = torch::ones({4}, torch::requires_grad());
     auto b = torch::ones({2}, torch::requires_grad());

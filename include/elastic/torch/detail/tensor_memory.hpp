@@ -15,6 +15,7 @@
 
 #include <fmt/format.h>
 #include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
 
 #include <elastic/comm/half.hpp>
 #include <elastic/config.hpp>
@@ -30,6 +31,8 @@ decltype(auto) guarded(errc code, std::string_view what, F&& f) {
     return f();
   } catch (const error&) {
     throw;
+  } catch (const c10::Error& e) {  // its what() carries a stack trace
+    throw error(code, fmt::format("{}: {}", what, e.what_without_backtrace()));
   } catch (const std::exception& e) {
     throw error(code, fmt::format("{}: {}", what, e.what()));
   }

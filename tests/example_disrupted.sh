@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The main job in small, as a test: elastic-run trains digits_train (synthetic digits, so no
-# network is needed) undisturbed, then with a worker SIGKILLed, two workers SIGKILLed together
-# (with --zero1: a rank and the successor holding its replica), a worker hung until the watchdog
-# kills it, and a SIGTERM to the launcher followed by a resume; the final weights must match.
-#   tests/example_digits.sh ELASTIC_RUN DIGITS_TRAIN [TRAINER ARGS...]   (e.g. --zero1 1)
+# The main job in small, as a test: elastic-run trains an example trainer (digits_train or
+# torch_mnist, on synthetic data, so no network is needed) undisturbed, then with a worker
+# SIGKILLed, two workers SIGKILLed together (digits_train --zero1: a rank and the successor
+# holding its replica), a worker hung until the watchdog kills it, and a SIGTERM to the launcher
+# followed by a resume; the final weights must match bit for bit.
+#   tests/example_disrupted.sh ELASTIC_RUN TRAINER [TRAINER ARGS...]   (e.g. --zero1 1)
 set -euo pipefail
 run="$1"
 train="$2"
