@@ -57,6 +57,9 @@ vcpkg_cmake_configure(
         -DELASTIC_BUILD_EXAMPLES=OFF
         -DELASTIC_BUILD_BENCHMARKS=OFF
         -DELASTIC_INSTALL=ON
+        # The LibTorch adapters (elastic::torch) are not a feature of this port yet: never built
+        # from a libtorch the system happens to have.
+        -DCMAKE_DISABLE_FIND_PACKAGE_Torch=ON
         ${FEATURE_OPTIONS}
     MAYBE_UNUSED_VARIABLES
         VCPKG_LOCK_FIND_PACKAGE_NCCL

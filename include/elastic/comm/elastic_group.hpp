@@ -537,7 +537,7 @@ class elastic_group final : public group_hook {
   /// Every rank ends with rank 0's step and state (detail/state_resync.hpp). Nothing when a
   /// collective failed on the way.
   std::optional<std::uint64_t> resync(std::uint64_t step, checkpoint::state& st) {
-    auto runner = [this](std::string_view what, auto&& f) { return run(what, f); };
+    auto runner = [this](std::string_view what, auto&& f) { return this->run(what, f); };
     if (st.has_shards() && link_.settle) link_.settle();  // no snapshot copy reads a slice we move
     // Replicas are kept for a loop's partitioned state: it takes the snapshots they copy.
     if (st.has_shards() && link_.settle && opts_.replicas > 0 && !replicas_) {

@@ -10,6 +10,11 @@
 #include <vector>
 
 #include <elastic/elastic.hpp>
+#if ELASTIC_WITH_TORCH
+#include <torch/torch.h>
+
+#include <elastic/torch.hpp>
+#endif
 
 // The first snippet brings the chrono literals in; the later ones (120s, 10s) go on using them.
 using namespace std::chrono_literals;
