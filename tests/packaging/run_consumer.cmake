@@ -155,6 +155,9 @@ if(MODE STREQUAL "find_package")
   run(${CMAKE_COMMAND} -S "${consumer}" -B "${WORK_DIR}/consumer" ${common} ${consumer_args}
       -DELASTIC_CONSUME=find_package "-DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix")
 elseif(MODE STREQUAL "fetchcontent")
+  # Asked for, the tools come under the names an install exports (configured, not built).
+  run(${CMAKE_COMMAND} -S "${consumer}" -B "${WORK_DIR}/consumer_tools" ${common} ${consumer_args}
+      -DELASTIC_CONSUME=fetchcontent "-DELASTIC_SOURCE_DIR=${SOURCE_DIR}" -DELASTIC_WANT_TOOLS=ON)
   run(${CMAKE_COMMAND} -S "${consumer}" -B "${WORK_DIR}/consumer" ${common} ${consumer_args}
       -DELASTIC_CONSUME=fetchcontent "-DELASTIC_SOURCE_DIR=${SOURCE_DIR}")
 else()
