@@ -257,6 +257,7 @@ int main(int argc, char** argv) {
     wo.group.rendezvous.heartbeat_interval = 200ms;
     wo.group.rendezvous.heartbeat_timeout = 2s;
     wo.group.rendezvous.last_call_timeout = 500ms;
+    wo.collective_timeout_default = 10s;  // its steps take milliseconds
     elastic::comm::gloo_worker worker(wo);
     auto& group = worker.group();
 

@@ -10,7 +10,8 @@
 // URL; unset: a world of one with a private store nothing else opens), ELASTIC_MIN_RANKS and
 // ELASTIC_MAX_RANKS through the rendezvous, ELASTIC_RUN_ID (else the options' run_id), and
 // ELASTIC_STEP_TIMEOUT, from which the collective timeout is derived (a third of it, at least
-// 200 ms: a hung peer costs the group no more than its kill), 10 s without one.
+// 200 ms: a hung peer costs the group no more than its kill), 30 min without one (see
+// worker_options::collective_timeout_default).
 #pragma once
 
 #include <unistd.h>
@@ -76,6 +77,11 @@ struct worker_options {
   group_options group{};
   /// Bound on each collective; 0: derived from ELASTIC_STEP_TIMEOUT as above.
   std::chrono::milliseconds collective_timeout{0};
+  /// The bound when neither is given: how long a rank waits for a slower peer. Long, as
+  /// torch.distributed's default: a hung peer is killed at its step deadline and a vanished one
+  /// noticed by the heartbeats, either of which ends the wait sooner, while a short bound would
+  /// fail every step of a healthy job whose ranks' step times differ by more than it.
+  std::chrono::milliseconds collective_timeout_default{std::chrono::minutes(30)};
 };
 
 /// `make(collective_timeout)` gives the group's communicator factory (gloo_factory, say).
@@ -121,7 +127,10 @@ class worker {
     }
     if (o.collective_timeout.count() > 0) return o.collective_timeout;
     if (env_.step_timeout.count() > 0) return std::max(std::chrono::milliseconds(200), env_.step_timeout / 3);
-    return std::chrono::seconds(10);
+    if (o.collective_timeout_default.count() <= 0) {
+      throw error(errc::invalid_argument, "worker: collective_timeout_default must be > 0");
+    }
+    return o.collective_timeout_default;
   }
   static group_options group_options_of(const worker_options& o) {
     group_options g = o.group;
