@@ -5,6 +5,7 @@
 # holding its replica), a worker hung until the watchdog kills it, and a SIGTERM to the launcher
 # followed by a resume; the final weights must match bit for bit.
 #   tests/example_disrupted.sh ELASTIC_RUN TRAINER [TRAINER ARGS...]   (e.g. --zero1 1)
+# WORKERS=N in the environment: N workers instead of 3 (4: the group goes 4 -> 3 -> 4 at the kill).
 set -euo pipefail
 run="$1"
 train="$2"
@@ -12,7 +13,7 @@ shift 2
 work="$(mktemp -d)"
 # Only a pid we started: `kill 0` would kill our whole process group (ctest with it).
 trap 'if [ -n "${pid:-}" ]; then kill -KILL "$pid" 2>/dev/null || true; fi; rm -rf "$work"' EXIT
-launcher=("$run" --nproc-per-node 3 --min-ranks 2 --max-restarts 5 --step-timeout 2 --grace 10 --quiet
+launcher=("$run" --nproc-per-node "${WORKERS:-3}" --min-ranks 2 --max-restarts 5 --step-timeout 2 --grace 10 --quiet
           --log-dir "$work/logs")
 # 600 steps: the hung worker is killed at its 2 s deadline while the others go on without it,
 # and the SIGTERM must still find the run going after that (300 steps were done first at times).

@@ -455,12 +455,20 @@ TEST_CASE("a killed rank restarted under its id is grown back in: 3 ranks become
   for (std::size_t i : {std::size_t{0}, std::size_t{1}, std::size_t{3}, back}) check_finished(f, i, steps, want, "4");
   // The survivors' rebuild into 4 took NCCL's grow where the libnccl has it (a slow machine may
   // add rebuilds of its own, a lapsed heartbeat say: the one that took the newcomer in counts).
-  const std::string expected = calls_of(f, 0).grow ? "grow" : "reinit";
+  // On a slow machine (TSan) a collective of the 3 may also time out as the newcomer arrives:
+  // the communicator then failed with nobody gone, there is no intact parent to grow, and a
+  // fresh init is the right path; the rebuild says so.
+  std::vector<std::string> into4;
   for (std::size_t i : {0, 1, 3}) {
-    const auto into4 = f.find(i, "rebuilt ", [](auto& l) { return field(l, "world") == "4"; });
-    REQUIRE(into4);
-    CHECK(field(*into4, "path") == expected);
+    const auto l = f.find(i, "rebuilt ", [](auto& l) { return field(l, "world") == "4"; });
+    REQUIRE(l);
+    into4.push_back(*l);
   }
+  const bool parent_failed = std::any_of(into4.begin(), into4.end(), [](const std::string& l) {
+    return l.find("failed with nobody gone") != std::string::npos;
+  });
+  const std::string expected = calls_of(f, 0).grow && !parent_failed ? "grow" : "reinit";
+  for (const auto& l : into4) CHECK(field(l, "path") == expected);
 }
 
 namespace {
