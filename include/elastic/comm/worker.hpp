@@ -71,7 +71,8 @@ struct worker_env {
 };
 
 struct worker_options {
-  /// The run id when ELASTIC_RUN_ID is unset (elastic-run sets it).
+  /// The run id when ELASTIC_RUN_ID is unset (elastic-run sets it); a worker alone (no
+  /// ELASTIC_RDZV) needs none.
   std::string run_id{};
   /// The group's options; run_id, and min/max ranks left 0, come from the environment.
   group_options group{};
@@ -132,9 +133,13 @@ class worker {
     }
     return o.collective_timeout_default;
   }
-  static group_options group_options_of(const worker_options& o) {
+  group_options group_options_of(const worker_options& o) const {
     group_options g = o.group;
     if (g.rendezvous.run_id.empty() && !internal::env_string("ELASTIC_RUN_ID")) g.rendezvous.run_id = o.run_id;
+    // Alone, on a store of its own, a run needs no name; in a shared store it does (refused).
+    if (g.rendezvous.run_id.empty() && !env_.rdzv && !internal::env_string("ELASTIC_RUN_ID")) {
+      g.rendezvous.run_id = "alone";
+    }
     return g;
   }
 
