@@ -987,3 +987,29 @@ TEST_CASE("a symbolic link planted in a committed step is not read through: the 
   CHECK(fs::is_directory(fs::path(dir) / "corrupt-step-000000000002"));
   CHECK(ck::storage::list_steps(dir) == std::vector<std::uint64_t>{1});
 }
+
+TEST_CASE("an object whose save throws fails that snapshot only: the next one is taken and the checkpointer ends", "[checkpoint]") {
+  elastic::test::temp_dir dir;
+  std::vector<float> w(1024, 1.0f);
+  bool refuse = true;
+  ck::state st;
+  st.add("w", w);
+  st.add_object(
+      "guard",
+      [&refuse](std::vector<std::byte>& out) {
+        if (refuse) throw elastic::error(errc::invalid_argument, "not now");
+        out.assign(3, std::byte{7});
+      },
+      [](std::span<const std::byte>) {});
+  {
+    ck::checkpointer c(st, opts(dir.path(), dir.file("events.jsonl")));
+    CHECK(error_of([&] { c.snapshot(1); }).code() == errc::invalid_argument);
+    refuse = false;
+    c.snapshot(2);  // the slot the failed one took is free again
+    c.wait_durable();
+  }  // and the destructor does not wait for it
+  ck::checkpointer c(st, opts(dir.path(), dir.file("events.jsonl")));
+  const auto m = c.restore();
+  REQUIRE(m);
+  CHECK(m->step == 2);
+}

@@ -351,3 +351,19 @@ TEST_CASE("fixed_order_reducer refuses micro-batches that are not this rank's", 
     CHECK(error_of([&] { grads.keep(4); }).code() == errc::invalid_argument);
   });
 }
+
+TEST_CASE("a module moved after add_module is refused at the next snapshot, naming the tensor", "[torch]") {
+  auto owned = seeded_net(3);
+  auto& m = *owned;
+  elastic::test::temp_dir dir;
+  ck::state st;
+  lt::add_module(st, "model", m);
+  ck::checkpointer c(st, opts(dir.path()));
+  c.snapshot(1);  // in place: fine
+  c.wait_durable();
+  m.to(torch::kDouble);  // every parameter and buffer gets new memory
+  const auto e = error_of([&] { c.snapshot(2); });
+  CHECK(e.code() == errc::invalid_argument);
+  CHECK(contains(e.what(), "'model/param/fc1.weight'"));
+  CHECK(contains(e.what(), "register the module after moving it"));
+}

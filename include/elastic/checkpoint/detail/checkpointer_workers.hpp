@@ -136,43 +136,70 @@ inline void checkpointer::fill(slot& s, std::unique_lock<std::mutex>& lk, std::c
   s.has_device_copies = false;
   const auto& entries = st_.entries();
   s.records.resize(entries.size());  // before staged points into it
-  for (std::size_t i = 0; i < entries.size(); ++i) {
-    const entry& e = entries[i];
-    entry& r = s.records[i];  // assigned field by field: capacity is reused, callbacks are not copied
-    r.name = e.name;
-    r.kind = e.kind;
-    r.type = e.type;
-    r.shape = e.shape;
-    r.element_bytes = e.element_bytes;
-    r.where = e.where;
-    r.bytes = e.bytes;
-    r.shard = e.shard;
-    r.part_rank = e.part_rank;
-    r.part_world = e.part_world;
-    if (e.kind == entry_kind::object) {
-      auto& bytes = s.objects.emplace_back();
-      e.save(bytes);
-      s.staged.push_back({&r, std::span<const std::byte>(bytes)});
-      continue;
+  // A hook that throws (an object's save, a check of the user's) must not leave the slot taken
+  // forever: every later snapshot and the destructor would wait for it. Objects are serialized
+  // first, before any copy is queued into the slot's memory, so that a throw there has nothing in
+  // flight; a CUDA error later waits for what was queued. The slot is then free again.
+  try {
+    for (const auto& e : entries) {
+      if (e.kind == entry_kind::object) e.save(s.objects.emplace_back());
     }
-    std::byte* dst = s.memory.data() + layout_.offsets[i];
-    if (e.kind == entry_kind::value) {
-      std::memcpy(dst, e.data, e.bytes);
-    } else if (e.where == location::device) {
-      if (!s.has_device_copies) {
-        // The copies start once everything queued on the user's stream before now is done.
-        s.ready.record(stream);
-        s.ready.make_wait(side_.get());
-      }
-      internal::cuda::copy_to_host_async(dst, e.data, e.bytes, side_.get());
-      s.has_device_copies = true;
-    } else {
-      if (e.bytes) s.host_copies.push_back({dst, e.data, e.bytes});
-      s.has_host_copies = true;
-    }
-    s.staged.push_back({&r, std::span<const std::byte>(dst, e.bytes)});
+  } catch (...) {
+    lk.lock();
+    s.phase = slot_phase::free;
+    cv_.notify_all();
+    throw;
   }
-  if (s.has_device_copies) s.copied.record(side_.get());
+  try {
+    std::size_t object = 0;
+    for (std::size_t i = 0; i < entries.size(); ++i) {
+      const entry& e = entries[i];
+      entry& r = s.records[i];  // assigned field by field: capacity is reused, callbacks are not copied
+      r.name = e.name;
+      r.kind = e.kind;
+      r.type = e.type;
+      r.shape = e.shape;
+      r.element_bytes = e.element_bytes;
+      r.where = e.where;
+      r.bytes = e.bytes;
+      r.shard = e.shard;
+      r.part_rank = e.part_rank;
+      r.part_world = e.part_world;
+      if (e.kind == entry_kind::object) {
+        s.staged.push_back({&r, std::span<const std::byte>(s.objects[object++])});
+        continue;
+      }
+      std::byte* dst = s.memory.data() + layout_.offsets[i];
+      if (e.kind == entry_kind::value) {
+        std::memcpy(dst, e.data, e.bytes);
+      } else if (e.where == location::device) {
+        if (!s.has_device_copies) {
+          // The copies start once everything queued on the user's stream before now is done.
+          s.ready.record(stream);
+          s.ready.make_wait(side_.get());
+        }
+        internal::cuda::copy_to_host_async(dst, e.data, e.bytes, side_.get());
+        s.has_device_copies = true;
+      } else {
+        if (e.bytes) s.host_copies.push_back({dst, e.data, e.bytes});
+        s.has_host_copies = true;
+      }
+      s.staged.push_back({&r, std::span<const std::byte>(dst, e.bytes)});
+    }
+    if (s.has_device_copies) s.copied.record(side_.get());
+  } catch (...) {
+    if (s.has_device_copies) {
+      try {
+        s.copied.record(side_.get());
+        s.copied.synchronize();
+      } catch (...) {  // the device failed: nothing more of it can be waited for
+      }
+    }
+    lk.lock();
+    s.phase = slot_phase::free;
+    cv_.notify_all();
+    throw;
+  }
 
   lk.lock();
   s.phase = slot_phase::copying;
