@@ -5,7 +5,9 @@
 # holding its replica), a worker hung until the watchdog kills it, and a SIGTERM to the launcher
 # followed by a resume; the final weights must match bit for bit.
 #   tests/example_disrupted.sh ELASTIC_RUN TRAINER [TRAINER ARGS...]   (e.g. --zero1 1)
-# WORKERS=N in the environment: N workers instead of 3 (4: the group goes 4 -> 3 -> 4 at the kill).
+# WORKERS=N in the environment: N workers instead of 3 (4: the group goes 4 -> 3 -> 4 at the kill);
+# STEP_TIMEOUT=S: the step deadline, 2 s by default (a heavier trainer on a loaded machine needs
+# more, or healthy ranks are killed too and the run runs out of restarts).
 set -euo pipefail
 run="$1"
 train="$2"
@@ -13,9 +15,9 @@ shift 2
 work="$(mktemp -d)"
 # Only a pid we started: `kill 0` would kill our whole process group (ctest with it).
 trap 'if [ -n "${pid:-}" ]; then kill -KILL "$pid" 2>/dev/null || true; fi; rm -rf "$work"' EXIT
-launcher=("$run" --nproc-per-node "${WORKERS:-3}" --min-ranks 2 --max-restarts 5 --step-timeout 2 --grace 10 --quiet
+launcher=("$run" --nproc-per-node "${WORKERS:-3}" --min-ranks 2 --max-restarts 5 --step-timeout "${STEP_TIMEOUT:-2}" --grace 10 --quiet
           --log-dir "$work/logs")
-# 600 steps: the hung worker is killed at its 2 s deadline while the others go on without it,
+# 600 steps: the hung worker is killed at its deadline while the others go on without it,
 # and the SIGTERM must still find the run going after that (300 steps were done first at times).
 trainer=("$train" --steps 600 --every 20 --step-sleep-ms 5 "$@")
 # The weights of the run that finished (logs are appended across runs, and the rank that was the
@@ -38,7 +40,17 @@ for _ in $(seq 1 600); do
   kill -0 "$pid" 2>/dev/null || break
   sleep 0.1
 done
-kill -TERM "$pid"
+if ! kill -TERM "$pid" 2>/dev/null; then
+  # It ended before the notice: say how, with what it printed.
+  set +e
+  wait "$pid"
+  code=$?
+  set -e
+  cat "$work/hit.err" >&2
+  tail -n 20 "$work/logs/$hit"/rank-*.log >&2 || true
+  echo "FAIL: elastic-run ended (exit $code) before its SIGTERM: every failure should have been recovered" >&2
+  exit 1
+fi
 set +e
 wait "$pid"
 code=$?
