@@ -20,7 +20,7 @@
 //
 // Fault injection for the demo, by worker slot (ELASTIC_LOCAL_RANK, else the first rank it got),
 // each once per slot and checkpoint directory (a file beside it, CKPT.injected-*, remembers it
-// across the slot's restarts):
+// across the slot's restarts), at the first step at or past S the slot runs (examples/injected_faults.hpp):
 //   --kill-rank R --kill-at S    worker R SIGKILLs itself in the middle of step S's allreduce
 //   --kill-together R1,R2 --kill-together-at S
 //                                workers R1 and R2 both do, in step S (with --zero1 and 3

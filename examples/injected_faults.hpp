@@ -1,6 +1,6 @@
 // Fault injection for the examples' demos, by worker slot (ELASTIC_LOCAL_RANK, else the first rank
 // it got), each once per slot and checkpoint directory (a file beside it, CKPT.injected-*,
-// remembers it across the slot's restarts):
+// remembers it across the slot's restarts), at the first step at or past S the slot runs:
 //   --kill-rank R --kill-at S    worker R SIGKILLs itself in the middle of step S's allreduce
 //   --kill-together R1,R2 --kill-together-at S
 //                                workers R1 and R2 both do, in step S
@@ -62,13 +62,17 @@ struct injected_faults {
   [[nodiscard]] std::jthread before_collective(long slot, std::uint64_t step) const {
     using namespace std::chrono_literals;
     const auto s = static_cast<long>(step);
-    if (slot == hang_rank && s == hang_at && first_time("hang", slot)) {
+    // At the first step at or past S this slot runs, not only at S: a worker restarted after an
+    // earlier fault may rejoin past S (its start is slow on a loaded machine) and must still
+    // suffer its fault, once.
+    auto due = [s](long at) { return at >= 0 && s >= at; };
+    if (slot == hang_rank && due(hang_at) && first_time("hang", slot)) {
       std::printf("worker %ld hangs in step %ld (injected): the watchdog will kill it\n", slot, s);
       std::fflush(stdout);
       for (;;) std::this_thread::sleep_for(1s);
     }
-    const bool both = (slot == together[0] || slot == together[1]) && s == together_at;
-    if ((slot == kill_rank && s == kill_at && first_time("kill", slot)) || (both && first_time("kill-together", slot))) {
+    const bool both = (slot == together[0] || slot == together[1]) && due(together_at);
+    if ((slot == kill_rank && due(kill_at) && first_time("kill", slot)) || (both && first_time("kill-together", slot))) {
       std::printf("worker %ld is SIGKILLed inside the allreduce of step %ld (injected)\n", slot, s);
       std::fflush(stdout);
       std::this_thread::sleep_for(20ms);  // the others are in the allreduce by now
