@@ -22,6 +22,7 @@
 #include <elastic/rendezvous/shm_store.hpp>
 
 #include "support/catch.hpp"
+#include "support/env_var.hpp"
 #include "support/errors.hpp"
 #include "support/process.hpp"
 #include "support/threads.hpp"
@@ -372,12 +373,7 @@ TEST_CASE("a group that never reaches min_ranks stops with a clear timeout") {
 
 TEST_CASE("the group's bounds come from ELASTIC_MIN_RANKS and ELASTIC_MAX_RANKS (or their older names) unless the code sets them") {
   scratch_store st;
-  // Set before any participant exists and unset after: nothing else reads the environment then.
-  struct env_var {
-    const char* name;
-    env_var(const char* n, const char* v) : name(n) { ::setenv(n, v, 1); }
-    ~env_var() { ::unsetenv(name); }
-  };
+  using elastic::test::env_var;  // set before any participant exists and unset after
   auto bounds = [&](int min, int max) {
     auto o = options("bounds", 1, 1, "p1");
     o.min_ranks = min;

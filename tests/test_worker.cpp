@@ -11,24 +11,16 @@
 #include <elastic/comm/gloo_worker.hpp>
 
 #include "support/catch.hpp"
+#include "support/env_var.hpp"
 #include "support/errors.hpp"
 
 using namespace std::chrono_literals;
 using elastic::errc;
+using elastic::test::env_var;
 using elastic::test::error_of;
 namespace comm = elastic::comm;
 
 namespace {
-
-/// A variable set for a scope, and unset after: the tests set them before any worker exists, and
-/// nothing else reads the environment meanwhile.
-struct env_var {
-  const char* name;
-  env_var(const char* n, const char* v) : name(n) { ::setenv(n, v, 1); }
-  ~env_var() { ::unsetenv(name); }
-  env_var(const env_var&) = delete;
-  env_var& operator=(const env_var&) = delete;
-};
 
 /// No elastic-run variables: a worker on its own.
 void clear_env() {
