@@ -18,7 +18,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -31,6 +30,7 @@
 #include <elastic/comm/group_options.hpp>
 #include <elastic/error.hpp>
 #include <elastic/internal/env.hpp>
+#include <elastic/rendezvous/detail/resolve_options.hpp>
 #include <elastic/rendezvous/open_store.hpp>
 #include <elastic/rendezvous/shm_store.hpp>
 
@@ -47,8 +47,9 @@ struct worker_env {
   static worker_env read() {
     worker_env s;
     s.rdzv = internal::env_string("ELASTIC_RDZV");
-    const char* min_var = std::getenv("ELASTIC_MIN_RANKS") ? "ELASTIC_MIN_RANKS" : "ELASTIC_MIN_NODES";
-    const char* max_var = std::getenv("ELASTIC_MAX_RANKS") ? "ELASTIC_MAX_RANKS" : "ELASTIC_MAX_NODES";
+    // The rendezvous' own rule for which name counts (the older _NODES ones are still read).
+    const char* min_var = rendezvous::detail::bound_variable("ELASTIC_MIN_RANKS", "ELASTIC_MIN_NODES");
+    const char* max_var = rendezvous::detail::bound_variable("ELASTIC_MAX_RANKS", "ELASTIC_MAX_NODES");
     s.min_ranks = static_cast<int>(internal::env_int(min_var, 1, 65536).value_or(1));
     s.max_ranks = static_cast<int>(internal::env_int(max_var, 1, 65536).value_or(s.min_ranks));
     if (s.min_ranks > s.max_ranks) {
