@@ -97,10 +97,12 @@ class gradient_buckets {
   /// for keeps none, as libtorch leaves it.
   static void unpack(const bucket& b, const at::Tensor& flat) {
     const auto n = static_cast<std::int64_t>(b.slots.size());
-    const auto had = flat.narrow(0, b.elements, n).to(at::kCPU);
+    // One host copy of the counts, read as doubles: not a tensor op per parameter per step.
+    const auto had = flat.narrow(0, b.elements, n).to(at::kCPU, at::kDouble).contiguous();
+    const double* counts = had.data_ptr<double>();
     for (std::int64_t i = 0; i < n; ++i) {
       const auto& s = b.slots[static_cast<std::size_t>(i)];
-      if (had[i].item<double>() == 0) continue;
+      if (counts[i] == 0) continue;
       auto part = flat.narrow(0, s.offset, s.numel).view(s.param.sizes());
       auto& g = s.param.mutable_grad();
       if (g.defined()) {
