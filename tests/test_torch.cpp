@@ -8,6 +8,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -94,6 +95,14 @@ void train(net& m, torch::optim::Optimizer& opt, int from, int to) {
   for (int s = from; s < to; ++s) train_step(m, opt, x, y);
 }
 
+/// A state of `m` and `opt`, as a trainer registers them.
+ck::state registered(net& m, torch::optim::Optimizer& opt) {
+  ck::state st;
+  lt::add_module(st, "model", m);
+  lt::add_optimizer(st, "optim", opt);
+  return st;
+}
+
 /// The optimizer case: `make(model)` builds the optimizer; a run of 6 steps against one that is
 /// checkpointed after 3, restored into a fresh model and optimizer, and trained 3 more.
 template <class Make>
@@ -108,9 +117,7 @@ void resumes_bit_for_bit(Make make) {
     torch::manual_seed(1);
     net b;
     auto opt_b = make(b);
-    ck::state st;
-    lt::add_module(st, "model", b);
-    lt::add_optimizer(st, "optim", *opt_b);
+    auto st = registered(b, *opt_b);
     ck::checkpointer c(st, opts(dir.path()));
     train(b, *opt_b, 0, 3);
     c.snapshot(3);
@@ -119,9 +126,7 @@ void resumes_bit_for_bit(Make make) {
   torch::manual_seed(99);  // other initial weights: the restore must overwrite them all
   net r;
   auto opt_r = make(r);
-  ck::state st;
-  lt::add_module(st, "model", r);
-  lt::add_optimizer(st, "optim", *opt_r);
+  auto st = registered(r, *opt_r);
   ck::checkpointer c(st, opts(dir.path()));
   const auto m = c.restore();
   REQUIRE(m);
@@ -129,6 +134,39 @@ void resumes_bit_for_bit(Make make) {
   CHECK_FALSE(opt_r->state().empty());  // the lazily created state came back
   train(r, *opt_r, 3, 6);
   CHECK(bits(r) == bits(a));
+}
+
+// Catch2 v2's assertions are not thread-safe: inside a rank's thread they take this lock, and a
+// failed requirement ends the thread's body with an exception on_threads collects (Catch's own
+// would leave the thread and end the process).
+std::mutex& catch_mu() {
+  static std::mutex m;
+  return m;
+}
+#define RANK_CHECK(...)                    \
+  do {                                     \
+    std::lock_guard lk_(catch_mu());       \
+    CHECK(__VA_ARGS__);                    \
+  } while (0)
+#define RANK_CHECK_FALSE(...)              \
+  do {                                     \
+    std::lock_guard lk_(catch_mu());       \
+    CHECK_FALSE(__VA_ARGS__);              \
+  } while (0)
+#define RANK_REQUIRE(...)                                                         \
+  do {                                                                            \
+    if (!(__VA_ARGS__)) throw std::runtime_error("requirement failed: " #__VA_ARGS__); \
+  } while (0)
+
+/// error_of for a rank's thread: what `f` threw, or an exception on_threads collects.
+template <class F>
+elastic::error rank_error_of(F&& f) {
+  try {
+    f();
+  } catch (const elastic::error& e) {
+    return e;
+  }
+  throw std::runtime_error("expected an elastic::error");
 }
 
 using group_body = std::function<void(comm::gloo_group&)>;
@@ -257,15 +295,15 @@ TEST_CASE("gradient_reducer averages the ranks' gradients as one process would",
     auto& m = *owned;
     m.eval();
     lt::gradient_reducer grads(g, m, {.bucket_bytes = 256});  // several buckets
-    CHECK(grads.buckets() > 1);
+    RANK_CHECK(grads.buckets() > 1);
     const auto share = torch::arange(g.rank(), 48, 4);
     // The mean over 12 samples; the world's mean of those is the mean over all 48.
     torch::nn::functional::cross_entropy(m.forward(x.index_select(0, share)), y.index_select(0, share)).backward();
-    REQUIRE(grads.allreduce());
+    RANK_REQUIRE(grads.allreduce());
     std::size_t i = 0;
     std::vector<std::uint8_t> mine;
     for (const auto& p : m.parameters()) {
-      CHECK(torch::allclose(p.grad(), expected[i++], 1e-5, 1e-6));
+      RANK_CHECK(torch::allclose(p.grad(), expected[i++], 1e-5, 1e-6));
       const auto* b = static_cast<const std::uint8_t*>(p.grad().data_ptr());
       mine.insert(mine.end(), b, b + p.grad().numel() * 4);
     }
@@ -282,10 +320,10 @@ TEST_CASE("gradient_reducer: a gradient some ranks lack counts as zeros and one 
     lt::gradient_reducer grads(g, std::vector<torch::Tensor>{a, b, unused});
     (a * 3).sum().backward();
     if (g.rank() == 0) (b * 6).sum().backward();  // only rank 0 takes this branch
-    REQUIRE(grads.allreduce());
-    CHECK(torch::equal(a.grad(), torch::full({4}, 3.0f)));
-    CHECK(torch::equal(b.grad(), torch::full({2}, 2.0f)));  // (6 + 0 + 0) / 3
-    CHECK_FALSE(unused.grad().defined());
+    RANK_REQUIRE(grads.allreduce());
+    RANK_CHECK(torch::equal(a.grad(), torch::full({4}, 3.0f)));
+    RANK_CHECK(torch::equal(b.grad(), torch::full({2}, 2.0f)));  // (6 + 0 + 0) / 3
+    RANK_CHECK_FALSE(unused.grad().defined());
   });
 }
 
@@ -295,11 +333,11 @@ TEST_CASE("gradient_reducer refuses a module moved after it was made, and intege
     lt::gradient_reducer grads(g, m);
     m.to(torch::kDouble);  // new memory for every parameter
     for (auto& p : m.parameters()) p.mutable_grad() = torch::zeros_like(p);
-    const auto e = error_of([&] { (void)grads.allreduce(); });
-    CHECK(e.code() == errc::invalid_argument);
-    CHECK(contains(e.what(), "no longer where it was"));
+    const auto e = rank_error_of([&] { (void)grads.allreduce(); });
+    RANK_CHECK(e.code() == errc::invalid_argument);
+    RANK_CHECK(contains(e.what(), "no longer where it was"));
     const auto ints = torch::zeros({2}, torch::kLong);
-    CHECK(error_of([&] { lt::gradient_reducer r(g, std::vector<torch::Tensor>{ints}); }).code() ==
+    RANK_CHECK(rank_error_of([&] { lt::gradient_reducer r(g, std::vector<torch::Tensor>{ints}); }).code() ==
           errc::invalid_argument);
   });
 }
@@ -322,7 +360,7 @@ TEST_CASE("fixed_order_reducer gives the same bits with 4, 3, 2 and 1 ranks", "[
           torch::nn::functional::cross_entropy(m.forward(x.index_select(0, rows)), y.index_select(0, rows)).backward();
           grads.keep(mb);
         }
-        REQUIRE(grads.allreduce());
+        RANK_REQUIRE(grads.allreduce());
         opt.step();
       }
       if (g.rank() == 0) out = bits(m);
@@ -342,13 +380,13 @@ TEST_CASE("fixed_order_reducer refuses micro-batches that are not this rank's", 
     auto w = torch::ones({2}, torch::requires_grad());
     lt::fixed_order_reducer grads(g, std::vector<torch::Tensor>{w}, 4);
     const auto mine = grads.micro_batches();
-    CHECK(mine == std::vector<std::size_t>{static_cast<std::size_t>(g.rank()), static_cast<std::size_t>(g.rank()) + 2});
+    RANK_CHECK(mine == std::vector<std::size_t>{static_cast<std::size_t>(g.rank()), static_cast<std::size_t>(g.rank()) + 2});
     (w * 2).sum().backward();
     grads.keep(mine[0]);  // one of its two: the other is missing
-    const auto e = error_of([&] { (void)grads.allreduce(); });
-    CHECK(e.code() == errc::invalid_argument);
-    CHECK(contains(e.what(), "did not keep micro-batch"));
-    CHECK(error_of([&] { grads.keep(4); }).code() == errc::invalid_argument);
+    const auto e = rank_error_of([&] { (void)grads.allreduce(); });
+    RANK_CHECK(e.code() == errc::invalid_argument);
+    RANK_CHECK(contains(e.what(), "did not keep micro-batch"));
+    RANK_CHECK(rank_error_of([&] { grads.keep(4); }).code() == errc::invalid_argument);
   });
 }
 
