@@ -12,6 +12,18 @@
 
 namespace elastic::agent {
 
+/// What a failed worker costs the others.
+enum class restart_mode {
+  /// The survivors rebuild their group in place and only the failed worker restarts: workers
+  /// built on elastic's group (comm::elastic_group).
+  in_place,
+  /// Every worker of the round is stopped and the round starts again with fresh ranks and a fresh
+  /// MASTER_PORT, as torchrun does: workers whose process group cannot rebuild (a torch DDP
+  /// script). A membership change on another host (a failure there, a host gone or joining)
+  /// restarts this host's workers too.
+  whole_round,
+};
+
 struct launch_options {
   std::size_t nproc_per_node = 0;   ///< workers (ranks) on this host; 0: one per GPU, else one per CPU core
   std::size_t min_nodes = 1;        ///< hosts, as torchrun counts them
@@ -42,7 +54,9 @@ struct launch_options {
   bool no_timeline = false;         ///< write no timeline at the end
   bool quiet = false;               ///< no worker output on the console (the logs keep it)
   std::vector<int> preempt_signals;  ///< more signals that mean "preemption notice"
-  std::vector<std::string> command;  ///< the program and its arguments
+  std::vector<std::string> command;  ///< the program and its arguments (a Python one with its interpreter)
+  restart_mode restarts = restart_mode::in_place;  ///< --restart-mode (auto: whole_round for Python)
+  bool python_program = false;      ///< the command runs a Python script or module (-m)
 
   /// The group's upper bound, in workers (ranks): every host's workers.
   [[nodiscard]] std::size_t max_ranks() const noexcept { return max_nodes * nproc_per_node; }

@@ -50,6 +50,7 @@
 #include "culprit_finder.hpp"
 #include "exit_codes.hpp"
 #include "guardian.hpp"
+#include "host_rounds.hpp"
 #include "log_pump.hpp"
 #include "options.hpp"
 #include "launcher_identity.hpp"
@@ -66,6 +67,7 @@
 #include "worker_process.hpp"
 #include "worker_slot.hpp"
 #include <elastic/internal/file.hpp>
+#include <elastic/internal/json.hpp>
 #include <elastic/internal/private_dir.hpp>
 #include <elastic/internal/process.hpp>
 #include <elastic/internal/shm_object.hpp>
@@ -154,10 +156,19 @@ class launcher {
       slots_[i].log = std::make_unique<log_pump>(std::move(files_.logs[i]), i, opts_.quiet ? nullptr : &*out_);
     }
     files_.logs.clear();
-    for (auto& s : slots_) {
-      if (!start(s)) break;
+    if (whole_round()) {
+      say(fmt::format("every worker restarts together on a failure (--restart-mode all{}): torchrun's way, for "
+                      "workers whose process group cannot rebuild in place",
+                      opts_.python_program ? ", the default for a Python program" : ""));
+      rounds_.emplace(opts_, self_.name(), events_);
+      request_round();
+    } else {
+      for (auto& s : slots_) {
+        if (!start(s)) break;
+      }
     }
     loop();
+    if (rounds_) rounds_->stop(ending_ == ending::none && all_finished());
     end_processes();
     culprits_->forget_all();  // the records of workers that were killed
     finish_report();
@@ -306,12 +317,25 @@ class launcher {
   }
 
   std::vector<std::string> environment(const slot& s) const {
+    std::optional<round_placement> placed;
+    if (round_) {
+      placed = round_placement{.group_rank = round_->rank,
+                               .group_world = round_->world,
+                               .master_addr = round_->master_addr,
+                               .master_port = round_->master_port,
+                               .restart_count = rounds_started_ - 1,
+                               .error_file = error_file(s).string()};
+    }
     return worker_environment(opts_, {.index = s.index,
                                       .starts = s.starts,
                                       .evictions = s.evictions,
                                       .participant = participant(s),
-                                      .watchdog = watchdog_name_});
+                                      .watchdog = watchdog_name_,
+                                      .round = placed ? &*placed : nullptr});
   }
+
+  /// TORCHELASTIC_ERROR_FILE of a slot: torch's @record writes the uncaught exception there.
+  std::filesystem::path error_file(const slot& s) const { return files_.dir / fmt::format("error-{}.json", s.index); }
 
   /// The launcher's own message, on its stderr (never blocking).
   void say(const std::string& text) { err_->write("elastic-run: " + text + "\n"); }
@@ -322,6 +346,12 @@ class launcher {
     s.retire = 0;
     seen_.update();
     s.checkpoints_at_start = seen_.checkpoints();
+    if (whole_round()) {
+      try {
+        files_.dir.remove_file(error_file(s).filename().string());  // a previous life's
+      } catch (const error&) {  // none
+      }
+    }
     try {
       s.proc = worker_process::spawn(opts_.command, environment(s));
     } catch (const error& e) {
@@ -387,6 +417,11 @@ class launcher {
 
   pending what_is_pending() {
     pending p;
+    if (rounds_ && ending_ == ending::none && (awaiting_round_ || round_stopping_ || round_request_at_)) p.any = true;
+    if (round_request_at_ && (!p.next_restart || *round_request_at_ < *p.next_restart)) p.next_restart = round_request_at_;
+    if (round_stopping_ && !round_killed_ && (!p.next_restart || round_kill_at_ < *p.next_restart)) {
+      p.next_restart = round_kill_at_;
+    }
     for (auto& s : slots_) {
       if (busy(s)) {
         p.any = true;
@@ -433,6 +468,7 @@ class launcher {
     fds.push_back({store_->done_fd(), POLLIN, 0});
     owners.emplace_back(nullptr, 3);
     if (watchdog_kills_.wake_fd() >= 0) fds.push_back({watchdog_kills_.wake_fd(), POLLIN, 0}), owners.emplace_back(nullptr, 4);
+    if (rounds_) fds.push_back({rounds_->wake_fd(), POLLIN, 0}), owners.emplace_back(nullptr, 5);
     const int n = ::poll(fds.data(), fds.size(), timeout);
     if (n < 0 && errno != EINTR) throw os_error("elastic-run: poll failed");
     if (n > 0) {
@@ -470,6 +506,7 @@ class launcher {
       err_->flush();
       guardian_.flush();
       start_due_restarts();
+      if (rounds_) advance_round();
       if (ending_ != ending::none && !killed_after_grace_ && clock::now() >= grace_deadline_) kill_stragglers();
       for (auto& m : store_->take_errors()) events_.emit("launcher_store_error", {{"message", m}});
       seen_.update();
@@ -659,6 +696,10 @@ class launcher {
                                  {"watchdog", by_watchdog}});
     if (by_watchdog) ++report_.watchdog_kills;
     retire_alive_key(s);
+    if (whole_round()) {
+      round_exit(s, pid, code, how, by_watchdog, noticed);
+      return;
+    }
 
     if (ending_ != ending::none || code == 0) {
       s.done = true;
@@ -696,6 +737,179 @@ class launcher {
     say(fmt::format("worker {} {}: restarting it ({} of {} restarts)", s.index, how, report_.failures, opts_.max_restarts));
     restart(s, std::chrono::milliseconds(0));
   }
+
+  [[nodiscard]] bool whole_round() const noexcept { return opts_.restarts == restart_mode::whole_round; }
+
+  [[nodiscard]] bool all_finished() const noexcept {
+    return !slots_.empty() && std::all_of(slots_.begin(), slots_.end(), [](const slot& s) { return s.done && s.last_code == 0; });
+  }
+
+  /// A worker of a round decided before it started (--restart-mode all) ended: any end but
+  /// success stops every worker of this host and starts the next round of hosts, as torchrun
+  /// does. What counts against --max-restarts, a notice, the crash-loop rule and the
+  /// --max-restarts ending are those of a worker restarted in place.
+  void round_exit(slot& s, pid_t pid, int code, const std::string& how, bool by_watchdog, bool noticed) {
+    if (ending_ != ending::none) {
+      s.done = true;
+      return;
+    }
+    if (round_stopping_) return;  // stopped with its round: no failure of its own
+    if (code == 0) {
+      s.done = true;
+      return;
+    }
+    std::string what = fmt::format("worker {} {}", s.index, how);
+    if (const auto message = torch_error(s); !message.empty()) {
+      what += fmt::format(": {}", message);
+      events_.emit("worker_error", {{"slot", s.index}, {"worker_pid", pid}, {"message", message}});
+    }
+    if (code == exit_preempted && noticed) {
+      ++report_.preempted_restarts;
+      say(fmt::format("{}: restarting every worker", what));
+      stop_round(what, std::chrono::milliseconds(0));
+      return;
+    }
+    if (code == exit_preempted) {
+      tempfail(s, how);  // restart() stops the round
+      return;
+    }
+    ++report_.failures;
+    if (!by_watchdog) failures_at_.push_back(detail::wall_now());
+    if (report_.failures > opts_.max_restarts) {
+      report_.outcome = fmt::format("failed: {}, and all {} restarts are used up", what, opts_.max_restarts);
+      say(fmt::format("{}; {} restarts used up: stopping the others", what, opts_.max_restarts));
+      s.done = true;
+      begin_shutdown(ending::failed);
+      return;
+    }
+    say(fmt::format("{}: restarting every worker ({} of {} restarts)", what, report_.failures, opts_.max_restarts));
+    stop_round(what, std::chrono::milliseconds(0));
+  }
+
+  /// What torch's @record wrote to the slot's TORCHELASTIC_ERROR_FILE: its exception's message
+  /// ("" when there is none or it cannot be read). Read through the run's private directory, and
+  /// at most 1 MiB of it: the worker wrote it, not us.
+  std::string torch_error(const slot& s) const {
+    try {
+      const auto fd = files_.dir.open_file(error_file(s).filename().string(), O_RDONLY | O_NOFOLLOW);
+      std::string text(1 << 20, '\0');
+      std::size_t n = 0;
+      for (ssize_t r; n < text.size() && (r = ::read(fd.get(), text.data() + n, text.size() - n)) != 0;) {
+        if (r < 0) {
+          if (errno == EINTR) continue;
+          return {};
+        }
+        n += static_cast<std::size_t>(r);
+      }
+      text.resize(n);
+      const auto j = elastic::internal::json::parse(text);
+      const auto* m = j.find("message");
+      if (m != nullptr && m->is_object()) m = m->find("message");  // {"message": {"message": ...}}
+      if (m == nullptr || !m->is_string()) return {};
+      std::string msg = m->as_string();
+      if (msg.size() > 500) msg = msg.substr(0, 500) + "...";
+      return elastic::internal::printable(msg);
+    } catch (const std::exception&) {  // absent, damaged, not ours to read
+      return {};
+    }
+  }
+
+  /// Stops every worker of this host's round (SIGTERM, SIGKILL after round_stop_wait) and asks
+  /// for the next round after `delay`; the workers start again once it is there and they are gone.
+  void stop_round(const std::string& why, std::chrono::milliseconds delay) {
+    round_stopping_ = true;
+    round_killed_ = false;
+    round_kill_at_ = clock::now() + std::min(opts_.grace, round_stop_wait);
+    events_.emit("launcher_round_stop", {{"round", round_ ? round_->number : 0},
+                                         {"reason", why},
+                                         {"delay_ms", static_cast<std::int64_t>(delay.count())}});
+    round_.reset();
+    for (auto& s : slots_) {
+      s.done = false;
+      s.restart_at.reset();
+      s.proc.signal(SIGTERM);
+    }
+    round_request_at_ = clock::now() + delay;
+  }
+
+  /// Asks the hosts for the next round (the first one at the start).
+  void request_round() {
+    try {
+      rounds_->request();
+      awaiting_round_ = true;
+    } catch (const error& e) {
+      report_.outcome = fmt::format("failed: no round could start: {}", detail::plain(e));
+      say(fmt::format("no round could start: {}", detail::plain(e)));
+      begin_shutdown(ending::failed);
+    }
+  }
+
+  /// The rounds of hosts, each time the loop wakes: an error ends the run; a change of the
+  /// hosts stops this host's workers; a round that came starts them, once the last are gone.
+  void advance_round() {
+    if (ending_ != ending::none) return;
+    if (auto e = rounds_->take_error(); !e.empty()) {
+      report_.outcome = fmt::format("failed: no round of hosts: {}", e);
+      say(fmt::format("no round of hosts: {}", e));
+      begin_shutdown(ending::failed);
+      return;
+    }
+    if (auto why = rounds_->take_change(); !why.empty() && round_ && !round_stopping_) {
+      say(fmt::format("{}: restarting every worker of this host (not counted against --max-restarts)", why));
+      stop_round(why, std::chrono::milliseconds(0));
+    }
+    const auto now = clock::now();
+    if (round_stopping_) {
+      bool running = false;
+      for (auto& s : slots_) running = busy(s) || running;
+      if (!running) {
+        round_stopping_ = false;
+      } else if (!round_killed_ && now >= round_kill_at_) {
+        round_killed_ = true;
+        for (auto& s : slots_) {
+          if (!s.proc.running()) continue;
+          s.log->note(fmt::format("worker {} (pid {}) did not stop within {:.1f} s of its round's end: SIGKILL", s.index,
+                                  s.proc.pid(), std::chrono::duration<double>(round_stop_wait).count()));
+          s.proc.signal(SIGKILL);
+        }
+      }
+    }
+    if (round_request_at_ && now >= *round_request_at_) {
+      round_request_at_.reset();
+      request_round();
+    }
+    if (auto r = rounds_->take_round()) {
+      next_round_ = std::move(r);
+      awaiting_round_ = false;
+    }
+    if (next_round_ && !round_stopping_ && !round_request_at_) start_round();
+  }
+
+  void start_round() {
+    round_ = std::move(next_round_);
+    next_round_.reset();
+    ++rounds_started_;
+    const std::size_t first = round_->rank * opts_.nproc_per_node;
+    events_.emit("launcher_round_start", {{"round", round_->number},
+                                          {"group_rank", round_->rank},
+                                          {"group_world_size", round_->world},
+                                          {"first_rank", first},
+                                          {"world_size", round_->world * opts_.nproc_per_node},
+                                          {"master_addr", round_->master_addr},
+                                          {"master_port", round_->master_port},
+                                          {"restart_count", rounds_started_ - 1}});
+    say(fmt::format("round {}: host {} of {}, ranks {} to {} of {}, MASTER_ADDR={} MASTER_PORT={}", round_->number,
+                    round_->rank, round_->world, first, first + opts_.nproc_per_node - 1,
+                    round_->world * opts_.nproc_per_node, round_->master_addr, round_->master_port));
+    for (auto& s : slots_) {
+      s.done = false;
+      if (!start(s)) break;
+    }
+  }
+
+  /// How long the workers of a round being ended get between SIGTERM and SIGKILL (at most the
+  /// grace): a torch script in a collective with a dead peer has nothing to save.
+  static constexpr std::chrono::milliseconds round_stop_wait{5000};
 
   /// A worker exited 75 with no preemption notice: "retry me", but nothing says why. Restarted
   /// after a backoff; more than --max-restarts of these in a row, with no checkpoint committed
@@ -759,6 +973,11 @@ class launcher {
 
   /// Starts the slot's next life after `delay` and once its previous life's alive key is retired.
   void restart(slot& s, std::chrono::milliseconds delay) {
+    if (whole_round()) {
+      s.delay = delay;
+      stop_round(fmt::format("worker {} exited {}", s.index, s.last_code), delay);
+      return;
+    }
     s.delay = delay;
     s.restart_at = clock::now() + delay;
   }
@@ -943,6 +1162,16 @@ class launcher {
   watchdog_kills watchdog_kills_;  ///< filled by the watchdog's thread: declared before it, outlives it
   std::unique_ptr<timer::watchdog> watchdog_;
   std::vector<slot> slots_;
+  // --restart-mode all: the rounds of hosts, the one this host's workers run in, and its end.
+  std::optional<host_rounds> rounds_;
+  std::optional<host_rounds::round> round_;       ///< the workers run in it
+  std::optional<host_rounds::round> next_round_;  ///< there, waiting for the last workers to go
+  std::size_t rounds_started_ = 0;
+  bool awaiting_round_ = false;
+  bool round_stopping_ = false;
+  bool round_killed_ = false;
+  clock::time_point round_kill_at_{};
+  std::optional<clock::time_point> round_request_at_;
   ending ending_ = ending::none;
   clock::time_point shutdown_at_{};
   clock::time_point grace_deadline_{};

@@ -30,6 +30,7 @@
 #include "run_id.hpp"
 #include "worker_count.hpp"
 #include <elastic/error.hpp>
+#include <elastic/internal/env.hpp>
 #include <elastic/internal/names.hpp>
 #include <elastic/rendezvous/rendezvous.hpp>
 #include <elastic/rendezvous/store_url.hpp>
@@ -75,8 +76,9 @@ inline constexpr std::size_t max_nodes_allowed = 65536;
 /// The flags as given, before they become launch_options (the ones that need more than a copy).
 struct raw_flags {
   std::string nproc, nnodes, rdzv, rdzv_backend, rdzv_endpoint, host_addr, monitor_interval, redirects, tee;
+  std::string python, restart_mode;
   std::vector<std::string> signals;
-  bool standalone = false, no_python = false, version = false;
+  bool standalone = false, no_python = false, module = false, version = false;
 };
 
 /// How many workers, on how many hosts, the group trains with.
@@ -229,7 +231,29 @@ inline void add_torchrun_only_options(CLI::App& app, raw_flags& f) {
   app.add_option("--monitor-interval,--monitor_interval", f.monitor_interval,
                  "torchrun's; accepted and unused: elastic-run learns of a worker's end at once")
       ->check(detail::seconds());
-  app.add_flag("--no-python,--no_python", f.no_python, "torchrun's; accepted: elastic-run always runs PROGRAM itself");
+}
+
+/// How PROGRAM is run, and what a failed worker costs the others.
+inline void add_program_options(CLI::App& app, raw_flags& f) {
+  app.add_flag("-m,--module", f.module,
+               "torchrun's: PROGRAM is a Python module, run as `python -u -m PROGRAM ARGS...`");
+  app.add_flag("--no-python,--no_python", f.no_python,
+               "torchrun's: run PROGRAM itself even when it ends in .py (by default a PROGRAM ending in .py is "
+               "run as `python -u PROGRAM ARGS...`, as torchrun runs it)");
+  app.add_option("--python", f.python,
+                 "the interpreter for a .py PROGRAM or -m (default $ELASTIC_PYTHON, else python3 on the PATH)")
+      ->check(detail::any_text("PATH"));
+  app.add_option("--restart-mode", f.restart_mode,
+                 "in-place: a failed worker is restarted alone and the others rebuild their group around it (workers "
+                 "built on elastic's group); all: every worker is stopped and started again with new ranks and a new "
+                 "MASTER_PORT, on every host, as torchrun does (torch DDP scripts, whose process group cannot "
+                 "rebuild); auto (default): all for a Python program (a .py PROGRAM, -m, or PROGRAM python*), "
+                 "in-place otherwise")
+      ->check(detail::check("auto|in-place|all", [](std::string_view v) {
+        return v == "auto" || v == "in-place" || v == "all"
+                   ? std::string()
+                   : fmt::format("wants auto, in-place or all, got '{}'", v);
+      }));
   app.add_option("-r,--redirects", f.redirects,
                  "torchrun's: 3 (every rank's output to its log only) is --quiet; other values are accepted and "
                  "unused: the output always goes to the console and to the per-rank logs")
@@ -250,6 +274,7 @@ inline void define_options(CLI::App& app, raw_flags& f, launch_options& o) {
   add_store_options(app, f, o);
   add_failure_options(app, f, o);
   add_output_options(app, o);
+  add_program_options(app, f);
   add_torchrun_only_options(app, f);
   app.footer(
       "Exit: 0 every worker finished; 75 preempted (run the same command again: it resumes from the newest committed "
@@ -276,6 +301,40 @@ inline std::size_t workers_per_host(const std::string& nproc) {
     return gpus > 0 ? gpus : detail::cpu_count();
   } else {
     return static_cast<std::size_t>(*detail::to_count(nproc, 1, 4096));
+  }
+}
+
+/// Whether `program` is a Python interpreter (python, python3, python3.11, /usr/bin/python3).
+inline bool is_python_interpreter(std::string_view program) {
+  const auto slash = program.rfind('/');
+  const std::string_view base = slash == std::string_view::npos ? program : program.substr(slash + 1);
+  if (base.rfind("python", 0) != 0) return false;
+  return base.substr(6).find_first_not_of("0123456789.") == std::string_view::npos;
+}
+
+/// The command as torchrun would run it: a .py script (unless --no-python) and a module (-m)
+/// through the interpreter, unbuffered; and the restart mode it implies.
+inline void resolve_program(const raw_flags& f, launch_options& o) {
+  if (f.module && f.no_python) {
+    throw error(errc::invalid_argument, "-m and --no-python cannot be used together (torchrun refuses them too)");
+  }
+  std::string python = f.python;
+  if (python.empty()) python = elastic::internal::env_string("ELASTIC_PYTHON").value_or("python3");
+  const std::string program = o.command.front();  // a copy: the insert below moves it
+  const bool script = !f.no_python && program.size() > 3 && program.ends_with(".py");
+  if (f.module || script) {
+    std::vector<std::string> interpreter{python, "-u"};
+    if (f.module) interpreter.emplace_back("-m");
+    o.command.insert(o.command.begin(), interpreter.begin(), interpreter.end());
+  } else if (!f.python.empty()) {
+    throw error(errc::invalid_argument,
+                fmt::format("--python {}: PROGRAM '{}' is neither a .py script nor a module (-m)", f.python, program));
+  }
+  o.python_program = f.module || script || is_python_interpreter(program);
+  if (f.restart_mode == "all" || ((f.restart_mode.empty() || f.restart_mode == "auto") && o.python_program)) {
+    o.restarts = restart_mode::whole_round;
+  } else {
+    o.restarts = restart_mode::in_place;
   }
 }
 
@@ -440,12 +499,18 @@ inline command_line parse_command_line(std::span<const std::string_view> args) {
   if (!o.command.empty() && o.command.front() == "--") o.command.erase(o.command.begin());
   if (o.command.empty()) throw error(errc::invalid_argument, "no program to run: elastic-run [options] -- PROGRAM [ARGS...]");
 
+  detail::resolve_program(f, o);
   o.nproc_per_node = detail::workers_per_host(f.nproc);
   detail::read_hosts(f, o);
   if (!f.host_addr.empty()) o.host_addr = f.host_addr;
   detail::read_preempt_signals(f, o);
   detail::resolve_store(f, o, out.notes);
   detail::note_unused_torchrun_flags(f, o, out.notes);
+  if (o.restarts == restart_mode::whole_round && o.min_ranks != 0) {
+    throw error(errc::invalid_argument,
+                "--min-ranks is for --restart-mode in-place: with every worker restarted together (--restart-mode "
+                "all, the default for a Python program) a round is every worker of MIN to MAX hosts (--nnodes)");
+  }
   detail::check_rank_bounds(o);
   return out;
 }

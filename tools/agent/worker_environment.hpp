@@ -10,13 +10,22 @@
 //   launcher reads the workers' flight records, so groups keep them), ELASTIC_EVICT_STRAGGLERS
 //   (with --evict-stragglers), and torchrun's RANK,
 //   WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE.
-// MASTER_ADDR and MASTER_PORT are removed and not set: the group finds its own.
+// In place (--restart-mode in-place) MASTER_ADDR and MASTER_PORT are removed and not set: the
+// group finds its own, and RANK / WORLD_SIZE are first guesses. With every worker restarted
+// together (--restart-mode all) the round is decided before the workers start, and they get
+// torchrun's variables with torchrun's meaning (README: "From a torchrun command line"): RANK,
+// WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE, ROLE_RANK, ROLE_WORLD_SIZE, ROLE_NAME, MASTER_ADDR,
+// MASTER_PORT (fresh each round), TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS,
+// TORCHELASTIC_RUN_ID, TORCHELASTIC_USE_AGENT_STORE, TORCHELASTIC_ERROR_FILE,
+// NCCL_ASYNC_ERROR_HANDLING and TORCH_NCCL_ASYNC_ERROR_HANDLING (1 unless set), OMP_NUM_THREADS
+// (1 unless set, with several workers per host).
 #pragma once
 
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <iterator>
 #include <string>
 #include <string_view>
@@ -30,6 +39,16 @@ extern char** environ;
 
 namespace elastic::agent {
 
+/// Where a worker stands in a round decided before it starts (--restart-mode all).
+struct round_placement {
+  std::size_t group_rank = 0;      ///< this host's rank in the round
+  std::size_t group_world = 1;     ///< hosts in the round
+  std::string master_addr;         ///< where the round's rank 0 serves torch's store
+  std::uint16_t master_port = 0;   ///< fresh for each round
+  std::size_t restart_count = 0;   ///< rounds this host's workers were restarted in
+  std::string error_file;          ///< TORCHELASTIC_ERROR_FILE
+};
+
 /// Which worker an environment is for.
 struct worker_identity {
   std::size_t index = 0;       ///< the slot: local rank, and the first guess of the rank
@@ -37,6 +56,7 @@ struct worker_identity {
   std::size_t evictions = 0;   ///< of those, ended as evicted stragglers (ELASTIC_SLOT_EVICTIONS)
   std::string participant;     ///< launcher_identity::participant(): also the guardian's mark
   std::string watchdog;        ///< the segment name of the launcher's watchdog
+  const round_placement* round = nullptr;  ///< with --restart-mode all
 };
 
 namespace detail {
@@ -49,7 +69,17 @@ inline constexpr std::string_view contract_prefixes[] = {
     "ELASTIC_MAX_NODES=",    "ELASTIC_PARTICIPANT_ID=", "ELASTIC_STEP_TIMEOUT=", "ELASTIC_GRACE=",
     "RANK=",                 "WORLD_SIZE=",            "LOCAL_RANK=",            "LOCAL_WORLD_SIZE=",
     "MASTER_ADDR=",          "MASTER_PORT=",           "ELASTIC_HOST_ADDR=",     "ELASTIC_FLIGHT_RECORDER=",
-    "ELASTIC_AUTO_TIMEOUT=",    "ELASTIC_EVICT_STRAGGLERS=", "ELASTIC_AUTO_KILL_FLOOR=", "ELASTIC_SLOT_EVICTIONS="};
+    "ELASTIC_AUTO_TIMEOUT=",    "ELASTIC_EVICT_STRAGGLERS=", "ELASTIC_AUTO_KILL_FLOOR=", "ELASTIC_SLOT_EVICTIONS=",
+    "GROUP_RANK=",           "GROUP_WORLD_SIZE=",      "ROLE_RANK=",             "ROLE_WORLD_SIZE=",
+    "ROLE_NAME=",            "TORCHELASTIC_RESTART_COUNT=", "TORCHELASTIC_MAX_RESTARTS=", "TORCHELASTIC_RUN_ID=",
+    "TORCHELASTIC_USE_AGENT_STORE=", "TORCHELASTIC_ERROR_FILE="};
+
+/// Whether the launcher's environment has `name` (set, even empty).
+inline bool inherits(const std::vector<std::string>& env, std::string_view name) {
+  return std::any_of(env.begin(), env.end(), [&](const std::string& kv) {
+    return kv.size() > name.size() && kv.compare(0, name.size(), name) == 0 && kv[name.size()] == '=';
+  });
+}
 
 /// The launcher's environment without the contract's variables.
 inline std::vector<std::string> inherited_environment() {
@@ -94,10 +124,40 @@ inline std::vector<std::string> worker_environment(const launch_options& o, cons
   if (o.evict_stragglers) set("ELASTIC_EVICT_STRAGGLERS", "1");
   set("ELASTIC_SLOT_EVICTIONS", std::to_string(w.evictions));
   set("ELASTIC_GRACE", fmt::format("{:.3f}", o.grace.count() / 1e3));
-  set("RANK", std::to_string(w.index));
-  set("WORLD_SIZE", std::to_string(world));
+  if (w.round == nullptr) {
+    set("RANK", std::to_string(w.index));
+    set("WORLD_SIZE", std::to_string(world));
+    set("LOCAL_RANK", std::to_string(w.index));
+    set("LOCAL_WORLD_SIZE", std::to_string(o.nproc_per_node));
+    return env;
+  }
+  // The round is decided: every host has nproc_per_node workers, ranks in host order.
+  const round_placement& r = *w.round;
+  const std::size_t rank = r.group_rank * o.nproc_per_node + w.index;
+  const std::size_t round_world = r.group_world * o.nproc_per_node;
+  for (auto& kv : env) {  // decided, no longer guesses
+    if (kv.starts_with("ELASTIC_RANK=")) kv = fmt::format("ELASTIC_RANK={}", rank);
+    if (kv.starts_with("ELASTIC_WORLD_SIZE=")) kv = fmt::format("ELASTIC_WORLD_SIZE={}", round_world);
+  }
+  for (const char* k : {"RANK", "ROLE_RANK"}) set(k, std::to_string(rank));
+  for (const char* k : {"WORLD_SIZE", "ROLE_WORLD_SIZE"}) set(k, std::to_string(round_world));
   set("LOCAL_RANK", std::to_string(w.index));
   set("LOCAL_WORLD_SIZE", std::to_string(o.nproc_per_node));
+  set("GROUP_RANK", std::to_string(r.group_rank));
+  set("GROUP_WORLD_SIZE", std::to_string(r.group_world));
+  set("ROLE_NAME", "default");
+  set("MASTER_ADDR", r.master_addr);
+  set("MASTER_PORT", std::to_string(r.master_port));
+  set("TORCHELASTIC_RESTART_COUNT", std::to_string(r.restart_count));
+  set("TORCHELASTIC_MAX_RESTARTS", std::to_string(o.max_restarts));
+  set("TORCHELASTIC_RUN_ID", o.run_id);
+  // The workers' rank 0 serves torch's store at MASTER_ADDR:MASTER_PORT (the launcher has none).
+  set("TORCHELASTIC_USE_AGENT_STORE", "False");
+  set("TORCHELASTIC_ERROR_FILE", r.error_file);
+  for (const char* k : {"NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_ASYNC_ERROR_HANDLING"}) {
+    if (!detail::inherits(env, k)) set(k, "1");  // a hung collective fails instead of hanging
+  }
+  if (o.nproc_per_node > 1 && !detail::inherits(env, "OMP_NUM_THREADS")) set("OMP_NUM_THREADS", "1");
   return env;
 }
 
