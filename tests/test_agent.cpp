@@ -32,6 +32,7 @@
 #include <elastic/rendezvous/shm_store.hpp>
 
 #include "agent/options.hpp"  // tools/agent: the parser, tested as a function too
+#include "agent/worker_environment.hpp"
 #include "support/catch.hpp"
 #include "support/other_user.hpp"
 #include "support/planted_shm.hpp"
@@ -415,6 +416,77 @@ std::string refusal(std::vector<std::string_view> args) {
 }
 
 }  // namespace
+
+TEST_CASE("a Python program runs through its interpreter, and every worker restarts together by default") {
+  using elastic::agent::restart_mode;
+  const auto script = parse({"--nproc-per-node", "2", "--python", "/usr/bin/python3", "train.py", "--lr", "1"}).options;
+  CHECK(script.command == std::vector<std::string>{"/usr/bin/python3", "-u", "train.py", "--lr", "1"});
+  CHECK(script.python_program);
+  CHECK(script.restarts == restart_mode::whole_round);
+  const auto module = parse({"--nproc-per-node", "2", "--python", "py3", "-m", "pkg.train", "--lr", "1"}).options;
+  CHECK(module.command == std::vector<std::string>{"py3", "-u", "-m", "pkg.train", "--lr", "1"});
+  CHECK(module.restarts == restart_mode::whole_round);
+  // --no-python runs the script itself; an interpreter named as PROGRAM is still Python.
+  const auto itself = parse({"--nproc-per-node", "2", "--no-python", "./train.py"}).options;
+  CHECK(itself.command == std::vector<std::string>{"./train.py"});
+  CHECK(itself.restarts == restart_mode::in_place);
+  CHECK(parse({"--nproc-per-node", "2", "/usr/bin/python3.11", "train.py"}).options.restarts == restart_mode::whole_round);
+  // A C++ trainer keeps the in-place path unless told otherwise, and a Python one can be told.
+  CHECK(parse({"--nproc-per-node", "2", "./digits_train"}).options.restarts == restart_mode::in_place);
+  CHECK(parse({"--nproc-per-node", "2", "--restart-mode", "all", "./digits_train"}).options.restarts == restart_mode::whole_round);
+  CHECK(parse({"--nproc-per-node", "2", "--restart-mode", "in-place", "--python", "p", "t.py"}).options.restarts ==
+        restart_mode::in_place);
+  CHECK_THAT(refusal({"-m", "--no-python", "pkg.train"}), Catch::Matchers::Contains("cannot be used together"));
+  CHECK_THAT(refusal({"--restart-mode", "sometimes", "t.py"}), Catch::Matchers::Contains("auto, in-place or all"));
+  CHECK_THAT(refusal({"--python", "p", "./digits_train"}), Catch::Matchers::Contains("neither a .py script nor a module"));
+  CHECK_THAT(refusal({"--min-ranks", "1", "--nproc-per-node", "2", "--python", "p", "t.py"}),
+             Catch::Matchers::Contains("--min-ranks is for --restart-mode in-place"));
+}
+
+TEST_CASE("with every worker restarted together, workers get torchrun's variables with torchrun's meaning") {
+  auto o = parse({"--nproc-per-node", "3", "--nnodes", "2:4", "--rdzv", "etcd://127.0.0.1:1", "--run-id", "job7",
+                  "--max-restarts", "5", "--python", "py", "t.py"})
+               .options;
+  const elastic::agent::round_placement round{.group_rank = 2, .group_world = 3, .master_addr = "10.0.0.9",
+                                              .master_port = 29511, .restart_count = 4, .error_file = "/l/error-1.json"};
+  ::setenv("OMP_NUM_THREADS", "7", 1);  // the user's own value stands
+  ::unsetenv("NCCL_ASYNC_ERROR_HANDLING");
+  const auto env = elastic::agent::worker_environment(o, {.index = 1, .participant = "h.1:1", .watchdog = "w", .round = &round});
+  ::unsetenv("OMP_NUM_THREADS");
+  auto value = [&](std::string_view k) -> std::string {
+    std::string found = "<unset>";
+    int n = 0;
+    for (const auto& kv : env) {
+      if (kv.size() > k.size() && kv.compare(0, k.size(), k) == 0 && kv[k.size()] == '=') found = kv.substr(k.size() + 1), ++n;
+    }
+    return n > 1 ? "<set twice>" : found;
+  };
+  CHECK(value("RANK") == "7");  // host 2 of hosts with 3 workers each, local rank 1
+  CHECK(value("ELASTIC_RANK") == "7");
+  CHECK(value("WORLD_SIZE") == "9");
+  CHECK(value("ELASTIC_WORLD_SIZE") == "9");
+  CHECK(value("LOCAL_RANK") == "1");
+  CHECK(value("LOCAL_WORLD_SIZE") == "3");
+  CHECK(value("GROUP_RANK") == "2");
+  CHECK(value("GROUP_WORLD_SIZE") == "3");
+  CHECK(value("ROLE_RANK") == "7");
+  CHECK(value("ROLE_WORLD_SIZE") == "9");
+  CHECK(value("ROLE_NAME") == "default");
+  CHECK(value("MASTER_ADDR") == "10.0.0.9");
+  CHECK(value("MASTER_PORT") == "29511");
+  CHECK(value("TORCHELASTIC_RESTART_COUNT") == "4");
+  CHECK(value("TORCHELASTIC_MAX_RESTARTS") == "5");
+  CHECK(value("TORCHELASTIC_RUN_ID") == "job7");
+  CHECK(value("TORCHELASTIC_USE_AGENT_STORE") == "False");
+  CHECK(value("TORCHELASTIC_ERROR_FILE") == "/l/error-1.json");
+  CHECK(value("NCCL_ASYNC_ERROR_HANDLING") == "1");
+  CHECK(value("OMP_NUM_THREADS") == "7");
+  // In place, the ranks are first guesses and the group finds its own address: none given.
+  const auto in_place = elastic::agent::worker_environment(o, {.index = 1, .participant = "h.1:1", .watchdog = "w"});
+  CHECK(std::none_of(in_place.begin(), in_place.end(), [](const std::string& kv) {
+    return kv.starts_with("MASTER_ADDR=") || kv.starts_with("GROUP_RANK=") || kv.starts_with("TORCHELASTIC_");
+  }));
+}
 
 TEST_CASE("torchrun's spellings parse to the same options as elastic-run's") {
   const auto ours = parse({"--nproc-per-node", "3", "--nnodes", "2:4", "--rdzv", "etcd://10.0.0.1:2379", "--run-id", "job7",
