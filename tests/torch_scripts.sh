@@ -15,7 +15,11 @@ py=/usr/bin/python3
 "$py" -c "import torch, torch.distributed" 2>/dev/null || { echo "no python3-torch under $py: skipped"; exit 77; }
 work="$(mktemp -d)"
 trap 'for p in ${pids:-}; do kill -KILL "$p" 2>/dev/null || true; done; rm -rf "$work"' EXIT
-export PYTHONPATH="$src/python${PYTHONPATH:+:$PYTHONPATH}"
+# elastic_timer as a user installs it: pip, from the repository, offline (a copy: pip builds in place).
+cp -r "$src/python" "$work/python-src"
+"$py" -m pip install --quiet --no-build-isolation --no-deps --no-index --target "$work/site" "$work/python-src" \
+  2>"$work/pip.err" || { cat "$work/pip.err"; echo "FAIL: pip could not install python/"; exit 1; }
+export PYTHONPATH="$work/site${PYTHONPATH:+:$PYTHONPATH}"
 script="$src/examples/python/ddp_train.py"
 launcher=("$run" --nproc-per-node 2 --python "$py" --max-restarts 3 --quiet --log-dir "$work/logs")
 train=(--steps 40 --every 5 --step-time 0.05 --step-timeout 4)

@@ -25,7 +25,6 @@ are that file's, and tests/python/test_elastic_timer.py checks them against a li
 Atomic operations come from libatomic (``__atomic_*``), so this package is pure Python.
 """
 
-import contextlib
 import ctypes
 import ctypes.util
 import faulthandler
@@ -67,6 +66,10 @@ _E_GENERATION, _E_DEADLINE, _E_ENTERED, _E_SIGNAL, _E_WARN, _E_NAME = 0, 8, 16, 
 
 _RELAXED, _ACQUIRE, _RELEASE, _ACQ_REL, _SEQ_CST = 0, 2, 3, 4, 5
 _FUTEX_WAKE = 1
+# x86 keeps stores in order and makes every aligned store of up to 8 bytes atomic: there an
+# entry's fields, its generation and the depth are plain ctypes stores (the release order the
+# table's protocol asks for is the machine's own). Elsewhere they go through libatomic.
+_TSO = platform.machine() in ("x86_64", "AMD64", "i386", "i686")
 _SYS_FUTEX = {"x86_64": 202, "aarch64": 98, "ppc64le": 221, "s390x": 238}.get(platform.machine())
 
 
@@ -170,6 +173,22 @@ class _Segment:
         return self.base + _HEADER_BYTES + i * _SLOT_BYTES
 
 
+class _Views:
+    """ctypes objects over one slot's words, made once per claimed slot: a store through one is
+    a fraction of what making the object costs."""
+
+    def __init__(self, seg, slot):
+        e = [slot + 64 + 64 * k for k in range(_SCOPES_PER_SLOT)]
+        self.entry = e
+        self.gen = [_u64.from_address(x + _E_GENERATION) for x in e]
+        self.deadline = [_i64.from_address(x + _E_DEADLINE) for x in e]
+        self.entered = [_i64.from_address(x + _E_ENTERED) for x in e]
+        self.signal = [_i32.from_address(x + _E_SIGNAL) for x in e]
+        self.warn = [_u32.from_address(x + _E_WARN) for x in e]
+        self.depth = _u32.from_address(slot + _S_DEPTH)
+        self.next_wake = _i64.from_address(seg.base + _H_NEXT_WAKE)
+
+
 class _Held:
     """A thread's slot in a table: claimed at its first scope, given back when the thread ends
     (the thread's locals are dropped then); the watchdog reclaims those of a dead process."""
@@ -181,6 +200,7 @@ class _Held:
         self.generation = 0
         self.open = []        # (scope id, entry index, generation), innermost last
         self.retry_after = 0
+        self.views = None
 
     def __del__(self):
         try:
@@ -256,24 +276,27 @@ class TimerClient:
             _atomic.add4(b.slot + _S_DROPPED, 1, _RELAXED)
             _warn_once("depth", f"a thread has {_SCOPES_PER_SLOT} timer scopes open: deeper ones are not watched")
             return None
-        a = _atomic
         now = _monotonic_ns()
         deadline = now + int(after_seconds * 1e9)
-        e = b.slot + 64 + 64 * b.depth
+        k, v = b.depth, b.views
         b.generation += 1
         g = b.generation
-        a.add8(e + _E_GENERATION, 0, _SEQ_CST)  # the seqlock's write fence (entry is free: 0)
-        _i64.from_address(e + _E_DEADLINE).value = deadline
-        _i64.from_address(e + _E_ENTERED).value = now
-        _i32.from_address(e + _E_SIGNAL).value = self.signal
-        _u32.from_address(e + _E_WARN).value = 0
-        raw = str(name).encode("utf-8", "replace")[:_NAME_BYTES - 1]
-        ctypes.memmove(e + _E_NAME, raw.ljust(_NAME_BYTES, b"\0"), _NAME_BYTES)
-        a.store8(e + _E_GENERATION, g, _RELEASE)
-        b.depth += 1
-        a.store4(b.slot + _S_DEPTH, b.depth, _RELEASE)
-        b.open.append((name, b.depth - 1, g))
-        if deadline < _i64.from_address(seg.base + _H_NEXT_WAKE).value:
+        if not _TSO:
+            _atomic.add8(v.entry[k] + _E_GENERATION, 0, _SEQ_CST)  # the seqlock's write fence (the entry is free: 0)
+        v.deadline[k].value = deadline
+        v.entered[k].value = now
+        v.signal[k].value = self.signal
+        v.warn[k].value = 0
+        ctypes.memmove(v.entry[k] + _E_NAME, _padded(name), _NAME_BYTES)
+        b.depth = k + 1
+        if _TSO:
+            v.gen[k].value = g
+            v.depth.value = k + 1
+        else:
+            _atomic.store8(v.entry[k] + _E_GENERATION, g, _RELEASE)
+            _atomic.store4(b.slot + _S_DEPTH, k + 1, _RELEASE)
+        b.open.append((name, k, g))
+        if deadline < v.next_wake.value:
             _ring(seg)
         return (b.pid, len(b.open) - 1, g)
 
@@ -290,18 +313,23 @@ class TimerClient:
                 return
 
     def _leave(self, b, i):
-        a = _atomic
         _, index, g = b.open.pop(i)
-        e = b.slot + 64 + 64 * index
-        if a.load8(e + _E_GENERATION, _RELAXED) != g:
+        v = b.views
+        if v.gen[index].value != g:
             return
-        a.store8(e + _E_GENERATION, 0, _RELEASE)
+        if _TSO:
+            v.gen[index].value = 0
+        else:
+            _atomic.store8(v.entry[index] + _E_GENERATION, 0, _RELEASE)
         if index + 1 == b.depth:
             d = index
-            while d > 0 and a.load8(b.slot + 64 + 64 * (d - 1) + _E_GENERATION, _RELAXED) == 0:
+            while d > 0 and v.gen[d - 1].value == 0:
                 d -= 1
             b.depth = d
-            a.store4(b.slot + _S_DEPTH, d, _RELEASE)
+            if _TSO:
+                v.depth.value = d
+            else:
+                _atomic.store4(b.slot + _S_DEPTH, d, _RELEASE)
 
     def _bind(self, b):
         seg, a = self._segment, _atomic
@@ -332,13 +360,26 @@ class TimerClient:
                 cur.value = a.load4(hw, _ACQUIRE)
                 if cur.value >= i + 1 or a.cas4(hw, ctypes.addressof(cur), i + 1, _ACQ_REL, _ACQUIRE):
                     break
-            b.slot, b.pid = s, pid
+            b.slot, b.pid, b.views = s, pid, _Views(seg, s)
             return True
         a.add8(seg.base + _H_TABLE_FULL, 1, _RELAXED)
         b.pid, b.retry_after = pid, now + 1.0
         _warn_once("full", f"the watchdog table '{seg.name}' has no free slot: this thread's scopes are not watched "
                            "(start the watchdog with a larger --capacity)")
         return False
+
+
+_names = {}
+
+
+def _padded(name):
+    """A scope's name as the table holds it: UTF-8, at most 31 bytes, NUL-padded (cached)."""
+    raw = _names.get(name)
+    if raw is None:
+        raw = str(name).encode("utf-8", "replace")[:_NAME_BYTES - 1].ljust(_NAME_BYTES, b"\0")
+        if len(_names) < 4096:
+            _names[name] = raw
+    return raw
 
 
 def _ring(seg):
@@ -398,7 +439,27 @@ def _client():
     return _default
 
 
-@contextlib.contextmanager
+class _Expires:
+    __slots__ = ("client", "scope", "after", "token")
+
+    def __init__(self, client, scope, after):
+        self.client, self.scope, self.after = client, scope, after
+
+    def __enter__(self):
+        if isinstance(self.client, TimerClient):
+            self.token = self.client.enter(self.scope, self.after)
+        else:  # any torch TimerClient
+            self.client.acquire(self.scope, time.time() + self.after)
+        return self
+
+    def __exit__(self, *exc):
+        if isinstance(self.client, TimerClient):
+            self.client.leave(self.token)
+        else:
+            self.client.release(self.scope)
+        return False
+
+
 def expires(after, scope=None, client=None):
     """A scope that must end within ``after`` seconds, or the watchdog ends the worker.
 
@@ -406,18 +467,6 @@ def expires(after, scope=None, client=None):
     file and line (read from the frame, not inspect.stack(), which costs tens of microseconds).
     """
     if scope is None:
-        f = sys._getframe(2)
+        f = sys._getframe(1)
         scope = f"{os.path.basename(f.f_code.co_filename)}#{f.f_lineno}"
-    c = client if client is not None else _client()
-    if isinstance(c, TimerClient):
-        token = c.enter(scope, after)
-        try:
-            yield
-        finally:
-            c.leave(token)
-    else:  # any torch TimerClient
-        c.acquire(scope, time.time() + after)
-        try:
-            yield
-        finally:
-            c.release(scope)
+    return _Expires(client if client is not None else _client(), scope, after)
