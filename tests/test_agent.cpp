@@ -451,6 +451,8 @@ TEST_CASE("with every worker restarted together, workers get torchrun's variable
                                               .master_port = 29511, .restart_count = 4, .error_file = "/l/error-1.json"};
   ::setenv("OMP_NUM_THREADS", "7", 1);  // the user's own value stands
   ::unsetenv("NCCL_ASYNC_ERROR_HANDLING");
+  ::unsetenv("GLOO_SOCKET_IFNAME");
+  o.host_interface = "veth7";  // the interface holding --host-addr, where other hosts reach this one
   const auto env = elastic::agent::worker_environment(o, {.index = 1, .participant = "h.1:1", .watchdog = "w", .round = &round});
   ::unsetenv("OMP_NUM_THREADS");
   auto value = [&](std::string_view k) -> std::string {
@@ -481,6 +483,7 @@ TEST_CASE("with every worker restarted together, workers get torchrun's variable
   CHECK(value("TORCHELASTIC_ERROR_FILE") == "/l/error-1.json");
   CHECK(value("NCCL_ASYNC_ERROR_HANDLING") == "1");
   CHECK(value("OMP_NUM_THREADS") == "7");
+  CHECK(value("GLOO_SOCKET_IFNAME") == "veth7");
   // In place, the ranks are first guesses and the group finds its own address: none given.
   const auto in_place = elastic::agent::worker_environment(o, {.index = 1, .participant = "h.1:1", .watchdog = "w"});
   CHECK(std::none_of(in_place.begin(), in_place.end(), [](const std::string& kv) {

@@ -17,6 +17,7 @@
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <arpa/inet.h>
+#include <ifaddrs.h>
 #include <netdb.h>
 #include <unistd.h>
 
@@ -24,6 +25,7 @@
 #include <algorithm>
 #include <condition_variable>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -68,6 +70,32 @@ inline std::uint16_t free_port(const std::string& addr) {
   if (::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&a), &len) != 0) throw os_error("getsockname");
   return ntohs(a.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&a)->sin6_port
                                        : reinterpret_cast<sockaddr_in*>(&a)->sin_port);
+}
+
+/// The network interface that holds `addr` ("" when none does, or `addr` is a name): what
+/// torch's Gloo is told to use (GLOO_SOCKET_IFNAME) so that its workers listen where the other
+/// hosts reach this one, not where the host name happens to resolve (often 127.0.1.1).
+inline std::string interface_of(const std::string& addr) {
+  in6_addr want6{};
+  in_addr want4{};
+  const bool v4 = ::inet_pton(AF_INET, addr.c_str(), &want4) == 1;
+  const bool v6 = !v4 && ::inet_pton(AF_INET6, addr.c_str(), &want6) == 1;
+  if (!v4 && !v6) return {};
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return {};
+  std::unique_ptr<ifaddrs, decltype(&::freeifaddrs)> guard(list, &::freeifaddrs);
+  for (const ifaddrs* i = list; i != nullptr; i = i->ifa_next) {
+    if (i->ifa_addr == nullptr) continue;
+    if (v4 && i->ifa_addr->sa_family == AF_INET &&
+        reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr == want4.s_addr) {
+      return i->ifa_name;
+    }
+    if (v6 && i->ifa_addr->sa_family == AF_INET6 &&
+        std::memcmp(&reinterpret_cast<const sockaddr_in6*>(i->ifa_addr)->sin6_addr, &want6, sizeof(want6)) == 0) {
+      return i->ifa_name;
+    }
+  }
+  return {};
 }
 
 }  // namespace detail

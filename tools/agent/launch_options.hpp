@@ -57,6 +57,8 @@ struct launch_options {
   std::vector<std::string> command;  ///< the program and its arguments (a Python one with its interpreter)
   restart_mode restarts = restart_mode::in_place;  ///< --restart-mode (auto: whole_round for Python)
   bool python_program = false;      ///< the command runs a Python script or module (-m)
+  /// The interface holding host_addr, for GLOO_SOCKET_IFNAME with several hosts (whole rounds).
+  std::string host_interface;
 
   /// The group's upper bound, in workers (ranks): every host's workers.
   [[nodiscard]] std::size_t max_ranks() const noexcept { return max_nodes * nproc_per_node; }

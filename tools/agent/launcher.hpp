@@ -122,6 +122,7 @@ class launcher {
 
     if (opts_.host_addr.empty()) opts_.host_addr = elastic::internal::env_string("ELASTIC_HOST_ADDR").value_or("");
     if (opts_.host_addr.empty()) opts_.host_addr = rendezvous::host_address_for(url);
+    if (whole_round()) opts_.host_interface = detail::interface_of(opts_.host_addr);
     open_store(url, own_default_store);
     start_relay(url);
     // Only now, as the run's owner (a second launcher of a live run is refused above), and only

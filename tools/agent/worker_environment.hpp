@@ -18,7 +18,8 @@
 // MASTER_PORT (fresh each round), TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS,
 // TORCHELASTIC_RUN_ID, TORCHELASTIC_USE_AGENT_STORE, TORCHELASTIC_ERROR_FILE,
 // NCCL_ASYNC_ERROR_HANDLING and TORCH_NCCL_ASYNC_ERROR_HANDLING (1 unless set), OMP_NUM_THREADS
-// (1 unless set, with several workers per host).
+// (1 unless set, with several workers per host), GLOO_SOCKET_IFNAME (with several hosts, unless
+// set: the interface holding ELASTIC_HOST_ADDR).
 #pragma once
 
 #include <unistd.h>
@@ -158,6 +159,11 @@ inline std::vector<std::string> worker_environment(const launch_options& o, cons
     if (!detail::inherits(env, k)) set(k, "1");  // a hung collective fails instead of hanging
   }
   if (o.nproc_per_node > 1 && !detail::inherits(env, "OMP_NUM_THREADS")) set("OMP_NUM_THREADS", "1");
+  // With several hosts, torch's Gloo listens on the interface the other hosts reach this one at
+  // (--host-addr's), not where the host name resolves; the user's own choice stands.
+  if (o.max_nodes > 1 && !o.host_interface.empty() && !detail::inherits(env, "GLOO_SOCKET_IFNAME")) {
+    set("GLOO_SOCKET_IFNAME", o.host_interface);
+  }
   return env;
 }
 

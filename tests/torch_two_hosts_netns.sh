@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# A PyTorch DDP script on two hosts: two network namespaces joined by a veth pair, an etcd in the
+# first, an elastic-run with one worker in each (--nnodes 2:2, every worker restarted together;
+# one each: a sum of two ranks' gradients is exact in any order, so the weights can be compared).
+# The launchers meet in their own rendezvous; the workers' torch store is served by rank 0 at
+# the MASTER_ADDR:MASTER_PORT its host published, across the veth link. A worker SIGKILLed on the
+# second host restarts every worker on both hosts (the first host says why), and the run ends with
+# the undisturbed two-host run's weights. Exits 77 (skipped) without root, iproute2 or python3-torch.
+#   tests/torch_two_hosts_netns.sh ELASTIC_RUN SOURCE_DIR ETCD_SERVER
+set -euo pipefail
+run="$1" src="$2" etcd="$3"
+py=/usr/bin/python3
+"$py" -c "import torch, torch.distributed" 2>/dev/null || { echo "skipped: no python3-torch under $py"; exit 77; }
+export PYTHONPATH="$src/python${PYTHONPATH:+:$PYTHONPATH}"
+
+tag="elt$$"
+a="${tag}a" b="${tag}b"
+net="10.232.$(( $$ % 250 ))"
+addr_a="$net.1" addr_b="$net.2"
+work="$(mktemp -d)"
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  ip netns del "$a" 2>/dev/null || true
+  ip netns del "$b" 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null; then
+  echo "skipped: network namespaces need root and iproute2"; exit 77
+fi
+if ! ip netns add "$a" 2>"$work/err" || ! ip netns add "$b" 2>>"$work/err"; then
+  echo "skipped: cannot make network namespaces: $(cat "$work/err")"; exit 77
+fi
+ip link add "${tag}va" type veth peer name "${tag}vb"
+ip link set "${tag}va" netns "$a"
+ip link set "${tag}vb" netns "$b"
+ip -n "$a" addr add "$addr_a/24" dev "${tag}va"
+ip -n "$b" addr add "$addr_b/24" dev "${tag}vb"
+for ns in "$a" "$b"; do
+  ip -n "$ns" link set lo up
+done
+ip -n "$a" link set "${tag}va" up
+ip -n "$b" link set "${tag}vb" up
+
+# etcd on host a's veth address only: host b can reach it, nothing outside the namespaces can.
+ip netns exec "$a" "$etcd" --name torch-hosts --data-dir "$work/etcd" \
+  --listen-client-urls "http://$addr_a:2379" --advertise-client-urls "http://$addr_a:2379" \
+  --listen-peer-urls "http://127.0.0.1:2380" --initial-advertise-peer-urls "http://127.0.0.1:2380" \
+  --initial-cluster "torch-hosts=http://127.0.0.1:2380" >"$work/etcd.log" 2>&1 &
+pids+=($!)
+for i in $(seq 1 100); do
+  ip netns exec "$b" curl -fsS -m 1 "http://$addr_a:2379/health" >/dev/null 2>&1 && break
+  [ "$i" = 100 ] && { echo "etcd did not come up:"; tail -20 "$work/etcd.log"; exit 1; }
+  sleep 0.1
+done
+
+url="etcd://$addr_a:2379"
+script="$src/examples/python/ddp_train.py"
+# start RUN_ID: one elastic-run per namespace, the checkpoint shared (as /shared/ckpt would be).
+start() {
+  hosts=()
+  for ns in "$a" "$b"; do
+    ip netns exec "$ns" "$run" --run-id "$1" --nproc-per-node 1 --nnodes 2:2 --rdzv "$url" --python "$py" --quiet \
+      --max-restarts 3 --log-dir "$work/logs-$ns" "$script" --steps 40 --every 5 --step-time 0.05 \
+      --ckpt "$work/$1.pt" >"$work/launcher-$1-$ns.log" 2>&1 &
+    hosts+=($!)
+    pids+=($!)
+  done
+}
+fail() {
+  echo "FAIL: $*"
+  for f in "$work"/launcher-*.log; do echo "--- $f"; tail -n 15 "$f"; done
+  for f in "$work"/logs-*/*/rank-*.log; do echo "--- $f"; tail -n 15 "$f"; done
+  exit 1
+}
+finish() {  # both launchers exit 0 within 120 s
+  for p in "${hosts[@]}"; do
+    for _ in $(seq 1 1200); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+    kill -0 "$p" 2>/dev/null && fail "an elastic-run still runs after 120 s"
+    set +e; wait "$p"; code=$?; set -e
+    [ "$code" = 0 ] || fail "an elastic-run exited $code"
+  done
+}
+weights() { grep -h "done at step .*, weights" "$work"/logs-*/"$1"/rank-*.log | awk '{print $NF}' | sort -u; }
+
+start ref
+finish
+ref=$(weights ref)
+[ "$(echo "$ref" | wc -l)" = 1 ] && [ -n "$ref" ] || fail "the undisturbed ranks disagree or printed nothing: $ref"
+grep -q "round 1: host [01] of 2, ranks [01] to [01] of 2, MASTER_ADDR=$net" "$work/launcher-ref-$a.log" ||
+  fail "host a's launcher did not say its round"
+
+start kill
+for _ in $(seq 1 600); do grep -qs "step 15: loss" "$work"/logs-*/kill/rank-*.log && break; sleep 0.1; done
+victim=$(grep -h "worker 0 started: pid" "$work/logs-$b/kill/rank-0.log" | head -1 | sed 's/.*pid \([0-9]*\).*/\1/')
+[ -n "$victim" ] || fail "no pid of host b's worker"
+kill -KILL "$victim"
+finish
+grep -q "restarting every worker (1 of 3 restarts)" "$work/launcher-kill-$b.log" || fail "host b did not restart its round"
+grep -q "another host started the next round.*restarting every worker of this host" "$work/launcher-kill-$a.log" ||
+  fail "host a did not restart with host b"
+[ "$(weights kill)" = "$ref" ] || fail "weights after the kill: $(weights kill), undisturbed: $ref"
+echo "two hosts: a worker killed on one, every worker of both restarted, the undisturbed weights $ref"
