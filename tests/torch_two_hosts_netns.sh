@@ -5,7 +5,7 @@
 # The launchers meet in their own rendezvous; the workers' torch store is served by rank 0 at
 # the MASTER_ADDR:MASTER_PORT its host published, across the veth link. A worker SIGKILLed on the
 # second host restarts every worker on both hosts (the first host says why), and the run ends with
-# the undisturbed two-host run's weights. Exits 77 (skipped) without root, iproute2 or python3-torch.
+# the undisturbed two-host run's weights. And a dead launcher's relay directory is swept. Exits 77 (skipped) without root, iproute2 or python3-torch.
 #   tests/torch_two_hosts_netns.sh ELASTIC_RUN SOURCE_DIR ETCD_SERVER
 set -euo pipefail
 run="$1" src="$2" etcd="$3"
@@ -86,8 +86,18 @@ finish() {  # both launchers exit 0 within 120 s
 }
 weights() { grep -h "done at step .*, weights" "$work"/logs-*/"$1"/rank-*.log | awk '{print $NF}' | sort -u; }
 
+# A relay directory of a launcher that was SIGKILLed a while ago (its socket bound, nobody
+# listening) is swept by the next launcher; one made just now is left to its launcher.
+dead=$(mktemp -d /tmp/elastic-relay-XXXXXX) fresh=$(mktemp -d /tmp/elastic-relay-XXXXXX)
+chmod 700 "$dead" "$fresh"
+"$py" -c "import socket,sys; s=socket.socket(socket.AF_UNIX); s.bind(sys.argv[1])" "$dead/store.sock"
+touch -h -d "2 minutes ago" "$dead/store.sock" "$dead"
+
 start ref
 finish
+[ ! -e "$dead" ] || fail "the dead launcher's relay directory $dead was not swept"
+[ -d "$fresh" ] || fail "a relay directory made a moment ago was swept"
+rmdir "$fresh"
 ref=$(weights ref)
 [ "$(echo "$ref" | wc -l)" = 1 ] && [ -n "$ref" ] || fail "the undisturbed ranks disagree or printed nothing: $ref"
 grep -q "round 1: host [01] of 2, ranks [01] to [01] of 2, MASTER_ADDR=$net" "$work/launcher-ref-$a.log" ||

@@ -265,6 +265,7 @@ class launcher {
   /// worker speaks to the store itself, as with --no-store-relay.
   void start_relay(const rendezvous::store_url& url) {
     if (url.scheme != rendezvous::store_url::kind::etcd || !opts_.store_relay) return;
+    sweep_dead_relays();
     try {
       std::string dir = "/tmp/elastic-relay-XXXXXX";  // short: a socket path holds at most 107 bytes
       if (::mkdtemp(dir.data()) == nullptr) throw os_error("mkdtemp for the store relay's directory");
@@ -274,6 +275,34 @@ class launcher {
     } catch (const error& e) {
       say(fmt::format("no store relay ({}): each worker speaks to the store itself", detail::plain(e)));
       stop_relay();
+    }
+  }
+
+  /// The relay directories of this user's launchers that were SIGKILLed (no one listens on
+  /// their socket, and nothing in them changed for a minute: a live launcher binds and listens
+  /// within moments of making its directory). Nobody else's, nothing that is not a directory.
+  static void sweep_dead_relays() noexcept {
+    std::error_code ec;
+    const auto now = std::filesystem::file_time_type::clock::now();
+    for (const auto& entry : std::filesystem::directory_iterator("/tmp", ec)) {
+      const std::string name = entry.path().filename().string();
+      if (!name.starts_with("elastic-relay-") || name.size() != 20) continue;
+      struct stat st {};
+      if (::lstat(entry.path().c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid()) continue;
+      const auto sock = entry.path() / "store.sock";
+      const auto changed = std::filesystem::last_write_time(::access(sock.c_str(), F_OK) == 0 ? sock : entry.path(), ec);
+      if (ec || now - changed < std::chrono::minutes(1)) continue;
+      if (::access(sock.c_str(), F_OK) == 0) {
+        elastic::internal::unique_fd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+        if (!fd) continue;
+        try {
+          const sockaddr_un a = rendezvous::detail::relay::socket_address(sock.string());
+          if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&a), sizeof(a)) == 0 || errno != ECONNREFUSED) continue;
+        } catch (...) {
+          continue;
+        }
+      }
+      std::filesystem::remove_all(entry.path(), ec);
     }
   }
 
@@ -890,6 +919,7 @@ class launcher {
     round_ = std::move(next_round_);
     next_round_.reset();
     ++rounds_started_;
+    round_started_at_.push_back(detail::wall_now());
     const std::size_t first = round_->rank * opts_.nproc_per_node;
     events_.emit("launcher_round_start", {{"round", round_->number},
                                           {"group_rank", round_->rank},
@@ -1102,7 +1132,12 @@ class launcher {
     report_.stragglers = seen_.stragglers();
     report_.stragglers_evicted = seen_.stragglers_evicted();
     report_.console_lines_dropped = out_->dropped_lines() + err_->dropped_lines();
-    const auto resumed = seen_.resumed();
+    auto resumed = seen_.resumed();
+    if (whole_round()) {  // a torch script says nothing of its training: its round's start is what is known
+      report_.whole_rounds = rounds_started_;
+      resumed.insert(resumed.end(), round_started_at_.begin(), round_started_at_.end());
+      std::sort(resumed.begin(), resumed.end());
+    }
     std::vector<double> failures = failures_at_;
     const auto hangs = watchdog_kills_.hangs();
     failures.insert(failures.end(), hangs.begin(), hangs.end());
@@ -1168,6 +1203,7 @@ class launcher {
   std::optional<host_rounds::round> round_;       ///< the workers run in it
   std::optional<host_rounds::round> next_round_;  ///< there, waiting for the last workers to go
   std::size_t rounds_started_ = 0;
+  std::vector<double> round_started_at_;  ///< wall clock, for the time lost to failures
   bool awaiting_round_ = false;
   bool round_stopping_ = false;
   bool round_killed_ = false;

@@ -30,6 +30,8 @@ struct run_report {
   std::size_t stragglers_killed = 0;  ///< SIGKILLed after the grace
   std::int64_t rounds = 0;           ///< rendezvous rounds the workers formed
   std::size_t rebuilds = 0;          ///< group rebuilds after the first round
+  /// --restart-mode all: rounds this host's workers were started in (0: workers restarted in place).
+  std::size_t whole_rounds = 0;
   std::size_t checkpoints = 0;       ///< checkpoint commits
   std::int64_t newest_checkpoint = -1;
   bool final_checkpoint_saved = false;  ///< a loop_preempted said "final_checkpoint":true
@@ -92,13 +94,20 @@ inline std::string failure_lines(const run_report& r, std::size_t max_restarts) 
 
 /// The summary's lines about the group's progress: rounds, checkpoints, time lost.
 inline std::string progress_lines(const run_report& r) {
-  std::string text = fmt::format("  rendezvous       round {} reached, the group rebuilt {} times\n", r.rounds, r.rebuilds);
+  std::string text =
+      r.whole_rounds > 0
+          ? fmt::format("  rounds           {} on this host: every worker restarted together {} times\n", r.whole_rounds,
+                        r.whole_rounds - 1)
+          : fmt::format("  rendezvous       round {} reached, the group rebuilt {} times\n", r.rounds, r.rebuilds);
   text += r.newest_checkpoint >= 0
               ? fmt::format("  checkpoints      {} committed, newest step {}\n", r.checkpoints, r.newest_checkpoint)
               : fmt::format("  checkpoints      none committed in this run\n");
-  text += fmt::format("  time lost        {:.2f} s to failures (each from the death, or the hang, to the group "
-                      "training again)\n",
-                      r.seconds_lost);
+  text += r.whole_rounds > 0 ? fmt::format("  time lost        {:.2f} s to failures (each from the death, or the hang, to "
+                                           "the next round's workers starting)\n",
+                                           r.seconds_lost)
+                             : fmt::format("  time lost        {:.2f} s to failures (each from the death, or the hang, to "
+                                           "the group training again)\n",
+                                           r.seconds_lost);
   return text;
 }
 
