@@ -130,6 +130,29 @@ EOF
 grep -q "worker 1 exited with code 1: ValueError: the data shard is missing on purpose: restarting every worker" "$work/boom.err" ||
   fail "the exception's message is not in the restart line: $(cat "$work/boom.err")"
 grep -q '"event":"worker_error".*the data shard is missing' "$work/logs/boom-$$/events.jsonl" || fail "no worker_error event"
+grep -q "worker_error: ValueError: the data shard is missing" "$work/logs/boom-$$/timeline.html" ||
+  fail "the timeline does not show the worker's exception"
+grep -q "every worker restarts together" "$work/logs/boom-$$/timeline.html" || fail "the timeline does not show the round's restart"
+
+echo "== restarts used up: exit 1 naming the exception; exits 75 without a notice: the crash-loop exit 3"
+cat > "$work/always.py" <<'EOF'
+import os, sys
+from torch.distributed.elastic.multiprocessing.errors import record
+@record
+def main():
+    if os.environ["LOCAL_RANK"] == "0":
+        if os.environ.get("CODE"):
+            sys.exit(int(os.environ["CODE"]))
+        raise KeyError("no shard 7")
+main()
+EOF
+rc=0
+"${launcher[@]}" --run-id always-$$ "$work/always.py" 2>"$work/always.err" || rc=$?
+[ "$rc" = 1 ] || fail "restarts used up: exit $rc, not 1"
+grep -q "KeyError: 'no shard 7'; 3 restarts used up" "$work/always.err" || fail "the last failure is not named: $(tail -5 "$work/always.err")"
+rc=0
+CODE=75 "${launcher[@]}" --run-id loop-$$ "$work/always.py" 2>"$work/loop.err" || rc=$?
+[ "$rc" = 3 ] || fail "exits 75 with no notice and no progress: exit $rc, not the crash loop's 3"
 
 echo "== the same kill under torchrun"
 (cd "$work" && "$py" -m torch.distributed.run --nproc_per_node 2 --max_restarts 3 --redirects 1 --tee 2 \

@@ -104,6 +104,16 @@ class model_builder {
       start_life(e);
     } else if (n == "worker_exit") {
       end_life(e);
+    } else if (n == "worker_error") {  // torch's @record message (--restart-mode all)
+      add_mark(e, lanes_.row_of(e), mark_kind::failure, "error", "worker_error: " + text_field(e.fields, "message"));
+    } else if (n == "launcher_round_stop") {
+      add_mark(e, lanes_.row_of(e), mark_kind::failure, "round",
+               "every worker restarts together: " + text_field(e.fields, "reason"));
+    } else if (n == "launcher_round_start") {
+      add_mark(e, lanes_.row_of(e), mark_kind::other, "round",
+               fmt::format("round {}: host {} of {}, MASTER_PORT {}", any_field(e.fields, "round"),
+                           any_field(e.fields, "group_rank"), any_field(e.fields, "group_world_size"),
+                           any_field(e.fields, "master_port")));
     } else if (n == "worker_start_failed" || n == "worker_backoff" || n == "worker_grace_exceeded") {
       slot_event(e);
     } else if (n == "watchdog_kill" || n == "watchdog_stack" || n == "watchdog_escalate" ||
