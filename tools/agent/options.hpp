@@ -319,7 +319,8 @@ inline void resolve_program(const raw_flags& f, launch_options& o) {
     throw error(errc::invalid_argument, "-m and --no-python cannot be used together (torchrun refuses them too)");
   }
   std::string python = f.python;
-  if (python.empty()) python = elastic::internal::env_string("ELASTIC_PYTHON").value_or("python3");
+  if (python.empty()) python = elastic::internal::env_string("ELASTIC_PYTHON").value_or("");
+  if (python.empty()) python = "python3";
   const std::string program = o.command.front();  // a copy: the insert below moves it
   const bool script = !f.no_python && program.size() > 3 && program.ends_with(".py");
   if (f.module || script) {
