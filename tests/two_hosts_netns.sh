@@ -9,51 +9,9 @@
 set -euo pipefail
 run="$1" worker="$2" etcd="$3"
 
-tag="elx$$"
-a="${tag}a" b="${tag}b"
-net="10.231.$(( $$ % 250 ))"
-addr_a="$net.1" addr_b="$net.2"
-work="$(mktemp -d)"
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  ip netns del "$a" 2>/dev/null || true
-  ip netns del "$b" 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
+tag="elx$$" net="10.231.$(( $$ % 250 ))"
+. "$(dirname "${BASH_SOURCE[0]}")/support/two_netns.sh"
 
-if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null; then
-  echo "skipped: network namespaces need root and iproute2"; exit 77
-fi
-if ! ip netns add "$a" 2>"$work/err" || ! ip netns add "$b" 2>>"$work/err"; then
-  echo "skipped: cannot make network namespaces: $(cat "$work/err")"; exit 77
-fi
-ip link add "${tag}va" type veth peer name "${tag}vb"
-ip link set "${tag}va" netns "$a"
-ip link set "${tag}vb" netns "$b"
-ip -n "$a" addr add "$addr_a/24" dev "${tag}va"
-ip -n "$b" addr add "$addr_b/24" dev "${tag}vb"
-for ns in "$a" "$b"; do
-  ip -n "$ns" link set lo up
-done
-ip -n "$a" link set "${tag}va" up
-ip -n "$b" link set "${tag}vb" up
-
-# etcd on host a's veth address only: host b can reach it, nothing outside the namespaces can.
-ip netns exec "$a" "$etcd" --name two-hosts --data-dir "$work/etcd" \
-  --listen-client-urls "http://$addr_a:2379" --advertise-client-urls "http://$addr_a:2379" \
-  --listen-peer-urls "http://127.0.0.1:2380" --initial-advertise-peer-urls "http://127.0.0.1:2380" \
-  --initial-cluster "two-hosts=http://127.0.0.1:2380" >"$work/etcd.log" 2>&1 &
-pids+=($!)
-for i in $(seq 1 100); do
-  ip netns exec "$b" curl -fsS -m 1 "http://$addr_a:2379/health" >/dev/null 2>&1 && break
-  [ "$i" = 100 ] && { echo "etcd did not come up:"; tail -20 "$work/etcd.log"; exit 1; }
-  sleep 0.1
-done
-
-url="etcd://$addr_a:2379"
 for ns in "$a" "$b"; do
   # The checkpoint directory is shared, as /shared/ckpt would be on two real hosts.
   ip netns exec "$ns" "$run" --run-id twonets --nproc-per-node 1 --nnodes 2:2 --rdzv "$url" --quiet \
