@@ -37,7 +37,7 @@ import threading
 import time
 import warnings
 
-__all__ = ["TimerClient", "expires", "attach", "watched", "TableFullWarning", "SegmentError"]
+__all__ = ["TimerClient", "ElasticTimerClient", "expires", "attach", "watched", "TableFullWarning", "SegmentError"]
 __version__ = "0.1.0"
 
 
@@ -238,7 +238,14 @@ class TimerClient:
 
     def __init__(self, signal=_signal.SIGABRT, segment=None):
         self.signal = int(signal)
-        self._segment = _attach(segment)
+        if segment is not None:
+            self._segment = _attach(segment)  # asked for by name: a table that cannot be used is an error
+        else:
+            try:
+                self._segment = _attach(None)
+            except SegmentError as e:  # as the C++ client: the worker runs on, unwatched, and says so once
+                _warn_once("unwatched", f"timer scopes are not enforced in this process: {e}")
+                self._segment = None
         if self._segment is not None and self.signal == _signal.SIGABRT and not faulthandler.is_enabled():
             faulthandler.enable(all_threads=True)
 
@@ -298,38 +305,53 @@ class TimerClient:
         b.open.append((name, k, g))
         if deadline < v.next_wake.value:
             _ring(seg)
-        return (b.pid, len(b.open) - 1, g)
+        return (b.pid, b.slot, k, g)
 
     def leave(self, token):
         """Ends the scope enter() returned ``token`` for."""
         if self._segment is None or token is None:
             return
         b = self._segment.binding.held
-        if token is None or b.slot is None or b.pid != token[0]:
+        pid, slot, index, g = token
+        if pid != os.getpid():
+            return  # entered before a fork: the slot is the parent's
+        if b.slot != slot:
+            # Left on another thread than it was entered on: clear the entry only if it is still
+            # this scope; its thread drops it from its stack when it next leaves a scope.
+            expected = _u64(g)
+            _atomic.cas8(slot + 64 + 64 * index + _E_GENERATION, ctypes.addressof(expected), 0, _ACQ_REL, _RELAXED)
             return
         for i in range(len(b.open) - 1, -1, -1):
-            if b.open[i][2] == token[2]:
+            if b.open[i][2] == g:
                 self._leave(b, i)
                 return
 
     def _leave(self, b, i):
         _, index, g = b.open.pop(i)
         v = b.views
-        if v.gen[index].value != g:
+        if v.gen[index].value != g:  # cleared from another thread meanwhile
+            if index + 1 == b.depth:
+                self._pop_free(b, index + 1)
             return
         if _TSO:
             v.gen[index].value = 0
         else:
             _atomic.store8(v.entry[index] + _E_GENERATION, 0, _RELEASE)
         if index + 1 == b.depth:
-            d = index
-            while d > 0 and v.gen[d - 1].value == 0:
-                d -= 1
-            b.depth = d
-            if _TSO:
-                v.depth.value = d
-            else:
-                _atomic.store4(b.slot + _S_DEPTH, d, _RELEASE)
+            self._pop_free(b, index)
+
+    @staticmethod
+    def _pop_free(b, d):
+        """Lowers the thread's depth to `d`, and below it past entries already free."""
+        v = b.views
+        while d > 0 and v.gen[d - 1].value == 0:
+            d -= 1
+        b.open = [o for o in b.open if o[1] < d]
+        b.depth = d
+        if _TSO:
+            v.depth.value = d
+        else:
+            _atomic.store4(b.slot + _S_DEPTH, d, _RELEASE)
 
     def _bind(self, b):
         seg, a = self._segment, _atomic
@@ -470,3 +492,6 @@ def expires(after, scope=None, client=None):
         f = sys._getframe(1)
         scope = f"{os.path.basename(f.f_code.co_filename)}#{f.f_lineno}"
     return _Expires(client if client is not None else _client(), scope, after)
+
+
+ElasticTimerClient = TimerClient  # the name beside torch's LocalTimerClient and FileTimerClient
