@@ -19,7 +19,7 @@ ensure_packages() {
 ELASTIC_BUILD_PACKAGES=(g++ cmake ninja-build libboost-dev libfmt-dev libcli11-dev libdw-dev)
 ELASTIC_TEST_PACKAGES=(catch2 libbenchmark-dev procps etcd-server libcurl4-openssl-dev openssl libgloo-dev python3-yaml python3-jsonschema curl pkgconf
                        iproute2 clang libclang-rt-14-dev munge slurmctld slurmd slurm-client shellcheck chromium libtorch-dev
-                       python3-torch python3-pip python3-setuptools libatomic1)
+                       python3-torch python3-pip python3-setuptools libatomic1 radosgw ceph-mon ceph-osd ceph-common)
 
 jobs() { nproc 2>/dev/null || echo 2; }
 
