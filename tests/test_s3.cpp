@@ -6,10 +6,14 @@
 #include <curl/curl.h>
 
 #include <algorithm>
+#include <fstream>
+#include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include <elastic/checkpoint/detail/object_location.hpp>
 #include <elastic/checkpoint/detail/sigv4.hpp>
 
 #include "support/catch.hpp"
@@ -53,7 +57,7 @@ TEST_CASE("sigv4: what cannot be signed is refused, and names and paths are enco
   r.host = "h";
   r.amz_date = "20260101T000000Z";
   r.headers = {{"x-evil", "a\r\nx-injected: 1"}};
-  auto code_of = [&] {
+  auto sign_code = [&] {
     try {
       (void)sigv4::sign(r, {});
     } catch (const elastic::error& e) {
@@ -61,16 +65,114 @@ TEST_CASE("sigv4: what cannot be signed is refused, and names and paths are enco
     }
     return elastic::errc{};
   };
-  CHECK(code_of() == elastic::errc::invalid_argument);
+  CHECK(sign_code() == elastic::errc::invalid_argument);
   r.headers.clear();
   r.amz_date = "yesterday";
-  CHECK(code_of() == elastic::errc::invalid_argument);
+  CHECK(sign_code() == elastic::errc::invalid_argument);
   // Session tokens are signed, and header values folded as S3 folds them.
   r.amz_date = "20260101T000000Z";
   r.headers = {{"X-Meta", "  two   words  "}};
   const auto s = sigv4::sign(r, {"k", "s", "token"});
   CHECK(s.canonical_request.find("x-amz-security-token:token\n") != std::string::npos);
   CHECK(s.canonical_request.find("x-meta:two words\n") != std::string::npos);
+}
+
+namespace {
+
+namespace objects = elastic::checkpoint::detail::objects;
+
+/// An environment of the given variables only.
+objects::environment env_of(std::vector<std::pair<std::string, std::string>> vars) {
+  return [vars = std::move(vars)](const char* name) -> std::optional<std::string> {
+    for (const auto& [k, v] : vars) {
+      if (k == name) return v;
+    }
+    return std::nullopt;
+  };
+}
+
+elastic::errc code_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const elastic::error& e) {
+    return e.code();
+  }
+  return elastic::errc{};
+}
+
+}  // namespace
+
+TEST_CASE("object storage: s3:// and gs:// directories, their endpoints and regions as the AWS tools resolve them") {
+  const auto aws = objects::parse_location("s3://my-bucket/runs/job7/", env_of({{"AWS_REGION", "eu-west-3"}}));
+  CHECK(aws.bucket == "my-bucket");
+  CHECK(aws.prefix == "runs/job7");
+  CHECK(aws.endpoint == "https://s3.eu-west-3.amazonaws.com");
+  CHECK(aws.region == "eu-west-3");
+  CHECK_FALSE(aws.path_style);
+  CHECK(aws.host() == "my-bucket.s3.eu-west-3.amazonaws.com");
+  CHECK(aws.path_of("step-7/manifest.json") == "/runs/job7/step-7/manifest.json");
+
+  const auto rgw = objects::parse_location("s3://ckpt", env_of({{"AWS_ENDPOINT_URL", "http://10.0.0.5:7480/"}}));
+  CHECK(rgw.endpoint == "http://10.0.0.5:7480");
+  CHECK(rgw.path_style);
+  CHECK(rgw.host() == "10.0.0.5:7480");
+  CHECK(rgw.path_of("m.json") == "/ckpt/m.json");
+  CHECK(rgw.region == "us-east-1");
+
+  const auto gcs = objects::parse_location("gs://team.ckpt/a/b", env_of({}));
+  CHECK(gcs.endpoint == "https://storage.googleapis.com");
+  CHECK(gcs.region == "auto");
+  CHECK(gcs.path_style);  // a dotted bucket is no host name its certificate covers
+  CHECK(gcs.path_of("x") == "/team.ckpt/a/b/x");
+  CHECK(objects::is_object_url("gs://b/x"));
+  CHECK_FALSE(objects::is_object_url("/shared/ckpt"));
+
+  for (const char* bad : {"s3://", "s3://ab/x", "s3://Bucket/x", "s3://-bucket/x", "s3://a..b/x", "s3://bucket/a//b",
+                          "s3://bucket/a/../b", "gs://bucket/a\nb", "file:///x"}) {
+    INFO(bad);
+    CHECK(code_of([&] { (void)objects::parse_location(bad, env_of({})); }) == elastic::errc::invalid_argument);
+  }
+  CHECK(code_of([&] {
+          (void)objects::parse_location("s3://bucket/x", env_of({{"AWS_ENDPOINT_URL", "ftp://host"}}));
+        }) == elastic::errc::invalid_argument);
+}
+
+TEST_CASE("object storage: keys from the environment, else the shared credentials file's profile") {
+  const auto s3 = objects::parse_location("s3://bucket/x", env_of({}));
+  const auto gs = objects::parse_location("gs://bucket/x", env_of({}));
+  auto c = objects::resolve_credentials(
+      s3, env_of({{"AWS_ACCESS_KEY_ID", "AK"}, {"AWS_SECRET_ACCESS_KEY", "SK"}, {"AWS_SESSION_TOKEN", "T"}}));
+  CHECK(c.access_key == "AK");
+  CHECK(c.secret_key == "SK");
+  CHECK(c.session_token == "T");
+  c = objects::resolve_credentials(gs, env_of({{"AWS_ACCESS_KEY_ID", "AK"}, {"AWS_SECRET_ACCESS_KEY", "SK"},
+                                               {"GCS_ACCESS_KEY_ID", "GOOG1"}, {"GCS_SECRET_ACCESS_KEY", "GS"}}));
+  CHECK(c.access_key == "GOOG1");
+
+  elastic::test::temp_dir dir;
+  const std::string file = dir.file("credentials");
+  std::ofstream(file) << "# a comment\n[default]\naws_access_key_id = D1\naws_secret_access_key=D2\n\n"
+                         "[profile train]\r\n  aws_access_key_id = P1 \r\naws_secret_access_key = P2\r\n"
+                         "aws_session_token = P3\n[broken]\naws_access_key_id = only\n";
+  c = objects::resolve_credentials(s3, env_of({{"AWS_SHARED_CREDENTIALS_FILE", file}}));
+  CHECK(c.access_key == "D1");
+  CHECK(c.secret_key == "D2");
+  c = objects::resolve_credentials(s3, env_of({{"AWS_SHARED_CREDENTIALS_FILE", file}, {"AWS_PROFILE", "train"}}));
+  CHECK(c.access_key == "P1");
+  CHECK(c.secret_key == "P2");
+  CHECK(c.session_token == "P3");
+  CHECK(code_of([&] {
+          (void)objects::resolve_credentials(s3, env_of({{"AWS_SHARED_CREDENTIALS_FILE", file}, {"AWS_PROFILE", "broken"}}));
+        }) == elastic::errc::corrupt);
+  try {
+    (void)objects::resolve_credentials(s3, env_of({{"AWS_SHARED_CREDENTIALS_FILE", file}, {"AWS_PROFILE", "none"}}));
+    FAIL("a missing profile was taken");
+  } catch (const elastic::error& e) {
+    CHECK(e.code() == elastic::errc::not_found);
+    CHECK_THAT(e.message(), Catch::Matchers::Contains("AWS_ACCESS_KEY_ID") && Catch::Matchers::Contains("[none]"));
+  }
+  CHECK(code_of([&] { (void)objects::resolve_credentials(s3, env_of({{"HOME", dir.path()}})); }) ==
+        elastic::errc::not_found);
 }
 
 namespace {
@@ -133,12 +235,16 @@ TEST_CASE("sigv4: requests signed here are what a real radosgw accepts, and crea
     WARN("skipped: " << server.why());
     return;
   }
-  const std::string bucket = "/elastic-ckpt";
+  // The directory as a user gives it, resolved as the backend will: path style at a custom endpoint.
+  const auto where = objects::parse_location("s3://elastic-ckpt/run 1", env_of({{"AWS_ENDPOINT_URL", server.endpoint()}}));
+  CHECK(where.host() == server.host());
+  const std::string bucket = "/" + where.bucket;
   CHECK(send(server, "PUT", bucket).status == 200);
 
   std::string data(70000, '\0');
   for (std::size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>((i * 131) ^ (i >> 7));
-  const std::string key = bucket + "/run 1/step-00000007/rank+0 data.bin";  // a space and a '+' in it
+  const std::string key = where.path_of("step-00000007/rank+0 data.bin");  // a space and a '+' in it
+  CHECK(key == "/elastic-ckpt/run 1/step-00000007/rank+0 data.bin");
   CHECK(send(server, "PUT", key, {}, {{"Content-Type", "application/octet-stream"}}, data).status == 200);
   const auto whole = send(server, "GET", key);
   CHECK(whole.status == 200);
@@ -148,7 +254,7 @@ TEST_CASE("sigv4: requests signed here are what a real radosgw accepts, and crea
   CHECK(part.body == data.substr(1000, 1000));
 
   // The manifest commit: created only if absent, so two writers never both commit one step.
-  const std::string manifest = bucket + "/run 1/step-00000007/manifest.json";
+  const std::string manifest = where.path_of("step-00000007/manifest.json");
   CHECK(send(server, "PUT", manifest, {}, {{"If-None-Match", "*"}}, "{\"step\":7}").status == 200);
   const auto again = send(server, "PUT", manifest, {}, {{"If-None-Match", "*"}}, "{\"step\":7,\"other\":1}");
   CHECK(again.status == 412);
