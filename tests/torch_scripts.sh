@@ -130,6 +130,8 @@ EOF
 grep -q "worker 1 exited with code 1: ValueError: the data shard is missing on purpose: restarting every worker" "$work/boom.err" ||
   fail "the exception's message is not in the restart line: $(cat "$work/boom.err")"
 grep -q '"event":"worker_error".*the data shard is missing' "$work/logs/boom-$$/events.jsonl" || fail "no worker_error event"
+grep -q "worker error     worker 1 (pid [0-9]*): ValueError: the data shard is missing on purpose" "$work/boom.err" ||
+  fail "the summary does not quote the exception: $(tail -12 "$work/boom.err")"
 grep -q "worker_error: ValueError: the data shard is missing" "$work/logs/boom-$$/timeline.html" ||
   fail "the timeline does not show the worker's exception"
 grep -q "every worker restarts together" "$work/logs/boom-$$/timeline.html" || fail "the timeline does not show the round's restart"

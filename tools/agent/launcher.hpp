@@ -792,6 +792,8 @@ class launcher {
     if (const auto message = torch_error(s); !message.empty()) {
       what += fmt::format(": {}", message);
       events_.emit("worker_error", {{"slot", s.index}, {"worker_pid", pid}, {"message", message}});
+      if (report_.worker_errors.size() == max_worker_errors) report_.worker_errors.erase(report_.worker_errors.begin());
+      report_.worker_errors.push_back(fmt::format("worker {} (pid {}): {}", s.index, pid, message));
     }
     if (code == exit_preempted && noticed) {
       ++report_.preempted_restarts;
@@ -941,6 +943,8 @@ class launcher {
   /// How long the workers of a round being ended get between SIGTERM and SIGKILL (at most the
   /// grace): a torch script in a collective with a dead peer has nothing to save.
   static constexpr std::chrono::milliseconds round_stop_wait{5000};
+  /// The summary quotes the last this many exceptions of failed workers.
+  static constexpr std::size_t max_worker_errors = 5;
 
   /// A worker exited 75 with no preemption notice: "retry me", but nothing says why. Restarted
   /// after a backoff; more than --max-restarts of these in a row, with no checkpoint committed

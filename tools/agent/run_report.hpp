@@ -38,6 +38,8 @@ struct run_report {
   std::size_t console_lines_dropped = 0;
   double seconds_lost = 0;           ///< from each failure to the group training again
   std::vector<std::string> culprits;  ///< the ranks that held the group back (culprit_finder.hpp)
+  /// What torch's @record said of the workers that failed (TORCHELASTIC_ERROR_FILE), the last few.
+  std::vector<std::string> worker_errors;
   std::vector<std::string> stragglers;  ///< ranks persistently slower than the group (straggler events)
   std::size_t stragglers_evicted = 0;
 };
@@ -117,6 +119,7 @@ inline std::string shortfall_lines(const run_report& r) {
   std::string text;
   if (r.stragglers_killed > 0) text += fmt::format("  killed at grace  {} workers\n", r.stragglers_killed);
   for (const auto& c : r.culprits) text += fmt::format("  culprit          {}\n", c);
+  for (const auto& e : r.worker_errors) text += fmt::format("  worker error     {}\n", e);
   for (const auto& s : r.stragglers) text += fmt::format("  straggler        {}\n", s);
   if (r.stragglers_evicted > 0) {
     text += fmt::format("  evicted          {} straggler(s) left their group and were restarted\n", r.stragglers_evicted);
