@@ -265,10 +265,7 @@ class TimerClient:
         b = self._segment.binding.held
         if b.slot is None or b.pid != os.getpid():
             return
-        for i in range(len(b.open) - 1, -1, -1):
-            if b.open[i][0] == scope_id:
-                self._leave(b, i)
-                return
+        self._leave_innermost(b, 0, scope_id)
 
     def enter(self, name, after_seconds):
         """Opens a scope that expires ``after_seconds`` from now; returns a token for leave()."""
@@ -321,8 +318,12 @@ class TimerClient:
             expected = _u64(g)
             _atomic.cas8(slot + 64 + 64 * index + _E_GENERATION, ctypes.addressof(expected), 0, _ACQ_REL, _RELAXED)
             return
+        self._leave_innermost(b, 2, g)
+
+    def _leave_innermost(self, b, field, value):
+        """Leaves the innermost open scope whose `field` (0: its name, 2: its generation) is `value`."""
         for i in range(len(b.open) - 1, -1, -1):
-            if b.open[i][2] == g:
+            if b.open[i][field] == value:
                 self._leave(b, i)
                 return
 
