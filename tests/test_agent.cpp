@@ -437,6 +437,7 @@ TEST_CASE("a Python program runs through its interpreter, and every worker resta
   CHECK(parse({"--nproc-per-node", "2", "--restart-mode", "in-place", "--python", "p", "t.py"}).options.restarts ==
         restart_mode::in_place);
   CHECK_THAT(refusal({"-m", "--no-python", "pkg.train"}), Catch::Matchers::Contains("cannot be used together"));
+  CHECK_THAT(refusal({"--nproc-per-node", "2", "-m"}), Catch::Matchers::Contains("-m needs the module to run"));
   CHECK_THAT(refusal({"--restart-mode", "sometimes", "t.py"}), Catch::Matchers::Contains("auto, in-place or all"));
   CHECK_THAT(refusal({"--python", "p", "./digits_train"}), Catch::Matchers::Contains("neither a .py script nor a module"));
   CHECK_THAT(refusal({"--min-ranks", "1", "--nproc-per-node", "2", "--python", "p", "t.py"}),

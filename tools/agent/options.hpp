@@ -498,6 +498,9 @@ inline command_line parse_command_line(std::span<const std::string_view> args) {
   }
   o.command = app.remaining();
   if (!o.command.empty() && o.command.front() == "--") o.command.erase(o.command.begin());
+  if (o.command.empty() && f.module) {
+    throw error(errc::invalid_argument, "-m needs the module to run: elastic-run [options] -m MODULE [ARGS...]");
+  }
   if (o.command.empty()) throw error(errc::invalid_argument, "no program to run: elastic-run [options] -- PROGRAM [ARGS...]");
 
   detail::resolve_program(f, o);
