@@ -18,7 +18,6 @@
 #include <sys/socket.h>
 #include <arpa/inet.h>
 #include <ifaddrs.h>
-#include <netdb.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -42,6 +41,7 @@
 #include <elastic/checkpoint/preemption.hpp>
 #include <elastic/error.hpp>
 #include <elastic/events.hpp>
+#include <elastic/internal/tcp.hpp>
 #include <elastic/internal/unique_fd.hpp>
 #include <elastic/rendezvous/open_store.hpp>
 #include <elastic/rendezvous/rendezvous.hpp>
@@ -50,27 +50,8 @@ namespace elastic::agent {
 
 namespace detail {
 
-/// A TCP port free on `addr` right now (bound to port 0 and released, as torchrun picks one).
-inline std::uint16_t free_port(const std::string& addr) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE;
-  addrinfo* res = nullptr;
-  if (::getaddrinfo(addr.empty() ? nullptr : addr.c_str(), "0", &hints, &res) != 0 || res == nullptr) {
-    throw error(errc::invalid_argument, fmt::format("cannot resolve '{}' to pick a MASTER_PORT on it", addr));
-  }
-  std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> guard(res, &::freeaddrinfo);
-  internal::unique_fd fd(::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (!fd || ::bind(fd.get(), res->ai_addr, res->ai_addrlen) != 0) {
-    throw os_error(fmt::format("binding a port on '{}' for MASTER_PORT", addr));
-  }
-  sockaddr_storage a{};
-  socklen_t len = sizeof(a);
-  if (::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&a), &len) != 0) throw os_error("getsockname");
-  return ntohs(a.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&a)->sin6_port
-                                       : reinterpret_cast<sockaddr_in*>(&a)->sin_port);
-}
+/// A TCP port free on `addr` right now (listened on and released, as torchrun picks one).
+inline std::uint16_t free_port(const std::string& addr) { return internal::tcp::listen_on(addr).second; }
 
 /// The network interface that holds `addr` ("" when none does, or `addr` is a name): what
 /// torch's Gloo is told to use (GLOO_SOCKET_IFNAME) so that its workers listen where the other

@@ -823,18 +823,8 @@ class launcher {
   /// at most 1 MiB of it: the worker wrote it, not us.
   std::string torch_error(const slot& s) const {
     try {
-      const auto fd = files_.dir.open_file(error_file(s).filename().string(), O_RDONLY | O_NOFOLLOW);
-      std::string text(1 << 20, '\0');
-      std::size_t n = 0;
-      for (ssize_t r; n < text.size() && (r = ::read(fd.get(), text.data() + n, text.size() - n)) != 0;) {
-        if (r < 0) {
-          if (errno == EINTR) continue;
-          return {};
-        }
-        n += static_cast<std::size_t>(r);
-      }
-      text.resize(n);
-      const auto j = elastic::internal::json::parse(text);
+      const auto j = elastic::internal::json::parse(elastic::internal::read_small_file_at(
+          files_.dir.fd(), error_file(s).filename().string(), error_file(s), 1 << 20));
       const auto* m = j.find("message");
       if (m != nullptr && m->is_object()) m = m->find("message");  // {"message": {"message": ...}}
       if (m == nullptr || !m->is_string()) return {};
