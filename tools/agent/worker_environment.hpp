@@ -100,10 +100,13 @@ inline std::vector<std::string> inherited_environment() {
 /// The environment of worker `w` of the run `o` describes.
 inline std::vector<std::string> worker_environment(const launch_options& o, const worker_identity& w) {
   std::vector<std::string> env = detail::inherited_environment();
-  const std::size_t world = o.min_nodes * o.nproc_per_node;  // a first guess: the group decides
+  // In place, first guesses (the group decides); in a decided round, every host has
+  // nproc_per_node workers, ranks in host order.
+  const std::size_t rank = w.round ? w.round->group_rank * o.nproc_per_node + w.index : w.index;
+  const std::size_t world = (w.round ? w.round->group_world : o.min_nodes) * o.nproc_per_node;
   auto set = [&](std::string_view k, const std::string& v) { env.push_back(fmt::format("{}={}", k, v)); };
   set("ELASTIC_RUN_ID", o.run_id);
-  set("ELASTIC_RANK", std::to_string(w.index));
+  set("ELASTIC_RANK", std::to_string(rank));
   set("ELASTIC_WORLD_SIZE", std::to_string(world));
   set("ELASTIC_LOCAL_RANK", std::to_string(w.index));
   set("ELASTIC_LOCAL_WORLD_SIZE", std::to_string(o.nproc_per_node));
@@ -125,25 +128,14 @@ inline std::vector<std::string> worker_environment(const launch_options& o, cons
   if (o.evict_stragglers) set("ELASTIC_EVICT_STRAGGLERS", "1");
   set("ELASTIC_SLOT_EVICTIONS", std::to_string(w.evictions));
   set("ELASTIC_GRACE", fmt::format("{:.3f}", o.grace.count() / 1e3));
-  if (w.round == nullptr) {
-    set("RANK", std::to_string(w.index));
-    set("WORLD_SIZE", std::to_string(world));
-    set("LOCAL_RANK", std::to_string(w.index));
-    set("LOCAL_WORLD_SIZE", std::to_string(o.nproc_per_node));
-    return env;
-  }
-  // The round is decided: every host has nproc_per_node workers, ranks in host order.
-  const round_placement& r = *w.round;
-  const std::size_t rank = r.group_rank * o.nproc_per_node + w.index;
-  const std::size_t round_world = r.group_world * o.nproc_per_node;
-  for (auto& kv : env) {  // decided, no longer guesses
-    if (kv.starts_with("ELASTIC_RANK=")) kv = fmt::format("ELASTIC_RANK={}", rank);
-    if (kv.starts_with("ELASTIC_WORLD_SIZE=")) kv = fmt::format("ELASTIC_WORLD_SIZE={}", round_world);
-  }
-  for (const char* k : {"RANK", "ROLE_RANK"}) set(k, std::to_string(rank));
-  for (const char* k : {"WORLD_SIZE", "ROLE_WORLD_SIZE"}) set(k, std::to_string(round_world));
+  set("RANK", std::to_string(rank));
+  set("WORLD_SIZE", std::to_string(world));
   set("LOCAL_RANK", std::to_string(w.index));
   set("LOCAL_WORLD_SIZE", std::to_string(o.nproc_per_node));
+  if (w.round == nullptr) return env;
+  const round_placement& r = *w.round;
+  set("ROLE_RANK", std::to_string(rank));
+  set("ROLE_WORLD_SIZE", std::to_string(world));
   set("GROUP_RANK", std::to_string(r.group_rank));
   set("GROUP_WORLD_SIZE", std::to_string(r.group_world));
   set("ROLE_NAME", "default");
