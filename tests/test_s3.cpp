@@ -17,6 +17,7 @@
 #include <elastic/checkpoint/detail/sigv4.hpp>
 
 #include "support/catch.hpp"
+#include "support/errors.hpp"
 #include "support/radosgw_server.hpp"
 
 namespace sigv4 = elastic::checkpoint::detail::sigv4;
@@ -57,14 +58,7 @@ TEST_CASE("sigv4: what cannot be signed is refused, and names and paths are enco
   r.host = "h";
   r.amz_date = "20260101T000000Z";
   r.headers = {{"x-evil", "a\r\nx-injected: 1"}};
-  auto sign_code = [&] {
-    try {
-      (void)sigv4::sign(r, {});
-    } catch (const elastic::error& e) {
-      return e.code();
-    }
-    return elastic::errc{};
-  };
+  auto sign_code = [&] { return elastic::test::error_of([&] { (void)sigv4::sign(r, {}); }).code(); };
   CHECK(sign_code() == elastic::errc::invalid_argument);
   r.headers.clear();
   r.amz_date = "yesterday";
@@ -91,14 +85,7 @@ objects::environment env_of(std::vector<std::pair<std::string, std::string>> var
   };
 }
 
-elastic::errc code_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const elastic::error& e) {
-    return e.code();
-  }
-  return elastic::errc{};
-}
+elastic::errc code_of(const std::function<void()>& f) { return elastic::test::error_of(f).code(); }
 
 }  // namespace
 

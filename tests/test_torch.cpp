@@ -161,11 +161,7 @@ std::mutex& catch_mu() {
 /// error_of for a rank's thread: what `f` threw, or an exception on_threads collects.
 template <class F>
 elastic::error rank_error_of(F&& f) {
-  try {
-    f();
-  } catch (const elastic::error& e) {
-    return e;
-  }
+  if (auto e = elastic::test::caught(std::forward<F>(f))) return *e;
   throw std::runtime_error("expected an elastic::error");
 }
 
