@@ -1,6 +1,6 @@
 // Version of the library and the feature macros the build enabled.
 //
-// The CMake targets elastic::cuda, elastic::nccl, elastic::gloo, elastic::etcd and
+// The CMake targets elastic::cuda, elastic::nccl, elastic::gloo, elastic::etcd, elastic::s3 and
 // elastic::libdw define the matching ELASTIC_WITH_* macro to 1; without them every feature is off
 // and the parts that need it are not included by the umbrella header. Never test __CUDACC__ in
 // public headers: the API has the same shape with or without CUDA.
@@ -29,6 +29,9 @@
 #endif
 #ifndef ELASTIC_WITH_ETCD
 #define ELASTIC_WITH_ETCD 0
+#endif
+#ifndef ELASTIC_WITH_S3
+#define ELASTIC_WITH_S3 0
 #endif
 #ifndef ELASTIC_WITH_LIBDW
 #define ELASTIC_WITH_LIBDW 0

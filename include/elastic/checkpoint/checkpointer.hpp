@@ -36,9 +36,9 @@
 #include <vector>
 
 #include <elastic/internal/cuda.hpp>
-#include <elastic/checkpoint/detail/checkpoint_dir.hpp>
 #include <elastic/checkpoint/detail/host_memory.hpp>
 #include <elastic/checkpoint/detail/library_error.hpp>
+#include <elastic/checkpoint/detail/step_store.hpp>
 #include <elastic/checkpoint/format.hpp>
 #include <elastic/checkpoint/staged_snapshot.hpp>
 #include <elastic/checkpoint/state.hpp>
@@ -91,7 +91,8 @@ class checkpointer {
                                               std::to_string(opts_.world_size) + " is impossible");
     }
     if (opts_.chunk_bytes == 0) throw error(errc::invalid_argument, "checkpointer: chunk_bytes must be positive");
-    dir_ = detail::open_checkpoint_dir(opts_.dir);
+    store_ = detail::step_store::open(opts_.dir);
+    started_ = now_rfc3339();
     // The copier waits on events of this device: it makes the device its own, or its first CUDA
     // call would open a context on GPU 0 (a rank on GPU 3 would hold memory on GPU 0).
     if (st_.has_device_entries()) device_ = internal::cuda::current_device();
@@ -134,14 +135,14 @@ class checkpointer {
     std::span<std::byte> scratch;
     if (!slots_.empty()) scratch = {slots_.front()->memory.data(), slots_.front()->memory.size()};
     std::vector<storage::skipped_step> skipped;
-    auto m = storage::restore_newest_at(dir_.fd(), opts_.dir, st_, opts_.rank, events_, scratch, &skipped);
+    auto m = store_.restore_newest(st_, opts_.rank, events_, scratch, &skipped);
     if (opts_.rank == 0) {
       // Left in place, a damaged step would shadow the steps this run commits (retention would
       // count it; a restart would try it first). Every rank of a group may race us here.
       for (const auto& s : skipped) {
         if (!storage::is_damage(s.why)) continue;
         try {
-          storage::quarantine_step(dir_, s.step, s.why.what(), events_);
+          store_.quarantine_step(s.step, s.why.what(), events_);
         } catch (const error& e) {
           events_.emit("checkpoint_quarantine_failed", {{"step", s.step}, {"reason", e.what()}});
         }
@@ -154,13 +155,22 @@ class checkpointer {
       }
       const double s = seconds_since(t0);
       events_.emit("checkpoint_restore", {{"step", m->step},
-                                          {"dir", (opts_.dir / format::step_dir_name(m->step)).string()},
+                                          {"dir", store_.step_location(m->step)},
                                           {"world_size_then", m->world_size},
                                           {"world_size_now", opts_.world_size},
                                           {"seconds", s}});
     }
     return m;
   }
+
+  /// Loads committed step `step` into the state as rank `rank` of any world (an elastic
+  /// group's restore after a rebuild); storage::load_step_at's contract.
+  format::step_manifest load_step(std::uint64_t step, int rank) { return store_.load_step(step, st_, rank); }
+  /// Loads the newest valid step as rank `rank`, skipping damaged ones (with an event); nothing
+  /// when there is none.
+  std::optional<format::step_manifest> load_newest(int rank) { return store_.restore_newest(st_, rank, events_); }
+  /// Whether the steps are in object storage (s3://, gs://) rather than a POSIX directory.
+  [[nodiscard]] bool in_object_storage() const noexcept { return store_.in_object_storage(); }
 
   /// Captures the state as of now under `step` and returns; the copy and the write go on in
   /// the background. `stream` is the stream whose queued work must land in the snapshot.
@@ -420,7 +430,8 @@ class checkpointer {
   std::uint64_t epoch_ = 0;  // set_world's, for the parts and commits (changed with every slot free)
   slot* fence_slot_ = nullptr;
   checkpointer_stats stats_;
-  internal::private_dir dir_;          // every write goes through it (no planted link is followed)
+  detail::step_store store_;  // a POSIX directory (every write through a private_dir) or object storage
+  std::string started_;      // RFC 3339: a step committed before it is an earlier incarnation's
   std::optional<std::uint64_t> resumed_from_;  // the step restore() loaded
   std::uint64_t committed_max_ = 0;            // the newest step this checkpointer committed
   std::uint64_t settled_sequence_ = 0;         // the newest snapshot that has ended, and

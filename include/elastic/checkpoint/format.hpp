@@ -8,6 +8,14 @@
 //   DIR/.removing-step-000000000050/ a step being deleted by retention; swept later
 //   DIR/corrupt-step-000000000300/   a step that could not be read, moved aside (never deleted)
 //
+// In object storage (s3://BUCKET/PREFIX, gs://...; detail/s3_steps.hpp) nothing is renamed:
+//
+//   PREFIX/step-000000000100/manifest.json          the commit: written last, only if absent
+//   PREFIX/step-000000000100/w4-e7/rank-00000.json  the parts of a world of 4 in epoch 7 (the
+//   PREFIX/step-000000000100/w4-e7/rank-00000.data  manifest's "parts" names the folder it took)
+//   PREFIX/corrupt-step-000000000300/manifest.json  an unreadable step's manifest, moved aside
+//                                                   (its parts are then never deleted)
+//
 // Every manifest ends with a "crc32c" field over the bytes before it, so a flipped byte in a
 // manifest is caught like one in the data. Checksum: CRC-32C (Castagnoli), because x86-64 has
 // an instruction for it (SSE4.2 crc32, > 10 GB/s, faster than any disk here) and it is the
@@ -114,6 +122,9 @@ struct step_manifest {
   std::string run_id;
   std::string time;  ///< RFC 3339, UTC
   std::map<std::string, std::string> metadata;
+  /// Object storage: the folder of the step that holds the parts committed (empty in a POSIX
+  /// directory, where the parts sit beside the manifest).
+  std::string parts;
 };
 
 inline std::string_view to_string(entry_kind k) noexcept {
@@ -242,6 +253,7 @@ inline std::string encode(const step_manifest& m) {
   json meta = json::object();
   for (const auto& [k, v] : m.metadata) meta[k] = v;
   doc["metadata"] = std::move(meta);
+  if (!m.parts.empty()) doc["parts"] = m.parts;
   return detail::seal(doc);
 }
 
@@ -260,6 +272,7 @@ inline step_manifest decode_step(std::string_view text, const std::string& what)
     m.run_id = doc.at("run_id").as_string();
     m.time = doc.at("time").as_string();
     for (const auto& [k, v] : doc.at("metadata").items()) m.metadata[k] = v.as_string();
+    if (const auto* p = doc.find("parts")) m.parts = p->as_string();
     return m;
   });
 }

@@ -163,6 +163,13 @@ class training_loop {
     const auto m = ckpt_.restore();
     start_ = next_ = last_snapshot_step_ = m ? m->step : 0;
     if (!opts_.group && ckpt_.world_size() > 1) {
+      if (ckpt_.in_object_storage()) {
+        throw error(errc::not_supported,
+                    fmt::format("training_loop: {} ranks without an elastic group agree on their final step through a "
+                                "shared POSIX directory, and {} is in object storage: give the ranks an elastic group "
+                                "(elastic-run's workers have one), or a directory every rank shares",
+                                ckpt_.world_size(), opts_.dir.string()));
+      }
       agreement_.emplace(opts_.dir, ckpt_.rank(), ckpt_.world_size(), start_, agreement_stale_after());
     }
     events_.emit("loop_start", {{"step", next_},

@@ -8,8 +8,8 @@
 #endif
 
 int main() {
-  std::printf("cuda=%d nccl=%d gloo=%d etcd=%d libdw=%d torch=%d\n", ELASTIC_WITH_CUDA, ELASTIC_WITH_NCCL,
-              ELASTIC_WITH_GLOO, ELASTIC_WITH_ETCD, ELASTIC_WITH_LIBDW, ELASTIC_WITH_TORCH);
+  std::printf("cuda=%d nccl=%d gloo=%d etcd=%d s3=%d libdw=%d torch=%d\n", ELASTIC_WITH_CUDA, ELASTIC_WITH_NCCL,
+              ELASTIC_WITH_GLOO, ELASTIC_WITH_ETCD, ELASTIC_WITH_S3, ELASTIC_WITH_LIBDW, ELASTIC_WITH_TORCH);
 #if ELASTIC_WITH_NCCL
   std::printf("nccl shrink=%d revoke=%d\n", elastic::comm::nccl_communicator::can_shrink() ? 1 : 0,
               elastic::comm::nccl_communicator::can_revoke() ? 1 : 0);

@@ -271,7 +271,7 @@ inline void checkpointer::persist_loop() {
     std::exception_ptr failure;
     bool abandoned = false;
     try {
-      bytes = storage::write_rank_part(dir_, s->step, opts_.rank, opts_.world_size, opts_.run_id, s->staged,
+      bytes = store_.write_rank_part(s->step, opts_.rank, opts_.world_size, opts_.run_id, s->staged,
                                        opts_.chunk_bytes, epoch_);
       if (opts_.rank == 0) {
         format::step_manifest m;
@@ -280,7 +280,7 @@ inline void checkpointer::persist_loop() {
         m.run_id = opts_.run_id;
         m.time = now_rfc3339();
         m.metadata = s->metadata;
-        abandoned = !storage::commit_step(dir_, m, opts_.commit_timeout, events_, &abandon_, epoch_);
+        abandoned = !store_.commit_step(m, opts_.commit_timeout, events_, &abandon_, epoch_, started_);
       }
     } catch (...) {
       failure = detail::as_library_error(std::current_exception(), fmt::format("checkpoint step {}", s->step));
@@ -307,7 +307,7 @@ inline void checkpointer::persist_loop() {
     stats_.bytes_written += bytes;
     events_.emit(opts_.rank == 0 ? "checkpoint_commit" : "checkpoint_part",
                  {{"step", s->step},
-                  {"dir", (opts_.dir / format::step_dir_name(s->step)).string()},
+                  {"dir", store_.step_location(s->step)},
                   {"bytes", bytes},
                   {"persist_s", secs},
                   {"write_mb_s", secs > 0 ? static_cast<double>(bytes) / secs / 1e6 : 0.0}});
@@ -320,7 +320,7 @@ inline void checkpointer::persist_loop() {
       if (!floor || *floor < committed_max_) floor = committed_max_;
       lk.unlock();
       try {
-        storage::retain(dir_, opts_.keep_last, floor, events_);
+        store_.retain(opts_.keep_last, floor, events_);
       } catch (const std::exception& e) {
         events_.emit("checkpoint_retention_failed", {{"reason", e.what()}});
       } catch (...) {

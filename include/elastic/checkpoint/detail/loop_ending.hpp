@@ -27,8 +27,8 @@ inline void training_loop::attach_group() {
   }
   opts_.group->attach({.restore =
                            [this](std::optional<std::uint64_t> step, int rank) -> std::optional<std::uint64_t> {
-                             if (step) return storage::load_step(opts_.dir, *step, state_, rank).step;
-                             const auto m = storage::restore_newest(opts_.dir, state_, rank, events_);
+                             if (step) return ckpt_.load_step(*step, rank).step;
+                             const auto m = ckpt_.load_newest(rank);
                              return m ? std::optional<std::uint64_t>(m->step) : std::nullopt;
                            },
                        .settle = [this] { ckpt_.wait_copied(); },

@@ -38,13 +38,13 @@ namespace fs = std::filesystem;
 
 namespace storage {
 
-/// Writes this rank's part of `step` into the pending directory under `root`; durable when it
-/// returns. Returns the number of bytes of the data file.
-inline std::uint64_t write_rank_part(const internal::private_dir& root, std::uint64_t step, int rank,
-                                     int world_size, const std::string& run_id, std::span<const staged_entry> entries,
-                                     std::uint64_t chunk_bytes = default_chunk_bytes, std::uint64_t epoch = 0) {
-  const auto pending = root.subdir(format::pending_dir_name(step));
-
+/// Lays out `entries` as one rank's part of `step`: each entry at a multiple of data_alignment,
+/// a CRC-32C per chunk of `chunk_bytes`; `write(bytes, n, offset)` is called with each chunk
+/// right after its checksum (while it is in cache). Returns the part's manifest.
+template <class Write>
+format::rank_manifest lay_out_part(std::uint64_t step, int rank, int world_size, const std::string& run_id,
+                                   std::span<const staged_entry> entries, std::uint64_t chunk_bytes, std::uint64_t epoch,
+                                   Write&& write) {
   format::rank_manifest m;
   m.step = step;
   m.rank = rank;
@@ -52,35 +52,49 @@ inline std::uint64_t write_rank_part(const internal::private_dir& root, std::uin
   m.run_id = run_id;
   m.chunk_bytes = chunk_bytes;
   m.epoch = epoch;
+  std::uint64_t offset = 0;
+  for (const auto& s : entries) {
+    const entry& e = *s.source;
+    format::entry_record r;
+    r.name = e.name;
+    r.kind = e.kind;
+    r.type = e.type;
+    r.element_bytes = e.element_bytes;
+    r.shape = e.kind == entry_kind::object ? std::vector<std::uint64_t>{s.bytes.size()} : e.shape;
+    r.where = e.where;
+    r.bytes = s.bytes.size();
+    r.offset = offset;
+    r.shard = e.shard;
+    for (std::uint64_t at = 0; at < r.bytes; at += chunk_bytes) {
+      const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(chunk_bytes, r.bytes - at));
+      const std::byte* p = s.bytes.data() + at;
+      r.crc.push_back(internal::crc32c(p, n));
+      write(p, n, offset + at);
+    }
+    offset += (r.bytes + data_alignment - 1) / data_alignment * data_alignment;
+    m.entries.push_back(std::move(r));
+  }
+  m.data_bytes = offset;
+  return m;
+}
+
+/// Writes this rank's part of `step` into the pending directory under `root`; durable when it
+/// returns. Returns the number of bytes of the data file.
+inline std::uint64_t write_rank_part(const internal::private_dir& root, std::uint64_t step, int rank,
+                                     int world_size, const std::string& run_id, std::span<const staged_entry> entries,
+                                     std::uint64_t chunk_bytes = default_chunk_bytes, std::uint64_t epoch = 0) {
+  const auto pending = root.subdir(format::pending_dir_name(step));
   const std::string data_name = format::rank_data_name(rank);
   const fs::path data_path = pending / data_name;
+  format::rank_manifest m;
   {
     auto fd = pending.create_file(data_name);
-    std::uint64_t offset = 0;
-    for (const auto& s : entries) {
-      const entry& e = *s.source;
-      format::entry_record r;
-      r.name = e.name;
-      r.kind = e.kind;
-      r.type = e.type;
-      r.element_bytes = e.element_bytes;
-      r.shape = e.kind == entry_kind::object ? std::vector<std::uint64_t>{s.bytes.size()} : e.shape;
-      r.where = e.where;
-      r.bytes = s.bytes.size();
-      r.offset = offset;
-      r.shard = e.shard;
-      for (std::uint64_t at = 0; at < r.bytes; at += chunk_bytes) {
-        const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(chunk_bytes, r.bytes - at));
-        const std::byte* p = s.bytes.data() + at;
-        r.crc.push_back(internal::crc32c(p, n));
-        internal::pwrite_all(fd.get(), p, n, offset + at, data_path);
-      }
-      offset += (r.bytes + data_alignment - 1) / data_alignment * data_alignment;
-      m.entries.push_back(std::move(r));
-    }
-    m.data_bytes = offset;
+    m = lay_out_part(step, rank, world_size, run_id, entries, chunk_bytes, epoch,
+                     [&](const std::byte* p, std::size_t n, std::uint64_t at) {
+                       internal::pwrite_all(fd.get(), p, n, at, data_path);
+                     });
     // Holes at the end would leave the file shorter than the manifest says.
-    if (::ftruncate(fd.get(), static_cast<off_t>(offset)) != 0) throw os_error("cannot size " + data_path.string());
+    if (::ftruncate(fd.get(), static_cast<off_t>(m.data_bytes)) != 0) throw os_error("cannot size " + data_path.string());
     internal::fsync_fd(fd.get(), data_path);
   }
   pending.write_atomic(format::rank_manifest_name(rank), format::encode(m));

@@ -131,7 +131,9 @@ class step_reader {
 
 /// Reassembles sharded entry `e`'s elements [offset, offset + count) into `out` from the slices
 /// of every old rank that overlaps them; throws errc::corrupt when they do not cover it.
-inline void read_shard(step_reader& reader, const entry& e, const std::vector<format::rank_manifest>& parts,
+/// `Reader`: step_reader, or any reader with its read_range (object storage's).
+template <class Reader>
+void read_shard(Reader& reader, const entry& e, const std::vector<format::rank_manifest>& parts,
                        const std::filesystem::path& sdir, std::byte* out) {
   const std::uint64_t eb = e.element_bytes, lo = e.shard->offset, hi = lo + e.bytes / eb;
   std::uint64_t covered = 0;
@@ -159,7 +161,8 @@ struct staged_state {
 
 /// Reads and verifies every entry of `st` from the step: replicated ones from part `home_rank`,
 /// sharded ones reassembled from every part. Uses `scratch` when it is large enough.
-inline staged_state stage_entries(const state& st, step_reader& reader, const std::vector<format::rank_manifest>& parts,
+template <class Reader>
+staged_state stage_entries(const state& st, Reader& reader, const std::vector<format::rank_manifest>& parts,
                                   int home_rank, const std::filesystem::path& sdir, std::span<std::byte> scratch) {
   const auto& home = parts[static_cast<std::size_t>(home_rank)];
   std::uint64_t total = 0;

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include <elastic/internal/json.hpp>
-#include <elastic/rendezvous/detail/curl.hpp>
+#include <elastic/internal/curl.hpp>
 #include <elastic/rendezvous/detail/etcd_gateway.hpp>
 #include <elastic/rendezvous/detail/etcd_reply.hpp>
 #include <elastic/rendezvous/key_feed.hpp>
@@ -134,7 +134,7 @@ class etcd_feed final : public key_feed {
     json body;
     body["create_request"] = std::move(create);
     const std::string text = body.dump();
-    curl_ptr h(::curl_easy_init());
+    internal::curl_ptr h(::curl_easy_init());
     if (!h) return false;
     auto hdrs = gateway_.headers(true);
     char errbuf[CURL_ERROR_SIZE];

@@ -34,7 +34,7 @@
 #include <elastic/internal/json.hpp>
 #include <elastic/internal/names.hpp>
 #include <elastic/error.hpp>
-#include <elastic/rendezvous/detail/curl.hpp>
+#include <elastic/internal/curl.hpp>
 #include <elastic/rendezvous/detail/etcd_reply.hpp>
 #include <elastic/rendezvous/etcd_options.hpp>
 #include <elastic/rendezvous/store_url.hpp>
@@ -57,7 +57,7 @@ class etcd_gateway {
     for (std::size_t i = 0; i < endpoints_.size(); ++i) url_ += (i ? "," : "") + endpoint_name(i);
     url_ = (tls_ ? "etcds://" : "etcd://") + url_;
     validate_options();
-    curl_global();
+    internal::curl_global();
     if (!options_.user.empty()) authenticate();
   }
 
@@ -163,11 +163,11 @@ class etcd_gateway {
 
    private:
     etcd_gateway& s_;
-    curl_ptr h_;
+    internal::curl_ptr h_;
   };
 
   /// The headers every request carries, and Authorization with our token when `with_token`.
-  curl_headers headers(bool with_token) {
+  internal::curl_headers headers(bool with_token) {
     curl_slist* l = ::curl_slist_append(nullptr, "Content-Type: application/json");
     if (l) l = ::curl_slist_append(l, "Expect:");  // no 100-continue round trip for large values
     if (with_token && !options_.user.empty() && l) {
@@ -175,7 +175,7 @@ class etcd_gateway {
       if (!token_.empty()) l = ::curl_slist_append(l, ("Authorization: " + token_).c_str());
     }
     if (!l) throw os_error("libcurl cannot make a header list", ENOMEM);  // its only reason to fail
-    return curl_headers(l);
+    return internal::curl_headers(l);
   }
 
   /// Prepares `h` for a POST of `body` to `path` on endpoint `ep` (curl copies the URL).
@@ -250,7 +250,7 @@ class etcd_gateway {
     }
   }
 
-  curl_ptr take_handle() {
+  internal::curl_ptr take_handle() {
     {
       std::lock_guard lk(pool_mutex_);
       if (!idle_.empty()) {
@@ -259,7 +259,7 @@ class etcd_gateway {
         return h;
       }
     }
-    curl_ptr h(::curl_easy_init());
+    internal::curl_ptr h(::curl_easy_init());
     if (!h) throw os_error("libcurl cannot make a handle", ENOMEM);  // its only reason to fail
     CURL* c = h.get();
     ::curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);  // no SIGALRM for timeouts: we live among threads
@@ -276,7 +276,7 @@ class etcd_gateway {
     return h;
   }
 
-  void give_back(curl_ptr h) noexcept {
+  void give_back(internal::curl_ptr h) noexcept {
     try {
       std::lock_guard lk(pool_mutex_);
       idle_.push_back(std::move(h));
@@ -421,7 +421,7 @@ class etcd_gateway {
   mutable std::atomic<std::uint64_t> requests_{0};  ///< counted in prepare(): every request sent
 
   std::mutex pool_mutex_;
-  std::vector<curl_ptr> idle_;
+  std::vector<internal::curl_ptr> idle_;
 
   std::mutex token_mutex_;
   std::string token_;

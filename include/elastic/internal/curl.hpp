@@ -1,5 +1,5 @@
 // libcurl's process-wide initialization and RAII owners for its easy handles and header lists,
-// for the etcd gateway client. Needs libcurl (the elastic::etcd target).
+// for the etcd gateway and the object-storage client. Needs libcurl (elastic::etcd, elastic::s3).
 #pragma once
 
 #include <curl/curl.h>
@@ -12,7 +12,7 @@
 
 #include <elastic/error.hpp>
 
-namespace elastic::inline v1::rendezvous::detail {
+namespace elastic::inline v1::internal {
 
 /// libcurl's global state, initialized once per process: it is process-wide by nature (its
 /// SSL library and resolver), and never cleaned up, since a handle may outlive any owner.
@@ -36,4 +36,4 @@ struct curl_slist_free {
 };
 using curl_headers = std::unique_ptr<curl_slist, curl_slist_free>;
 
-}  // namespace elastic::inline v1::rendezvous::detail
+}  // namespace elastic::inline v1::internal
