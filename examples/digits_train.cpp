@@ -75,7 +75,8 @@ struct options {
 
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
-               "digits_train: %s\nusage: digits_train [--data digits.csv] [--ckpt DIR] [--steps N] [--every N]\n"
+               "digits_train: %s\nusage: digits_train [--data digits.csv] [--ckpt DIR|s3://BUCKET/PREFIX] [--steps N]\n"
+               "                    [--every N] [--fault-marks PATH]\n"
                "                    [--step-sleep-ms MS] [--kill-rank R --kill-at S] [--hang-rank R --hang-at S]\n"
                "                    [--kill-together R1,R2 --kill-together-at S] [--zero1 1]\n"
                "                    [--slow-rank R --slow-factor F]\n",
@@ -106,7 +107,7 @@ options parse(int argc, char** argv) {
     else if (a == "--slow-factor") o.slow_factor = std::atof(v.c_str());
     else usage("unknown option " + a);
   }
-  o.faults.ckpt = o.ckpt;
+  if (o.faults.marks.empty()) o.faults.marks = o.ckpt;
   return o;
 }
 

@@ -21,12 +21,15 @@
 namespace examples {
 
 struct injected_faults {
-  std::string ckpt;  // the run's checkpoint directory: the marks live beside it
+  // Where the marks of faults suffered live: --fault-marks PATH, else beside the run's
+  // checkpoint directory (a local path: with an s3:// directory the caller gives one).
+  std::string marks;
   long kill_rank = -1, kill_at = -1, hang_rank = -1, hang_at = -1;
   long together[2] = {-1, -1}, together_at = -1;
 
   static constexpr const char* usage =
-      "[--kill-rank R --kill-at S] [--kill-together R1,R2 --kill-together-at S] [--hang-rank R --hang-at S]";
+      "[--kill-rank R --kill-at S] [--kill-together R1,R2 --kill-together-at S] [--hang-rank R --hang-at S] "
+      "[--fault-marks PATH]";
 
   /// Takes `flag value` when it is one of the above (false: not a fault flag). `number` parses
   /// the value or exits with a usage error.
@@ -37,6 +40,7 @@ struct injected_faults {
     else if (flag == "--hang-rank") hang_rank = number();
     else if (flag == "--hang-at") hang_at = number();
     else if (flag == "--kill-together-at") together_at = number();
+    else if (flag == "--fault-marks") marks = value;
     else if (flag == "--kill-together") {
       if (std::sscanf(value.c_str(), "%ld,%ld", &together[0], &together[1]) != 2) {
         std::fprintf(stderr, "--kill-together takes R1,R2\n");
@@ -50,7 +54,7 @@ struct injected_faults {
 
   /// Whether worker `slot` has yet to suffer fault `tag` in this run; marks it suffered.
   [[nodiscard]] bool first_time(const char* tag, long slot) const {
-    const std::string mark = ckpt + ".injected-" + tag + "-" + std::to_string(slot);
+    const std::string mark = marks + ".injected-" + tag + "-" + std::to_string(slot);
     const int fd = ::open(mark.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0600);
     if (fd < 0) return false;
     ::close(fd);

@@ -68,7 +68,7 @@ options parse(int argc, char** argv) {
     else if (!o.faults.take(a, v, [&] { return static_cast<long>(n()); })) usage("unknown option " + a);
   }
   if (o.micro_batches == 0 || o.micro_batches > o.global_batch) usage("--micro-batches must be 1 .. --global-batch");
-  o.faults.ckpt = o.ckpt;
+  if (o.faults.marks.empty()) o.faults.marks = o.ckpt;
   return o;
 }
 

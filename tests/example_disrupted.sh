@@ -5,6 +5,8 @@
 # holding its replica), a worker hung until the watchdog kills it, and a SIGTERM to the launcher
 # followed by a resume; the final weights must match bit for bit.
 #   tests/example_disrupted.sh ELASTIC_RUN TRAINER [TRAINER ARGS...]   (e.g. --zero1 1)
+# CKPT_BASE=URL: the checkpoints under URL (an s3:// prefix: tests/example_disrupted_s3.sh) instead
+# of the work directory.
 # WORKERS=N in the environment: N workers instead of 3 (4: the group goes 4 -> 3 -> 4 at the kill);
 # STEP_TIMEOUT=S: the step deadline, 2 s by default (a heavier trainer on a loaded machine needs
 # more, or healthy ranks are killed too and the run runs out of restarts).
@@ -19,7 +21,8 @@ launcher=("$run" --nproc-per-node "${WORKERS:-3}" --min-ranks 2 --max-restarts 5
           --log-dir "$work/logs")
 # 600 steps: the hung worker is killed at its deadline while the others go on without it,
 # and the SIGTERM must still find the run going after that (300 steps were done first at times).
-trainer=("$train" --steps 600 --every 20 --step-sleep-ms 5 "$@")
+trainer=("$train" --steps 600 --every 20 --step-sleep-ms 5 --fault-marks "$work/marks" "$@")
+ckpt="${CKPT_BASE:-$work}"
 # The weights of the run that finished (logs are appended across runs, and the rank that was the
 # group's rank 0 at a preemption may be any slot: its "preempted" line can come later in file order).
 crc() { grep -h "^finished at step .* weights crc32c" "$work/logs/$1"/rank-*.log | tail -1 | awk '{print $NF}'; }
@@ -28,9 +31,9 @@ crc() { grep -h "^finished at step .* weights crc32c" "$work/logs/$1"/rank-*.log
 ref=ref-$$
 hit=hit-$$
 
-"${launcher[@]}" --run-id "$ref" -- "${trainer[@]}" --ckpt "$work/ref" 2>/dev/null
+"${launcher[@]}" --run-id "$ref" -- "${trainer[@]}" --ckpt "$ckpt/ref" 2>/dev/null
 
-"${launcher[@]}" --run-id "$hit" -- "${trainer[@]}" --ckpt "$work/hit" \
+"${launcher[@]}" --run-id "$hit" -- "${trainer[@]}" --ckpt "$ckpt/hit" \
   --kill-rank 2 --kill-at 60 --kill-together 0,1 --kill-together-at 100 --hang-rank 1 --hang-at 150 \
   2>"$work/hit.err" &
 pid=$!
@@ -61,7 +64,7 @@ grep -q "watchdog kills   1" "$work/hit.err" || { echo "FAIL: the hang was not k
 grep -q "failures         4" "$work/hit.err" ||
   { echo "FAIL: want 4 failures (a kill, two together, a hang)" >&2; exit 1; }
 
-"${launcher[@]}" --run-id "$hit" -- "${trainer[@]}" --ckpt "$work/hit" 2>/dev/null
+"${launcher[@]}" --run-id "$hit" -- "${trainer[@]}" --ckpt "$ckpt/hit" 2>/dev/null
 if [[ " $* " == *" --zero1 1 "* ]]; then
   # The momentum slices followed the group: a dead rank's from its successor's replica, and
   # from the checkpoint when a rank and that successor died together.
