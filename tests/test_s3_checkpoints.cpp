@@ -5,10 +5,16 @@
 // damage (a flipped byte, a truncated or missing object) skipped with an event and moved aside,
 // retention (manifest first) and the sweep of uploads a crash left open, and the errors a user
 // meets first: no bucket, wrong keys, no server.
+#include <signal.h>
+
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <memory>
+#include <random>
+#include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <elastic/checkpoint.hpp>
@@ -18,6 +24,7 @@
 
 #include "support/catch.hpp"
 #include "support/errors.hpp"
+#include "support/process.hpp"
 #include "support/radosgw_server.hpp"
 
 namespace ck = elastic::checkpoint;
@@ -119,7 +126,7 @@ TEST_CASE("object storage: a step saved to s3:// restores bit-identical, large d
   save(a, dir, 40);
   const auto listed = names(dir);
   CHECK(std::find(listed.begin(), listed.end(), "step-000000000040/manifest.json") != listed.end());
-  CHECK(std::find(listed.begin(), listed.end(), "step-000000000040/w1-e0/rank-00000.data") != listed.end());
+  CHECK(std::find(listed.begin(), listed.end(), "step-000000000040/" + objects::object_dir::parts_folder("s3-test", 1, 0) + "/rank-00000.data") != listed.end());
 
   model b(6'000'000, 0);
   ck::checkpointer c(b.st, opts(dir));
@@ -141,7 +148,7 @@ TEST_CASE("object storage: a flipped byte, a truncated or a missing object is sk
       a.fill(2);
       save(a, dir, 20);
       objects::object_dir d(dir);
-      const std::string data = "step-000000000020/w1-e0/rank-00000.data";
+      const std::string data = "step-000000000020/" + objects::object_dir::parts_folder("s3-test", 1, 0) + "/rank-00000.data";
       auto bytes = d.client().get(data);
       REQUIRE(bytes.has_value());
       if (damage == "flip") {
@@ -169,26 +176,53 @@ TEST_CASE("object storage: a flipped byte, a truncated or a missing object is sk
   }
 }
 
-TEST_CASE("object storage: of two writers of one step only one commits; a retried commit of the same parts is no conflict") {
+TEST_CASE("object storage: a step committed while another writer runs is never overwritten by it, one committed "
+          "before it started is replaced") {
   NEED_SERVER();
+  elastic::test::temp_dir tmp;
+  const std::string events = tmp.file("events.jsonl");
   const std::string dir = fresh_dir();
-  model a(1000, 1);
+  model a(1000, 1), b(1000, 2);
+  auto other = [&](const std::string& run) {
+    auto o = opts(dir, events);
+    o.run_id = run;
+    return o;
+  };
+  // Our own commit again (a retry whose first answer was lost): the same run and parts.
   save(a, dir, 5);
   objects::object_dir d(dir);
-  ck::format::step_manifest mine;
-  mine.step = 5;
-  mine.world_size = 1;
-  mine.run_id = "s3-test";
-  mine.time = "2100-01-01T00:00:00Z";
-  // The same run and parts again (our own write whose answer was lost): committed.
-  CHECK(objects::commit_step(d, mine, std::chrono::seconds(5)));
-  // Another run's writer, live: refused, the step left as it was.
-  auto other = mine;
-  other.run_id = "another-job";
-  CHECK(error_of([&] { (void)objects::commit_step(d, other, std::chrono::seconds(5), {}, nullptr, 0, "2000-01-01T00:00:00Z"); }).code() ==
-        errc::mismatch);
-  // ...unless that step was written before this writer started (an earlier incarnation's).
-  // (The parts it names are run s3-test's, so this writer waits for parts of its own run.)
+  ck::format::step_manifest again;
+  again.step = 5;
+  again.run_id = "s3-test";
+  again.time = "2100-01-01T00:00:00Z";
+  CHECK(objects::commit_step(d, again, std::chrono::seconds(5)));
+
+  // A second job given the same directory, running while step 7 is committed by the first: its
+  // own commit of step 7 is refused, and the first job's step 7 stands.
+  {
+    ck::checkpointer live(b.st, other("another-job"));
+    save(a, dir, 7);
+    live.snapshot(7);
+    live.before_update();
+    const auto e = error_of([&] { live.wait_durable(); });
+    CHECK(e.code() == errc::mismatch);
+    CHECK(e.message().find("another writer") != std::string::npos);
+  }
+  model check(1000, 0);
+  CHECK(objects::load_step(d, 7, check.st, 0).run_id == "s3-test");
+  CHECK(check.same_as(a));
+
+  // A writer that started after step 5 was committed and writes step 5 again (it went back
+  // below it) replaces it, as a POSIX directory's rename does: the step is then its own.
+  {
+    ck::checkpointer later(b.st, other("another-job"));
+    later.snapshot(5);
+    later.before_update();
+    later.wait_durable();
+  }
+  CHECK(objects::load_step(d, 5, check.st, 0).run_id == "another-job");
+  CHECK(check.same_as(b));
+  CHECK(slurp(events).find("\"checkpoint_replaced\"") != std::string::npos);
 }
 
 TEST_CASE("object storage: retention keeps the newest steps, and sweeps parts and uploads a crash left") {
@@ -196,8 +230,9 @@ TEST_CASE("object storage: retention keeps the newest steps, and sweeps parts an
   const std::string dir = fresh_dir();
   objects::object_dir d(dir);
   // What a writer killed during step 15 leaves: a part without a manifest, an upload left open.
-  d.client().put("step-000000000015/w1-e0/rank-00000.data", std::string(100, 'x'));
-  const std::string upload = d.client().start_upload("step-000000000015/w1-e0/rank-00001.data");
+  const std::string parts = "step-000000000015/" + objects::object_dir::parts_folder("s3-test", 1, 0);
+  d.client().put(parts + "/rank-00000.data", std::string(100, 'x'));
+  (void)d.client().start_upload(parts + "/rank-00001.data");
   model a(1000, 1);
   for (std::uint64_t s = 10; s <= 40; s += 10) save(a, dir, s, {}, 2);
   const auto listed = names(dir);
@@ -251,4 +286,109 @@ TEST_CASE("object storage: no bucket, wrong keys and no server are refused up fr
   const auto down = error_of([&] { objects::object_dir d(dir, quick); (void)d.client().list(); });
   ::setenv("AWS_ENDPOINT_URL", endpoint.c_str(), 1);
   CHECK(down.code() == errc::unavailable);
+}
+
+namespace {
+
+using namespace std::chrono_literals;
+
+std::uint64_t start_step(elastic::test::child_process& w) {
+  const auto line = w.read_line(60s);
+  REQUIRE(line);
+  REQUIRE(line->rfind("start ", 0) == 0);
+  return std::stoull(line->substr(6));
+}
+
+std::string end_checksum(elastic::test::child_process& w) {
+  const auto line = w.read_line(300s);
+  REQUIRE(line);
+  REQUIRE(line->rfind("end ", 0) == 0);  // end REASON STEP CHECKSUM ...
+  std::istringstream in(line->substr(4));
+  std::string reason, step, checksum;
+  in >> reason >> step >> checksum;
+  return checksum;
+}
+
+}  // namespace
+
+TEST_CASE("object storage: SIGKILL at random moments of uploads and retention never loses a committed step, and the "
+          "run still ends bit-exact") {
+  NEED_SERVER();
+  elastic::test::temp_dir tmp;
+  const std::string events = tmp.file("events.jsonl");
+  const std::string dir = fresh_dir("job/ckpt");
+  // 6 MB of state (1.5 M floats, weights and moments) in parts of 5 MiB: every step's data goes
+  // as a multipart upload of two parallel parts, then its manifest, then retention (keep 2).
+  const std::vector<std::string> extra{"--size", "750000", "--keep", "2"};
+  const std::vector<std::pair<std::string, std::string>> env{{"ELASTIC_EVENTS", events},
+                                                             {"ELASTIC_S3_PART_BYTES", "5242880"}};
+  auto trainer = [&](std::uint64_t steps, std::uint64_t every) {
+    std::vector<std::string> argv{ELASTIC_TRAIN_WORKER, dir, std::to_string(steps), std::to_string(every)};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return elastic::test::child_process::spawn(argv, env);
+  };
+  const std::string step_prefix = "\"dir\":\"" + dir + "/step-";
+  auto newest_announced = [&] {
+    std::uint64_t newest = 0;
+    for (const auto& line : elastic::test::events_named(events, "checkpoint_commit")) {
+      const auto at = line.find(step_prefix);
+      if (at != std::string::npos) newest = std::max<std::uint64_t>(newest, std::stoull(line.substr(at + step_prefix.size(), 12)));
+    }
+    return newest;
+  };
+  objects::object_dir d(dir);
+  std::mt19937 rng(31);
+  std::uniform_int_distribution<long> delay_ms(0, 600);
+  const int trials = 30;
+  std::uint64_t last = 0;
+  int writing = 0, uploads_open = 0, retaining = 0;
+  for (int t = 0; t < trials; ++t) {
+    INFO("trial " << t);
+    auto w = trainer(1000000000, 1);
+    // It resumes from the newest step committed before the kill: never an older one (nothing
+    // committed was lost), never a partial one (every chunk is verified).
+    CHECK(start_step(w) == last);
+    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms(rng)));
+    w.kill(SIGKILL);
+    REQUIRE(w.wait_for(30s));
+    const auto listing = d.client().list();
+    const auto committed = objects::list_steps(listing);
+    last = committed.empty() ? 0 : committed.front();
+    CHECK(last >= newest_announced());
+    for (const auto step : committed) CHECK_NOTHROW(objects::open_step(d, step));
+    // Where the kill landed: a step being written, an upload open, old steps not yet deleted.
+    for (const auto& o : listing) {
+      const auto step = ck::format::parse_step_dir(std::string_view(o.name).substr(0, 17));
+      if (step && *step > last) {
+        ++writing;
+        break;
+      }
+    }
+    uploads_open += !d.client().uploads().empty();
+    retaining += committed.size() > 2;
+  }
+  INFO(writing << " kills amid a step's writing, " << uploads_open << " with an upload open, " << retaining
+               << " amid retention");
+  CHECK(last > 0);
+  CHECK(writing >= trials / 5);
+  CHECK(elastic::test::events_named(events, "checkpoint_skipped").empty());
+
+  // The interrupted run, finished, equals an undisturbed run of the same length (no checkpoints).
+  const std::uint64_t steps = last + 5;
+  auto w = trainer(steps, 1);
+  CHECK(start_step(w) == last);
+  const std::string got = end_checksum(w);
+  CHECK(w.exit_code(30s) == 0);
+  auto ref = elastic::test::child_process::spawn(
+      {ELASTIC_TRAIN_WORKER, tmp.file("ref"), std::to_string(steps), "0", "--size", "750000", "--no-final"});
+  CHECK(start_step(ref) == 0);
+  CHECK(got == end_checksum(ref));
+  CHECK(ref.exit_code(30s) == 0);
+  // Afterwards: the newest two steps, no part of an older or unfinished step, no upload open.
+  CHECK(objects::list_steps(d) == std::vector<std::uint64_t>{steps, steps - 1});
+  for (const auto& o : d.client().list()) {
+    const auto step = ck::format::parse_step_dir(std::string_view(o.name).substr(0, 17));
+    CHECK((step && (*step == steps || *step == steps - 1)));
+  }
+  CHECK(d.client().uploads().empty());
 }

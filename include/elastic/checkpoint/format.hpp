@@ -11,8 +11,9 @@
 // In object storage (s3://BUCKET/PREFIX, gs://...; detail/s3_steps.hpp) nothing is renamed:
 //
 //   PREFIX/step-000000000100/manifest.json          the commit: written last, only if absent
-//   PREFIX/step-000000000100/w4-e7/rank-00000.json  the parts of a world of 4 in epoch 7 (the
-//   PREFIX/step-000000000100/w4-e7/rank-00000.data  manifest's "parts" names the folder it took)
+//   PREFIX/step-000000000100/job7-5f3a09c1-w4-e7/rank-00000.json  the parts of run job7 (and
+//   PREFIX/step-000000000100/job7-5f3a09c1-w4-e7/rank-00000.data  its CRC-32C) in a world of 4,
+//                                                   epoch 7; the manifest's "parts" names them
 //   PREFIX/corrupt-step-000000000300/manifest.json  an unreadable step's manifest, moved aside
 //                                                   (its parts are then never deleted)
 //

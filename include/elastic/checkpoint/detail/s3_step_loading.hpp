@@ -74,34 +74,41 @@ class object_step_reader {
     const std::string name = step_.folder + format::rank_data_name(r);
     check_size(r, name, part);
     const std::uint64_t cb = part.chunk_bytes;
+    // One GET per run of whole chunks of about a part's size: fewer, larger requests stream
+    // better than one per chunk; each chunk in it is still verified on its own.
+    const std::uint64_t per = std::max<std::uint64_t>(1, dir_.transfer().part_bytes / cb);
     struct job {
-      std::uint64_t chunk, c0, c1;
-      std::byte* dst;
-      std::vector<std::byte> partial;  // a chunk only partly wanted is fetched and verified whole
+      std::uint64_t first, end;  // chunks [first, end)
+      std::uint64_t b0, b1;      // their bytes in the entry
+      std::vector<std::byte> partial;  // when the run reaches outside [from, to): fetched whole here
     };
     std::vector<job> jobs;
-    for (std::uint64_t c = from / cb; c * cb < to; ++c) {
-      const std::uint64_t c0 = c * cb, c1 = std::min(c0 + cb, rec.bytes);
-      job j{c, c0, c1, out + (std::max(from, c0) - from), {}};
-      if (c0 < from || c1 > to) j.partial.resize(static_cast<std::size_t>(c1 - c0));
+    for (std::uint64_t c = from / cb; c * cb < to; c += per) {
+      job j{c, 0, c * cb, 0, {}};
+      j.end = std::min(c + per, (to + cb - 1) / cb);
+      j.b1 = std::min(j.end * cb, rec.bytes);
+      if (j.b0 < from || j.b1 > to) j.partial.resize(static_cast<std::size_t>(j.b1 - j.b0));
       jobs.push_back(std::move(j));
     }
     parallel_for(jobs.size(), dir_.transfer().connections, [&](std::size_t i) {
       auto& j = jobs[i];
-      std::byte* dst = j.partial.empty() ? j.dst : j.partial.data();
-      const std::size_t n = static_cast<std::size_t>(j.c1 - j.c0);
-      dir_.client().get_range(name, rec.offset + j.c0, {dst, n});
-      const std::uint32_t crc = internal::crc32c(dst, n);
-      if (crc != rec.crc[static_cast<std::size_t>(j.chunk)]) {
-        throw error(errc::corrupt, fmt::format("{}: entry '{}' bytes {}..{} fail their checksum (stored {:08x}, read {:08x})",
-                                               dir_.url_of(name), rec.name, j.c0, j.c1,
-                                               rec.crc[static_cast<std::size_t>(j.chunk)], crc));
+      std::byte* buf = j.partial.empty() ? out + (j.b0 - from) : j.partial.data();
+      dir_.client().get_range(name, rec.offset + j.b0, {buf, static_cast<std::size_t>(j.b1 - j.b0)});
+      for (std::uint64_t c = j.first; c < j.end; ++c) {
+        const std::uint64_t c0 = c * cb, c1 = std::min(c0 + cb, rec.bytes);
+        const std::uint32_t crc = internal::crc32c(buf + (c0 - j.b0), static_cast<std::size_t>(c1 - c0));
+        if (crc != rec.crc[static_cast<std::size_t>(c)]) {
+          throw error(errc::corrupt, fmt::format("{}: entry '{}' bytes {}..{} fail their checksum (stored {:08x}, read "
+                                                 "{:08x})",
+                                                 dir_.url_of(name), rec.name, c0, c1, rec.crc[static_cast<std::size_t>(c)],
+                                                 crc));
+        }
       }
     });
     for (auto& j : jobs) {
       if (j.partial.empty()) continue;
-      const std::uint64_t a = std::max(from, j.c0), b = std::min(to, j.c1);
-      std::memcpy(j.dst, j.partial.data() + (a - j.c0), static_cast<std::size_t>(b - a));
+      const std::uint64_t a = std::max(from, j.b0), b = std::min(to, j.b1);
+      std::memcpy(out + (a - from), j.partial.data() + (a - j.b0), static_cast<std::size_t>(b - a));
     }
   }
 

@@ -3,7 +3,8 @@
 // do not have. Needs libcurl (elastic::s3, ELASTIC_WITH_S3).
 //
 // The commit: each rank uploads its data (one object; a multipart upload of parallel parts
-// when large), then its rank manifest, both under the step's parts folder `w<world>-e<epoch>`.
+// when large), then its rank manifest, both under the step's parts folder (the run id, the
+// world size and the epoch: RUN-CRC-w<world>-e<epoch>).
 // Rank 0 lists that folder until every rank's manifest is there and verifies each, then writes
 // step-N/manifest.json with If-None-Match: * (so of two writers only one commits) naming the
 // folder it took. Readers see a step only once its manifest is there, and check every chunk's
@@ -43,6 +44,7 @@
 #include <elastic/error.hpp>
 #include <elastic/events.hpp>
 #include <elastic/internal/crc32c.hpp>
+#include <elastic/internal/env.hpp>
 
 namespace elastic::inline v1::checkpoint::detail::objects {
 
@@ -51,13 +53,23 @@ namespace elastic::inline v1::checkpoint::detail::objects {
 struct transfer_options {
   std::uint64_t part_bytes = 16u << 20;
   int connections = 8;
+
+  /// The defaults, or ELASTIC_S3_PART_BYTES (5 MiB, S3's least, to 5 GiB) and
+  /// ELASTIC_S3_CONNECTIONS (1 to 64) where set; a malformed value is an error naming it.
+  static transfer_options from_env() {
+    transfer_options t;
+    if (auto v = internal::env_int("ELASTIC_S3_PART_BYTES", 5ll << 20, 5ll << 30)) t.part_bytes = static_cast<std::uint64_t>(*v);
+    if (auto v = internal::env_int("ELASTIC_S3_CONNECTIONS", 1, 64)) t.connections = static_cast<int>(*v);
+    return t;
+  }
 };
 
 /// A checkpoint directory in object storage: the client and the names of the layout.
 class object_dir {
  public:
   /// Resolves `url`'s endpoint, region and keys from the environment (object_location.hpp).
-  explicit object_dir(std::string_view url, client_options client = {}, transfer_options transfer = {})
+  explicit object_dir(std::string_view url, client_options client = {},
+                      transfer_options transfer = transfer_options::from_env())
       : client_(parse_location(url), resolve_credentials(parse_location(url)), client), transfer_(transfer) {
     if (transfer_.part_bytes < (5u << 20) || transfer_.connections < 1) {
       throw error(errc::invalid_argument, "object storage: parts must be at least 5 MiB (S3's minimum), connections >= 1");
@@ -74,7 +86,19 @@ class object_dir {
   static std::string manifest_name(std::uint64_t step) {
     return format::step_dir_name(step) + "/" + std::string(format::step_manifest_name);
   }
-  static std::string parts_folder(int world_size, std::uint64_t epoch) { return fmt::format("w{}-e{}", world_size, epoch); }
+  /// The folder of a step's parts written by run `run_id` in a world of `world_size`, epoch
+  /// `epoch`: another run (a second job given the same directory) or another world never
+  /// writes over the parts a committed manifest names.
+  static std::string parts_folder(std::string_view run_id, int world_size, std::uint64_t epoch) {
+    std::string safe;
+    for (const char c : run_id.substr(0, 48)) {
+      const bool plain = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+                         c == '_' || c == '.';
+      safe.push_back(plain ? c : '_');
+    }
+    if (safe.empty() || safe.front() == '.') safe.insert(0, "run");
+    return fmt::format("{}-{:08x}-w{}-e{}", safe, internal::crc32c(run_id.data(), run_id.size()), world_size, epoch);
+  }
   static std::string part_name(std::uint64_t step, std::string_view folder, std::string_view file) {
     return fmt::format("{}/{}/{}", format::step_dir_name(step), folder, file);
   }
@@ -165,7 +189,7 @@ inline std::uint64_t write_rank_part(object_dir& dir, std::uint64_t step, int ra
     at = r.offset + r.bytes;
   }
   if (m.data_bytes > at) body.pieces.push_back({nullptr, m.data_bytes - at});
-  const std::string folder = object_dir::parts_folder(world_size, epoch);
+  const std::string folder = object_dir::parts_folder(run_id, world_size, epoch);
   upload(dir, object_dir::part_name(step, folder, format::rank_data_name(rank)), body);
   dir.client().put(object_dir::part_name(step, folder, format::rank_manifest_name(rank)), format::encode(m));
   return m.data_bytes;
@@ -182,7 +206,7 @@ inline bool commit_step(object_dir& dir, format::step_manifest manifest, std::ch
                         std::uint64_t epoch = 0, const std::string& replace_before = {}) {
   auto& c = dir.client();
   const std::uint64_t step = manifest.step;
-  manifest.parts = object_dir::parts_folder(manifest.world_size, epoch);
+  manifest.parts = object_dir::parts_folder(manifest.run_id, manifest.world_size, epoch);
   const std::string folder = format::step_dir_name(step) + "/" + manifest.parts + "/";
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   std::vector<bool> verified(static_cast<std::size_t>(manifest.world_size), false);
