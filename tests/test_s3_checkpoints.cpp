@@ -356,21 +356,21 @@ TEST_CASE("object storage: SIGKILL at random moments of uploads and retention ne
     last = committed.empty() ? 0 : committed.front();
     CHECK(last >= newest_announced());
     for (const auto step : committed) CHECK_NOTHROW(objects::open_step(d, step));
-    // Where the kill landed: a step being written, an upload open, old steps not yet deleted.
+    // Where the kill landed: a step being written (its objects or an upload open), old steps
+    // not yet deleted.
+    bool amid = !d.client().uploads().empty();
+    uploads_open += amid;
     for (const auto& o : listing) {
       const auto step = ck::format::parse_step_dir(std::string_view(o.name).substr(0, 17));
-      if (step && *step > last) {
-        ++writing;
-        break;
-      }
+      if (step && *step > last) amid = true;
     }
-    uploads_open += !d.client().uploads().empty();
+    writing += amid;
     retaining += committed.size() > 2;
   }
   INFO(writing << " kills amid a step's writing, " << uploads_open << " with an upload open, " << retaining
                << " amid retention");
   CHECK(last > 0);
-  CHECK(writing >= trials / 5);
+  CHECK(writing >= trials / 3);  // aimed, not lucky
   CHECK(elastic::test::events_named(events, "checkpoint_skipped").empty());
 
   // The interrupted run, finished, equals an undisturbed run of the same length (no checkpoints).
