@@ -119,173 +119,170 @@ std::string slurp(const std::string& path) {
 
 }  // namespace
 
-TEST_CASE("object storage: a step saved to s3:// restores bit-identical, large data in parallel parts") {
+TEST_CASE("object storage against a real radosgw: round trips, commits, damage, retention and errors") {
+  // One test case of sections, so that the server (~12 s to start) starts once for all of them.
   NEED_SERVER();
-  const std::string dir = fresh_dir();
-  model a(6'000'000, 3);  // 24 MB of floats: a multipart upload of two 16 MiB parts
-  save(a, dir, 40);
-  const auto listed = names(dir);
-  CHECK(std::find(listed.begin(), listed.end(), "step-000000000040/manifest.json") != listed.end());
-  CHECK(std::find(listed.begin(), listed.end(), "step-000000000040/" + objects::object_dir::parts_folder("s3-test", 1, 0) + "/rank-00000.data") != listed.end());
+  SECTION("a step saved to s3:// restores bit-identical, large data in parallel parts") {
+    const std::string dir = fresh_dir();
+    model a(6'000'000, 3);  // 24 MB of floats: a multipart upload of two 16 MiB parts
+    save(a, dir, 40);
+    const auto listed = names(dir);
+    CHECK(std::find(listed.begin(), listed.end(), "step-000000000040/manifest.json") != listed.end());
+    CHECK(std::find(listed.begin(), listed.end(), "step-000000000040/" + objects::object_dir::parts_folder("s3-test", 1, 0) + "/rank-00000.data") != listed.end());
 
-  model b(6'000'000, 0);
-  ck::checkpointer c(b.st, opts(dir));
-  const auto m = c.restore();
-  REQUIRE(m.has_value());
-  CHECK(m->step == 40);
-  CHECK(b.same_as(a));
-}
+    model b(6'000'000, 0);
+    ck::checkpointer c(b.st, opts(dir));
+    const auto m = c.restore();
+    REQUIRE(m.has_value());
+    CHECK(m->step == 40);
+    CHECK(b.same_as(a));
+  }
 
-TEST_CASE("object storage: a flipped byte, a truncated or a missing object is skipped with an event and moved aside") {
-  NEED_SERVER();
-  elastic::test::temp_dir tmp;
-  const std::string events = tmp.file("events.jsonl");
-  for (const std::string damage : {"flip", "truncate", "missing"}) {
-    DYNAMIC_SECTION(damage) {
-      const std::string dir = fresh_dir();
-      model a(300000, 1);
-      save(a, dir, 10);
-      a.fill(2);
-      save(a, dir, 20);
-      objects::object_dir d(dir);
-      const std::string data = "step-000000000020/" + objects::object_dir::parts_folder("s3-test", 1, 0) + "/rank-00000.data";
-      auto bytes = d.client().get(data);
-      REQUIRE(bytes.has_value());
-      if (damage == "flip") {
-        (*bytes)[5000] = static_cast<char>((*bytes)[5000] ^ 0x40);
-        d.client().put(data, *bytes);
-      } else if (damage == "truncate") {
-        d.client().put(data, std::string_view(*bytes).substr(0, bytes->size() / 2));
-      } else {
-        d.client().erase(data);
+  SECTION("a flipped byte, a truncated or a missing object is skipped with an event and moved aside") {
+    elastic::test::temp_dir tmp;
+    const std::string events = tmp.file("events.jsonl");
+    for (const std::string damage : {"flip", "truncate", "missing"}) {
+      DYNAMIC_SECTION(damage) {
+        const std::string dir = fresh_dir();
+        model a(300000, 1);
+        save(a, dir, 10);
+        a.fill(2);
+        save(a, dir, 20);
+        objects::object_dir d(dir);
+        const std::string data = "step-000000000020/" + objects::object_dir::parts_folder("s3-test", 1, 0) + "/rank-00000.data";
+        auto bytes = d.client().get(data);
+        REQUIRE(bytes.has_value());
+        if (damage == "flip") {
+          (*bytes)[5000] = static_cast<char>((*bytes)[5000] ^ 0x40);
+          d.client().put(data, *bytes);
+        } else if (damage == "truncate") {
+          d.client().put(data, std::string_view(*bytes).substr(0, bytes->size() / 2));
+        } else {
+          d.client().erase(data);
+        }
+        model b(300000, 0);
+        ck::checkpointer c(b.st, opts(dir, events));
+        const auto m = c.restore();
+        REQUIRE(m.has_value());
+        CHECK(m->step == 10);
+        model expect(300000, 1);
+        CHECK(b.same_as(expect));
+        const std::string said = slurp(events);
+        CHECK(said.find("\"checkpoint_skipped\"") != std::string::npos);
+        CHECK(said.find("\"checkpoint_quarantined\"") != std::string::npos);
+        const auto listed = names(dir);
+        CHECK(std::find(listed.begin(), listed.end(), "step-000000000020/manifest.json") == listed.end());
+        CHECK(std::find(listed.begin(), listed.end(), "corrupt-step-000000000020/manifest.json") != listed.end());
       }
-      model b(300000, 0);
-      ck::checkpointer c(b.st, opts(dir, events));
-      const auto m = c.restore();
-      REQUIRE(m.has_value());
-      CHECK(m->step == 10);
-      model expect(300000, 1);
-      CHECK(b.same_as(expect));
-      const std::string said = slurp(events);
-      CHECK(said.find("\"checkpoint_skipped\"") != std::string::npos);
-      CHECK(said.find("\"checkpoint_quarantined\"") != std::string::npos);
-      const auto listed = names(dir);
-      CHECK(std::find(listed.begin(), listed.end(), "step-000000000020/manifest.json") == listed.end());
-      CHECK(std::find(listed.begin(), listed.end(), "corrupt-step-000000000020/manifest.json") != listed.end());
     }
   }
-}
 
-TEST_CASE("object storage: a step committed while another writer runs is never overwritten by it, one committed "
-          "before it started is replaced") {
-  NEED_SERVER();
-  elastic::test::temp_dir tmp;
-  const std::string events = tmp.file("events.jsonl");
-  const std::string dir = fresh_dir();
-  model a(1000, 1), b(1000, 2);
-  auto other = [&](const std::string& run) {
-    auto o = opts(dir, events);
-    o.run_id = run;
-    return o;
-  };
-  // Our own commit again (a retry whose first answer was lost): the same run and parts.
-  save(a, dir, 5);
-  objects::object_dir d(dir);
-  ck::format::step_manifest again;
-  again.step = 5;
-  again.run_id = "s3-test";
-  again.time = "2100-01-01T00:00:00Z";
-  CHECK(objects::commit_step(d, again, std::chrono::seconds(5)));
+  SECTION("a step committed while another writer runs is kept; one committed before it started is replaced") {
+    elastic::test::temp_dir tmp;
+    const std::string events = tmp.file("events.jsonl");
+    const std::string dir = fresh_dir();
+    model a(1000, 1), b(1000, 2);
+    auto other = [&](const std::string& run) {
+      auto o = opts(dir, events);
+      o.run_id = run;
+      return o;
+    };
+    // Our own commit again (a retry whose first answer was lost): the same run and parts.
+    save(a, dir, 5);
+    objects::object_dir d(dir);
+    ck::format::step_manifest again;
+    again.step = 5;
+    again.run_id = "s3-test";
+    again.time = "2100-01-01T00:00:00Z";
+    CHECK(objects::commit_step(d, again, std::chrono::seconds(5)));
 
-  // A second job given the same directory, running while step 7 is committed by the first: its
-  // own commit of step 7 is refused, and the first job's step 7 stands.
-  {
-    ck::checkpointer live(b.st, other("another-job"));
-    save(a, dir, 7);
-    live.snapshot(7);
-    live.before_update();
-    const auto e = error_of([&] { live.wait_durable(); });
-    CHECK(e.code() == errc::mismatch);
-    CHECK(e.message().find("another writer") != std::string::npos);
+    // A second job given the same directory, running while step 7 is committed by the first: its
+    // own commit of step 7 is refused, and the first job's step 7 stands.
+    {
+      ck::checkpointer live(b.st, other("another-job"));
+      save(a, dir, 7);
+      live.snapshot(7);
+      live.before_update();
+      const auto e = error_of([&] { live.wait_durable(); });
+      CHECK(e.code() == errc::mismatch);
+      CHECK(e.message().find("another writer") != std::string::npos);
+    }
+    model check(1000, 0);
+    CHECK(objects::load_step(d, 7, check.st, 0).run_id == "s3-test");
+    CHECK(check.same_as(a));
+
+    // A writer that started after step 5 was committed and writes step 5 again (it went back
+    // below it) replaces it, as a POSIX directory's rename does: the step is then its own.
+    {
+      ck::checkpointer later(b.st, other("another-job"));
+      later.snapshot(5);
+      later.before_update();
+      later.wait_durable();
+    }
+    CHECK(objects::load_step(d, 5, check.st, 0).run_id == "another-job");
+    CHECK(check.same_as(b));
+    CHECK(slurp(events).find("\"checkpoint_replaced\"") != std::string::npos);
   }
-  model check(1000, 0);
-  CHECK(objects::load_step(d, 7, check.st, 0).run_id == "s3-test");
-  CHECK(check.same_as(a));
 
-  // A writer that started after step 5 was committed and writes step 5 again (it went back
-  // below it) replaces it, as a POSIX directory's rename does: the step is then its own.
-  {
-    ck::checkpointer later(b.st, other("another-job"));
-    later.snapshot(5);
-    later.before_update();
-    later.wait_durable();
+  SECTION("retention keeps the newest steps, and sweeps parts and uploads a crash left") {
+    const std::string dir = fresh_dir();
+    objects::object_dir d(dir);
+    // What a writer killed during step 15 leaves: a part without a manifest, an upload left open.
+    const std::string parts = "step-000000000015/" + objects::object_dir::parts_folder("s3-test", 1, 0);
+    d.client().put(parts + "/rank-00000.data", std::string(100, 'x'));
+    (void)d.client().start_upload(parts + "/rank-00001.data");
+    model a(1000, 1);
+    for (std::uint64_t s = 10; s <= 40; s += 10) save(a, dir, s, {}, 2);
+    const auto listed = names(dir);
+    std::vector<std::string> manifests;
+    for (const auto& n : listed) {
+      if (n.ends_with("manifest.json")) manifests.push_back(n);
+      CHECK_FALSE(n.starts_with("step-000000000010/"));
+      CHECK_FALSE(n.starts_with("step-000000000015/"));
+      CHECK_FALSE(n.starts_with("step-000000000020/"));
+    }
+    CHECK(manifests == std::vector<std::string>{"step-000000000030/manifest.json", "step-000000000040/manifest.json"});
+    CHECK(d.client().uploads().empty());
   }
-  CHECK(objects::load_step(d, 5, check.st, 0).run_id == "another-job");
-  CHECK(check.same_as(b));
-  CHECK(slurp(events).find("\"checkpoint_replaced\"") != std::string::npos);
-}
 
-TEST_CASE("object storage: retention keeps the newest steps, and sweeps parts and uploads a crash left") {
-  NEED_SERVER();
-  const std::string dir = fresh_dir();
-  objects::object_dir d(dir);
-  // What a writer killed during step 15 leaves: a part without a manifest, an upload left open.
-  const std::string parts = "step-000000000015/" + objects::object_dir::parts_folder("s3-test", 1, 0);
-  d.client().put(parts + "/rank-00000.data", std::string(100, 'x'));
-  (void)d.client().start_upload(parts + "/rank-00001.data");
-  model a(1000, 1);
-  for (std::uint64_t s = 10; s <= 40; s += 10) save(a, dir, s, {}, 2);
-  const auto listed = names(dir);
-  std::vector<std::string> manifests;
-  for (const auto& n : listed) {
-    if (n.ends_with("manifest.json")) manifests.push_back(n);
-    CHECK_FALSE(n.starts_with("step-000000000010/"));
-    CHECK_FALSE(n.starts_with("step-000000000015/"));
-    CHECK_FALSE(n.starts_with("step-000000000020/"));
+  SECTION("a rank's part that never comes leaves the step uncommitted and says which rank") {
+    const std::string dir = fresh_dir();
+    model a(1000, 1);
+    auto o = opts(dir);
+    o.world_size = 2;
+    o.commit_timeout = std::chrono::milliseconds(800);
+    ck::checkpointer c(a.st, o);
+    c.snapshot(7);
+    c.before_update();
+    const auto e = error_of([&] { c.wait_durable(); });
+    CHECK(e.code() == errc::timeout);
+    CHECK(e.message().find("rank 1") != std::string::npos);
+    const auto listed = names(dir);
+    CHECK(std::find(listed.begin(), listed.end(), "step-000000000007/manifest.json") == listed.end());
   }
-  CHECK(manifests == std::vector<std::string>{"step-000000000030/manifest.json", "step-000000000040/manifest.json"});
-  CHECK(d.client().uploads().empty());
-}
 
-TEST_CASE("object storage: a rank's part that never comes leaves the step uncommitted and says which rank") {
-  NEED_SERVER();
-  const std::string dir = fresh_dir();
-  model a(1000, 1);
-  auto o = opts(dir);
-  o.world_size = 2;
-  o.commit_timeout = std::chrono::milliseconds(800);
-  ck::checkpointer c(a.st, o);
-  c.snapshot(7);
-  c.before_update();
-  const auto e = error_of([&] { c.wait_durable(); });
-  CHECK(e.code() == errc::timeout);
-  CHECK(e.message().find("rank 1") != std::string::npos);
-  const auto listed = names(dir);
-  CHECK(std::find(listed.begin(), listed.end(), "step-000000000007/manifest.json") == listed.end());
-}
+  SECTION("no bucket, wrong keys and no server are refused up front, saying what to fix") {
+    model a(1000, 1);
+    const auto none = error_of([&] { ck::checkpointer c(a.st, opts("s3://no-such-bucket/x")); });
+    CHECK(none.code() == errc::not_found);
+    CHECK(none.message().find("create the bucket") != std::string::npos);
 
-TEST_CASE("object storage: no bucket, wrong keys and no server are refused up front, saying what to fix") {
-  NEED_SERVER();
-  model a(1000, 1);
-  const auto none = error_of([&] { ck::checkpointer c(a.st, opts("s3://no-such-bucket/x")); });
-  CHECK(none.code() == errc::not_found);
-  CHECK(none.message().find("create the bucket") != std::string::npos);
+    const std::string dir = fresh_dir();
+    const std::string secret = std::getenv("AWS_SECRET_ACCESS_KEY");
+    ::setenv("AWS_SECRET_ACCESS_KEY", "wrong", 1);
+    const auto keys = error_of([&] { ck::checkpointer c(a.st, opts(dir)); });
+    ::setenv("AWS_SECRET_ACCESS_KEY", secret.c_str(), 1);
+    CHECK(keys.code() == errc::invalid_argument);
+    CHECK(keys.message().find("keys are wrong") != std::string::npos);
 
-  const std::string dir = fresh_dir();
-  const std::string secret = std::getenv("AWS_SECRET_ACCESS_KEY");
-  ::setenv("AWS_SECRET_ACCESS_KEY", "wrong", 1);
-  const auto keys = error_of([&] { ck::checkpointer c(a.st, opts(dir)); });
-  ::setenv("AWS_SECRET_ACCESS_KEY", secret.c_str(), 1);
-  CHECK(keys.code() == errc::invalid_argument);
-  CHECK(keys.message().find("keys are wrong") != std::string::npos);
-
-  const std::string endpoint = std::getenv("AWS_ENDPOINT_URL");
-  ::setenv("AWS_ENDPOINT_URL", ("http://127.0.0.1:" + std::to_string(elastic::test::free_port())).c_str(), 1);
-  objects::client_options quick;
-  quick.unavailable_timeout = std::chrono::milliseconds(500);
-  const auto down = error_of([&] { objects::object_dir d(dir, quick); (void)d.client().list(); });
-  ::setenv("AWS_ENDPOINT_URL", endpoint.c_str(), 1);
-  CHECK(down.code() == errc::unavailable);
+    const std::string endpoint = std::getenv("AWS_ENDPOINT_URL");
+    ::setenv("AWS_ENDPOINT_URL", ("http://127.0.0.1:" + std::to_string(elastic::test::free_port())).c_str(), 1);
+    objects::client_options quick;
+    quick.unavailable_timeout = std::chrono::milliseconds(500);
+    const auto down = error_of([&] { objects::object_dir d(dir, quick); (void)d.client().list(); });
+    ::setenv("AWS_ENDPOINT_URL", endpoint.c_str(), 1);
+    CHECK(down.code() == errc::unavailable);
+  }
 }
 
 namespace {
