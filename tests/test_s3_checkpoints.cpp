@@ -9,7 +9,9 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <map>
+#include <optional>
 #include <memory>
 #include <random>
 #include <sstream>
@@ -18,6 +20,7 @@
 #include <vector>
 
 #include <elastic/checkpoint.hpp>
+#include <elastic/checkpoint/detail/s3_credentials.hpp>
 #include <elastic/checkpoint/detail/s3_retention.hpp>
 #include <elastic/checkpoint/detail/s3_step_loading.hpp>
 #include <elastic/checkpoint/detail/s3_steps.hpp>
@@ -259,6 +262,82 @@ TEST_CASE("object storage against a real radosgw: round trips, commits, damage, 
     CHECK(e.message().find("rank 1") != std::string::npos);
     const auto listed = names(dir);
     CHECK(std::find(listed.begin(), listed.end(), "step-000000000007/manifest.json") == listed.end());
+  }
+
+  SECTION("keys from a web identity, a container endpoint or a metadata server's token, fetched again before they "
+          "expire (the platforms' endpoints modelled: tests/support/credentials_endpoints.py)") {
+    elastic::test::temp_dir tmp;
+    const std::string log = tmp.file("requests.log"), token_file = tmp.file("token");
+    std::ofstream(token_file) << "a-web-identity-jwt\n";
+    auto endpoints = elastic::test::child_process::spawn({"/usr/bin/python3", ELASTIC_CREDENTIALS_ENDPOINTS,
+                                                          elastic::test::radosgw_server::access_key,
+                                                          elastic::test::radosgw_server::secret_key, "a-web-identity-jwt",
+                                                          "6", log});
+    const auto port = endpoints.read_line(std::chrono::seconds(20));
+    REQUIRE(port);
+    const std::string base = "http://127.0.0.1:" + *port;
+    auto env_of = [&](std::map<std::string, std::string> vars) -> objects::environment {
+      vars["HOME"] = tmp.path();  // no shared credentials file
+      vars["AWS_EC2_METADATA_DISABLED"] = "true";
+      return [vars](const char* name) -> std::optional<std::string> {
+        const auto it = vars.find(name);
+        if (it == vars.end()) return std::nullopt;
+        return it->second;
+      };
+    };
+    auto requests = [&](const std::string& start) {
+      std::ifstream in(log);
+      int n = 0;
+      for (std::string line; std::getline(in, line);) n += line.rfind(start, 0) == 0;
+      return n;
+    };
+    const auto where = objects::parse_location(fresh_dir("creds"));  // radosgw, from this process's environment
+
+    objects::object_dir(where, {elastic::test::radosgw_server::access_key, elastic::test::radosgw_server::secret_key, ""})
+        .client()
+        .put("hello", std::string_view("from a web identity"));
+    // EKS IAM roles for service accounts: the projected token exchanged with STS, and again once
+    // half of the keys' life (5-6 s) has passed.
+    {
+      objects::s3_client c(where, std::make_shared<objects::credential_source>(
+                                      where, env_of({{"AWS_WEB_IDENTITY_TOKEN_FILE", token_file},
+                                                     {"AWS_ROLE_ARN", "arn:aws:iam::123456789012:role/train"},
+                                                     {"AWS_ENDPOINT_URL_STS", base + "/sts"}})));
+      CHECK(c.get("hello") == "from a web identity");
+      CHECK(requests("GET /sts") == 1);
+      std::this_thread::sleep_for(std::chrono::milliseconds(3500));
+      CHECK(c.get("hello") == "from a web identity");
+      CHECK(requests("GET /sts") == 2);
+    }
+    // EKS Pod Identity / ECS: the container endpoint, with its authorization token.
+    {
+      objects::s3_client c(where, std::make_shared<objects::credential_source>(
+                                      where, env_of({{"AWS_CONTAINER_CREDENTIALS_FULL_URI", base + "/container-credentials"},
+                                                     {"AWS_CONTAINER_AUTHORIZATION_TOKEN", "a-web-identity-jwt"}})));
+      CHECK(c.get("hello") == "from a web identity");
+      const auto refused = error_of([&] {
+        objects::credential_source bad(where, env_of({{"AWS_CONTAINER_CREDENTIALS_FULL_URI", base + "/container-credentials"},
+                                                      {"AWS_CONTAINER_AUTHORIZATION_TOKEN", "wrong"}}));
+      });
+      CHECK(refused.code() == errc::invalid_argument);
+      CHECK(refused.message().find("container credentials endpoint") != std::string::npos);
+    }
+    // GKE Workload Identity: the metadata server's OAuth token, sent as a bearer to a GCS-like
+    // endpoint that records it (GCS's XML API takes such a token in place of a signature).
+    {
+      const auto gs = objects::parse_location("gs://gcs-bucket/run", env_of({{"GCS_ENDPOINT_URL", base}}));
+      objects::s3_client c(gs, std::make_shared<objects::credential_source>(gs, env_of({{"GCE_METADATA_HOST", "127.0.0.1:" + *port}})));
+      CHECK(c.list().empty());
+      CHECK(requests("GET /gcs-bucket/") == 1);
+      std::ifstream in(log);
+      const std::string all((std::istreambuf_iterator<char>(in)), {});
+      CHECK(all.find("Bearer a-web-identity-jwt") != std::string::npos);
+    }
+    // Nowhere: every place looked at is named.
+    const auto none = error_of([&] { objects::credential_source c(where, env_of({})); });
+    CHECK(none.code() == errc::not_found);
+    CHECK(none.message().find("AWS_ACCESS_KEY_ID") != std::string::npos);
+    endpoints.kill(SIGKILL);
   }
 
   SECTION("no bucket, wrong keys and no server are refused up front, saying what to fix") {

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <span>
@@ -50,8 +51,10 @@ class s3_client {
   using gather_source = s3_transport::gather_source;
   using range_sink = s3_transport::range_sink;
 
-  s3_client(location where, sigv4::credentials keys, client_options options = {})
+  s3_client(location where, std::shared_ptr<credential_source> keys, client_options options = {})
       : transport_(std::move(where), std::move(keys), options) {}
+  s3_client(location where, sigv4::credentials keys, client_options options = {})
+      : s3_client(std::move(where), std::make_shared<credential_source>(std::move(keys)), options) {}
 
   [[nodiscard]] const location& where() const noexcept { return transport_.where(); }
   /// s3://BUCKET/PREFIX/name, for messages.

@@ -36,6 +36,7 @@
 
 #include <elastic/checkpoint/detail/object_location.hpp>
 #include <elastic/checkpoint/detail/s3_client.hpp>
+#include <elastic/checkpoint/detail/s3_credentials.hpp>
 #include <elastic/checkpoint/detail/step_commit.hpp>
 #include <elastic/checkpoint/detail/step_loading.hpp>
 #include <elastic/checkpoint/format.hpp>
@@ -67,10 +68,12 @@ struct transfer_options {
 /// A checkpoint directory in object storage: the client and the names of the layout.
 class object_dir {
  public:
-  /// Resolves `url`'s endpoint, region and keys from the environment (object_location.hpp).
+  /// Resolves `url`'s endpoint and region (object_location.hpp) and its keys (s3_credentials.hpp)
+  /// from the environment.
   explicit object_dir(std::string_view url, client_options client = {},
                       transfer_options transfer = transfer_options::from_env())
-      : client_(parse_location(url), resolve_credentials(parse_location(url)), client), transfer_(transfer) {
+      : client_(parse_location(url), std::make_shared<credential_source>(parse_location(url)), client),
+        transfer_(transfer) {
     if (transfer_.part_bytes < (5u << 20) || transfer_.connections < 1) {
       throw error(errc::invalid_argument, "object storage: parts must be at least 5 MiB (S3's minimum), connections >= 1");
     }

@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <span>
 #include <string>
@@ -28,6 +29,7 @@
 #include <fmt/format.h>
 
 #include <elastic/checkpoint/detail/object_location.hpp>
+#include <elastic/checkpoint/detail/s3_credentials.hpp>
 #include <elastic/checkpoint/detail/s3_wire.hpp>
 #include <elastic/checkpoint/detail/sigv4.hpp>
 #include <elastic/error.hpp>
@@ -39,7 +41,7 @@ namespace elastic::inline v1::checkpoint::detail::objects {
 /// each on a connection of its own from the pool.
 class s3_transport {
  public:
-  s3_transport(location where, sigv4::credentials keys, client_options options)
+  s3_transport(location where, std::shared_ptr<credential_source> keys, client_options options)
       : where_(std::move(where)), keys_(std::move(keys)), options_(options) {
     internal::curl_global();
   }
@@ -171,7 +173,12 @@ class s3_transport {
     } else if (!c.text.empty()) {
       q.payload_sha256 = sigv4::sha256_hex(c.text);
     }
-    const auto s = sigv4::sign(q, keys_);
+    const session who = keys_->current();
+    auto s = sigv4::sign(q, who.keys);
+    if (!who.bearer.empty()) {  // an OAuth token (GCS): it authorizes the request instead of a signature
+      std::erase_if(s.headers, [](const auto& h) { return h.first == "authorization"; });
+      s.headers.emplace_back("authorization", "Bearer " + who.bearer);
+    }
     std::string url = where_.base_url() + s.encoded_path;
     if (!s.query_string.empty()) url += "?" + s.query_string;
     curl_slist* list = nullptr;
@@ -275,7 +282,7 @@ class s3_transport {
   }
 
   location where_;
-  sigv4::credentials keys_;
+  std::shared_ptr<credential_source> keys_;
   client_options options_;
   std::atomic<std::uint64_t> requests_{0};
   std::mutex pool_mutex_;
