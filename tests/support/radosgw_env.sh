@@ -16,7 +16,7 @@ radosgw_start() {
     mon=$(radosgw_free_port)
     rgw=$(radosgw_free_port)
     code=0
-    bash "$radosgw_support/radosgw_up.sh" "$dir" "$mon" "$rgw" ELASTICTESTKEY elastic-test-secret >"$dir.up.log" 2>&1 ||
+    bash "$radosgw_support/radosgw_up.sh" "$dir" "$mon" "$rgw" ELASTICTESTKEY elastic-test-secret $$ >"$dir.up.log" 2>&1 ||
       code=$?
     if [ "$code" -eq 0 ]; then
       export AWS_ENDPOINT_URL="http://127.0.0.1:$rgw" AWS_ACCESS_KEY_ID=ELASTICTESTKEY

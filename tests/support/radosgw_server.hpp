@@ -35,7 +35,7 @@ class radosgw_server {
       mon_port_ = free_port();
       port_ = free_port();
       auto up = child_process::spawn({"/bin/bash", ELASTIC_RADOSGW_UP, dir_.file("ceph"), std::to_string(mon_port_),
-                                      std::to_string(port_), access_key, secret_key});
+                                      std::to_string(port_), access_key, secret_key, std::to_string(::getpid())});
       std::string said;
       while (auto line = up.read_line(std::chrono::seconds(90))) said += *line + "\n";
       const auto code = up.exit_code(std::chrono::seconds(90));

@@ -5,10 +5,12 @@
 # 127.0.0.1:RGW_PORT, and a user whose keys are KEY and SECRET. No authentication between the
 # daemons (cephx off): everything listens on loopback only. Each daemon writes its pid into
 # DIR/run/*.pid (tests/support/radosgw_server.hpp kills them); logs in DIR/log. About 10 s.
-#   tests/support/radosgw_up.sh DIR MON_PORT RGW_PORT KEY SECRET
+#   tests/support/radosgw_up.sh DIR MON_PORT RGW_PORT KEY SECRET [OWNER_PID]
+# With OWNER_PID, a reaper left behind SIGKILLs the daemons once that process is gone, however
+# it ended (a test killed at its timeout runs no destructor).
 # Exit 77 when Ceph is not installed (Debian: apt-get install radosgw ceph-mon ceph-osd).
 set -euo pipefail
-D=$1 mon_port=$2 rgw_port=$3 key=$4 secret=$5
+D=$1 mon_port=$2 rgw_port=$3 key=$4 secret=$5 owner=${6:-}
 for p in ceph-mon ceph-osd radosgw radosgw-admin monmaptool ceph; do
   command -v "$p" >/dev/null || { echo "no $p: apt-get install radosgw ceph-mon ceph-osd ceph-common"; exit 77; }
 done
@@ -71,4 +73,9 @@ radosgw $C -n client.rgw
 for i in $(seq 1 150); do curl -fsS -m 1 "http://127.0.0.1:$rgw_port/" >/dev/null 2>&1 && break; sleep 0.2; done
 curl -fsS -m 1 "http://127.0.0.1:$rgw_port/" >/dev/null || { echo "radosgw did not answer on $rgw_port"; exit 1; }
 radosgw-admin $C user create --uid=elastic --display-name=elastic --access-key="$key" --secret="$secret" >/dev/null
+if [ -n "$owner" ]; then
+  setsid bash -c 'while kill -0 "$1" 2>/dev/null && [ -d "$2/run" ]; do sleep 1; done
+                  for f in "$2"/run/*.pid; do [ -f "$f" ] && kill -KILL "$(cat "$f")" 2>/dev/null; done' \
+    reaper "$owner" "$D" </dev/null >/dev/null 2>&1 &
+fi
 echo "up: http://127.0.0.1:$rgw_port"
