@@ -14,8 +14,10 @@ Checked here, without a cluster:
   DisruptionTarget conditions, a small backoffLimit, spot nodeSelector and tolerations, a
   termination grace within the spot pool's notice (GKE: 15 s) and 5 s above elastic-run's
   --grace, a run id per Job incarnation (<job name>-<job uid> from the downward API, at most 64
-  characters), checkpoints per Job name, a shared PVC for checkpoints and logs, and an
-  elastic-run command line that parses into the expected flags;
+  characters), checkpoints per Job name in a bucket (gs:// or s3://, the pods running as a
+  service account that Workload Identity or IRSA gives the keys; a directory instead must be
+  on a ReadWriteMany PVC), a /logs volume, and an elastic-run command line that parses into the
+  expected flags;
 - kubernetes/etcd.yaml: a Service and a one-replica StatefulSet serving etcd on 2379 with the
   client URLs elastic-run's --rdzv points at;
 - kubeflow/component.yaml: the elastic-run command with its inputs, a --grace within the
@@ -23,7 +25,7 @@ Checked here, without a cluster:
   and writes the newest checkpoint to the output; kubeflow/pipeline.py imports without kfp and
   is run against stand-ins of the KFP 1.8 and 2.x SDKs: retries 5 times with Argo's retryPolicy
   "Always" where the SDK can say so (and warns where it cannot), a spot node selector and
-  toleration, the pipeline run's id as run id, a PVC;
+  toleration, the pipeline run's id as run id, checkpoints in a bucket by default;
 - slurm/train.sbatch: bash -n (and shellcheck when installed), --requeue, a B:USR1 notice passed
   on by scancel --signal=TERM, never by signalling srun (which SIGKILLs the tasks); the script
   runs on a real Slurm cluster in tests/slurm/test_train_sbatch.sh;
@@ -272,7 +274,23 @@ def check_job(root):
         check(ckpt_labels & name_labels and not ckpt_labels & uid_labels,
               f"{path}: the checkpoints ({ckpt_arg}) are not per Job name (a re-created Job resumes from them, "
               f"another Job must not)")
-    for what, mount_path in (("logs", "/logs"), ("checkpoints", ckpt_arg)):
+    check(logs is None or logs["name"] in volumes, f"{path}: /logs mounts no volume of the pod")
+    in_bucket = bool(ckpt_arg) and ckpt_arg.startswith(("gs://", "s3://"))
+    if in_bucket:
+        # The keys: the pod's service account (Workload Identity, IRSA, Pod Identity) or a Secret.
+        keyed = any(e.get("name", "").endswith(("ACCESS_KEY_ID", "SECRET_ACCESS_KEY")) for e in c.get("env", [])) or \
+            any("secretRef" in f for f in c.get("envFrom", []))
+        account = pod.get("serviceAccountName")
+        check(account or keyed, f"{path}: checkpoints in {ckpt_arg} but no service account or keys for the bucket")
+        if account and ckpt_arg.startswith("gs://") and not keyed:
+            sas = [d for d in by_kind(docs, "ServiceAccount") if d["metadata"]["name"] == account]
+            check(not sas or "iam.gke.io/gcp-service-account" in sas[0]["metadata"].get("annotations", {}),
+                  f"{path}: service account {account} has no iam.gke.io/gcp-service-account (Workload Identity)")
+            check(sel.get("iam.gke.io/gke-metadata-server-enabled") == "true",
+                  f"{path}: gs:// through Workload Identity needs nodes with its metadata server")
+    for what, mount_path in (("checkpoints", None if in_bucket else ckpt_arg),):
+        if mount_path is None:
+            continue
         m = next((m for p, m in mounts.items() if mount_path and (mount_path + "/").startswith(p.rstrip("/") + "/")), None)
         vol = volumes.get(m["name"]) if m else None
         if check(vol is not None and "persistentVolumeClaim" in vol, f"{path}: the {what} ({mount_path}) are not on a PVC"):
@@ -445,6 +463,19 @@ def check_component(root, tmp):
         check(rc == expect, f"{path} [{mode}]: the wrapper exited {rc}, expected {expect}:\n{out}")
         got = open(out_file).read() if os.path.exists(out_file) else None
         check(got == os.path.join(d, "ckpt", "step-000000000200"), f"{path} [{mode}]: last_checkpoint output is {got!r}")
+    # A bucket: the wrapper cannot list it; the output is the directory itself.
+    d = os.path.join(tmp, "kfp-bucket")
+    os.makedirs(d)
+    vals = dict(values, checkpoint_dir="gs://elastic-checkpoints/run-7", log_dir=os.path.join(d, "logs"), run_id="r")
+    out_file = os.path.join(d, "outputs", "last_checkpoint", "data")
+    argv = [placeholder_value(a, vals, {"last_checkpoint": out_file}) for a in args]
+    argv[argv.index("elastic-run")] = stub
+    p = subprocess.Popen(argv, env=dict(os.environ, STUB_DIR=d, STUB_MODE="exit:0", STUB_CHECK_ETCD="0"),
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    rc, out = run_bounded(p, 30)
+    check(rc == 0, f"{path} [bucket]: the wrapper exited {rc}:\n{out}")
+    got = open(out_file).read() if os.path.exists(out_file) else None
+    check(got == "gs://elastic-checkpoints/run-7", f"{path} [bucket]: last_checkpoint output is {got!r}")
 
 
 # Stand-ins for the parts of the KFP SDKs pipeline.py uses: they record every call, with the
@@ -608,13 +639,20 @@ def check_pipeline(root, tmp):
         if flavour == "v1":
             check("'use_preemptible_nodepool'" in [a for c in by.get("apply", []) for a in c["args"]],
                   f"{where}: no gcp.use_preemptible_nodepool()")
-            check(by.get("add_volume") and by.get("add_volume_mount"), f"{where}: no PVC volume for checkpoints")
         else:
             check(any("spot" in c["kwargs"].get("label_key", "") for c in by.get("add_node_selector", [])),
                   f"{where}: no spot node selector")
             check(any("spot" in c["kwargs"].get("key", "") for c in by.get("add_toleration", [])),
                   f"{where}: no spot toleration")
-            check(by.get("mount_pvc"), f"{where}: no PVC for checkpoints")
+    # Checkpoints in a bucket by default, so a retried pod finds them on any node without a
+    # ReadWriteMany volume; a bucket the step's service account can write.
+    defaults = re.findall(r'checkpoint_dir: str = (\w+|"[^"]*")', open(path).read())
+    consts = dict(re.findall(r'^(\w+) = "([^"]*)"', open(path).read(), re.M))
+    resolved = [consts.get(d, d.strip('"')) for d in defaults]
+    check(len(resolved) == 2 and all(d.startswith(("gs://", "s3://")) for d in resolved),
+          f"{path}: the pipelines' checkpoint_dir defaults {resolved} are not buckets")
+    check(str(component_defaults.get("checkpoint_dir", "")).startswith(("gs://", "s3://")),
+          f"component.yaml: checkpoint_dir defaults to {component_defaults.get('checkpoint_dir')!r}, not a bucket")
     try:
         import kfp  # noqa: F401
         notes.append("kfp is installed: compiling pipeline.py")

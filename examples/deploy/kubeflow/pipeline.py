@@ -13,8 +13,11 @@ tests can load it; building or compiling the pipeline needs kfp. What it sets up
   checkpoint, so a retry costs at most the steps since the last checkpoint;
 - the step scheduled on a spot/preemptible GPU node pool (node selector + toleration), with
   elastic-run's --grace 10 inside the 15 s GKE gives a Spot node's pods (../README.md);
-- a ReadWriteMany PVC at /shared for checkpoints and logs (kubernetes/job.yaml creates one named
-  elastic-shared), so a retried pod finds the checkpoints and the logs of the preempted one;
+- checkpoints in a bucket (checkpoint_dir, gs://elastic-checkpoints/ckpt by default), so a
+  retried pod finds them on whatever node it lands: the step's pod runs as the profile's
+  service account (default-editor in a Kubeflow profile), which GKE Workload Identity binds to
+  a Google service account with roles/storage.objectUser on the bucket (on EKS: s3:// and IRSA);
+  no key and no ReadWriteMany volume;
 - run_id = the pipeline run's id, identical for every retry of the step and unique per run
   (the run's name is a display name two runs may share), so runs share one etcd. checkpoint_dir
   is a pipeline parameter: a new run given the same directory continues the training there.
@@ -46,7 +49,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 COMPONENT = os.path.join(HERE, "component.yaml")
 GPUS_PER_HOST = 8
 SPOT_LABEL = ("cloud.google.com/gke-spot", "true")   # GKE; e.g. eks.amazonaws.com/capacityType=SPOT on EKS
-SHARED_PVC = "elastic-shared"
+CHECKPOINTS = "gs://elastic-checkpoints/ckpt"   # a bucket the step's service account may write
 RETRIES = 5
 RETRY_POLICY = "Always"   # Argo retryPolicy: retry "Failed" (exit 75, crashes) and "Error" (pod lost)
 GRACE_SECONDS = 10        # elastic-run --grace: within GKE Spot's 15 s for a node's pods
@@ -71,14 +74,14 @@ def build_pipeline():
 
     @dsl.pipeline(name="elastic-train",
                   description="Checkpointed, preemption-tolerant training under elastic-run")
-    def elastic_pipeline(steps: int = 100000, checkpoint_dir: str = "/shared/ckpt"):
+    def elastic_pipeline(steps: int = 100000, checkpoint_dir: str = CHECKPOINTS):
         train = elastic_train(
             run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
             nnodes="1",
             nproc_per_node=GPUS_PER_HOST,
             rdzv="etcd://elastic-etcd:2379",
             checkpoint_dir=checkpoint_dir,
-            log_dir="/shared/logs",
+            log_dir="/tmp/elastic-logs",
             grace_seconds=GRACE_SECONDS,
             steps=steps,
         )
@@ -90,7 +93,6 @@ def build_pipeline():
                                   value=SPOT_LABEL[1], effect="NoSchedule")
         kubernetes.add_toleration(train, key="nvidia.com/gpu", operator="Exists",
                                   effect="NoSchedule")
-        kubernetes.mount_pvc(train, pvc_name=SHARED_PVC, mount_path="/shared")
         if hasattr(kubernetes, "enable_shared_memory"):  # kfp-kubernetes >= 1.4
             kubernetes.enable_shared_memory(train, size="16Gi")  # watchdog table, NCCL/Gloo
 
@@ -100,13 +102,12 @@ def build_pipeline():
 def build_pipeline_v1():
     """The same for KFP 1.8 (ContainerOp API), as in GKE's preemptible-pool tutorials."""
     from kfp import components, dsl, gcp
-    from kubernetes.client import V1Toleration, V1Volume, V1VolumeMount
-    from kubernetes.client import V1PersistentVolumeClaimVolumeSource
+    from kubernetes.client import V1Toleration
 
     elastic_train = components.load_component_from_file(COMPONENT)
 
     @dsl.pipeline(name="elastic-train")
-    def elastic_pipeline(steps: int = 100000, checkpoint_dir: str = "/shared/ckpt"):
+    def elastic_pipeline(steps: int = 100000, checkpoint_dir: str = CHECKPOINTS):
         train = elastic_train(run_id="{{workflow.uid}}", nnodes="1", nproc_per_node=GPUS_PER_HOST,
                               grace_seconds=GRACE_SECONDS, checkpoint_dir=checkpoint_dir, steps=steps)
         train.set_retry(RETRIES, policy=RETRY_POLICY)
@@ -114,9 +115,6 @@ def build_pipeline_v1():
         # Node selector cloud.google.com/gke-preemptible=true and its toleration.
         train.apply(gcp.use_preemptible_nodepool())
         train.add_toleration(V1Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule"))
-        train.add_volume(V1Volume(name="shared", persistent_volume_claim=V1PersistentVolumeClaimVolumeSource(
-            claim_name=SHARED_PVC)))
-        train.container.add_volume_mount(V1VolumeMount(name="shared", mount_path="/shared"))
 
     return elastic_pipeline
 

@@ -27,6 +27,7 @@ KINDS = [
     ("io.k8s.api.apps.v1.StatefulSet", "apps/v1", "StatefulSet"),
     ("io.k8s.api.core.v1.Service", "v1", "Service"),
     ("io.k8s.api.core.v1.PersistentVolumeClaim", "v1", "PersistentVolumeClaim"),
+    ("io.k8s.api.core.v1.ServiceAccount", "v1", "ServiceAccount"),
 ]
 REF = "#/definitions/"
 

@@ -249,7 +249,11 @@ class s3_client {
     } else {
       h.emplace_back("x-goog-hash", "crc32c=" + crc);
     }
-    if (if_absent) h.emplace_back("if-none-match", "*");
+    if (if_absent) {
+      h.emplace_back("if-none-match", "*");
+      // GCS's XML API states the same precondition as a generation: 0, no live object.
+      if (loc().scheme == "gs") h.emplace_back("x-goog-if-generation-match", "0");
+    }
     gather_source src{&body, 0, n};
     return send({.method = "PUT",
                  .name = name,
