@@ -30,6 +30,32 @@ inline double median(std::vector<double> v) {
   return v.size() % 2 != 0 ? v[m] : (v[m - 1] + v[m]) / 2;
 }
 
+/// Pairs of timings, ours and a reference's, taken one right after the other with the order
+/// alternating from pair to pair: a shared disk or server drifts by several times within
+/// seconds, and whichever ran second would otherwise always meet the other's aftermath.
+struct paired_runs {
+  std::vector<double> ours, ref, ratio;  // seconds; ratio = ref / ours
+  bool ours_first = true;
+
+  /// Runs both (each returns its seconds) and returns ours.
+  template <class Ours, class Ref>
+  double run(Ours&& o, Ref&& r) {
+    double a, b;
+    if (ours_first) {
+      a = o();
+      b = r();
+    } else {
+      b = r();
+      a = o();
+    }
+    ours_first = !ours_first;
+    ours.push_back(a);
+    ref.push_back(b);
+    ratio.push_back(b / a);
+    return a;
+  }
+};
+
 /// A directory of this process's own under --dir=PATH (taken out of argv, so that Google
 /// Benchmark does not see it) or $TMPDIR or /tmp; removed with everything in it on destruction.
 class scratch_dir {

@@ -96,7 +96,7 @@ void BM_persist(benchmark::State& state) {
   ck::state st;
   st.add("state", std::span<std::byte>(src.get(), bytes));
   const auto dir = fresh_dir("persist");
-  std::vector<double> ours, raw, ratio;
+  elastic::bench::paired_runs runs;
   std::uint64_t step = 0;
   {
     ck::checkpointer c(st, opts(dir));
@@ -123,27 +123,12 @@ void BM_persist(benchmark::State& state) {
       c.wait_durable();
       return since(t0);
     };
-    bool ours_first = true;
-    for (auto _ : state) {
-      // Alternate which goes first: this shared disk's speed drifts by 5x within seconds.
-      double o, r;
-      if (ours_first) {
-        o = persist();
-        r = raw_write();
-      } else {
-        r = raw_write();
-        o = persist();
-      }
-      ours_first = !ours_first;
-      state.SetIterationTime(o);
-      ours.push_back(o);
-      raw.push_back(r);
-      ratio.push_back(r / o);
-    }
+    // Alternating which goes first: this shared disk's speed drifts by 5x within seconds.
+    for (auto _ : state) state.SetIterationTime(runs.run(persist, raw_write));
   }
-  state.counters["ours_MB_s"] = static_cast<double>(bytes) / median(ours) / 1e6;
-  state.counters["raw_write_MB_s"] = static_cast<double>(bytes) / median(raw) / 1e6;
-  state.counters["x_raw_write"] = median(ratio);  // share of the disk's throughput we reach
+  state.counters["ours_MB_s"] = static_cast<double>(bytes) / median(runs.ours) / 1e6;
+  state.counters["raw_write_MB_s"] = static_cast<double>(bytes) / median(runs.ref) / 1e6;
+  state.counters["x_raw_write"] = median(runs.ratio);  // share of the disk's throughput we reach
   fs::remove_all(dir);
 }
 

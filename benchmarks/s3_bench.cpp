@@ -68,6 +68,13 @@ std::string http_url(const std::string& name) {
   return env("AWS_ENDPOINT_URL") + "/" + g_bucket_url.substr(5) + "/" + name;
 }
 
+/// Throughputs of ours and curl's (medians) and curl's time over ours.
+void report(benchmark::State& state, std::size_t bytes, const elastic::bench::paired_runs& runs) {
+  state.counters["ours_MB_s"] = static_cast<double>(bytes) / median(runs.ours) / 1e6;
+  state.counters["curl_MB_s"] = static_cast<double>(bytes) / median(runs.ref) / 1e6;
+  state.counters["x_curl"] = median(runs.ratio);
+}
+
 ck::checkpointer_options opts(const std::string& dir) {
   return {.dir = dir, .keep_last = 1, .rank = 0, .world_size = 1, .run_id = "bench", .events = elastic::event_log()};
 }
@@ -80,11 +87,10 @@ void BM_s3_persist_body(benchmark::State& state) {
   const std::string prefix = "persist-" + std::to_string(state.range(0));
   const std::string file = "/dev/shm/elastic-s3-bench-" + std::to_string(::getpid());
   std::ofstream(file, std::ios::binary).write(reinterpret_cast<const char*>(src.get()), static_cast<std::streamsize>(bytes));
-  std::vector<double> ours, ref, ratio;
+  elastic::bench::paired_runs runs;
   std::uint64_t step = 0;
   {
     ck::checkpointer c(st, opts(g_bucket_url + "/" + prefix));
-    bool ours_first = true;
     for (auto _ : state) {
       auto persist = [&] {
         c.snapshot(++step);
@@ -93,26 +99,11 @@ void BM_s3_persist_body(benchmark::State& state) {
         c.wait_durable();
         return since(t0);
       };
-      auto put = [&] { return curl("-T " + file + " " + http_url(prefix + "-curl.bin")); };
-      double o, r;
-      if (ours_first) {
-        o = persist();
-        r = put();
-      } else {
-        r = put();
-        o = persist();
-      }
-      ours_first = !ours_first;
-      state.SetIterationTime(o);
-      ours.push_back(o);
-      ref.push_back(r);
-      ratio.push_back(r / o);
+      state.SetIterationTime(runs.run(persist, [&] { return curl("-T " + file + " " + http_url(prefix + "-curl.bin")); }));
     }
   }
   std::filesystem::remove(file);
-  state.counters["ours_MB_s"] = static_cast<double>(bytes) / median(ours) / 1e6;
-  state.counters["curl_MB_s"] = static_cast<double>(bytes) / median(ref) / 1e6;
-  state.counters["x_curl"] = median(ratio);
+  report(state, bytes, runs);
 }
 
 void BM_s3_restore_body(benchmark::State& state) {
@@ -129,8 +120,7 @@ void BM_s3_restore_body(benchmark::State& state) {
   }
   const std::string data = prefix + "/" + ck::format::step_dir_name(1) + "/" + objects::object_dir::parts_folder("bench", 1, 0) +
                            "/" + ck::format::rank_data_name(0);
-  std::vector<double> ours, ref, ratio;
-  bool ours_first = true;
+  elastic::bench::paired_runs runs;
   for (auto _ : state) {
     auto restore = [&] {
       std::memset(src.get(), 0, bytes);
@@ -139,24 +129,9 @@ void BM_s3_restore_body(benchmark::State& state) {
       if (!c.restore()) throw std::runtime_error("nothing restored");
       return since(t0);
     };
-    auto get = [&] { return curl("-o /dev/null " + http_url(data)); };
-    double o, r;
-    if (ours_first) {
-      o = restore();
-      r = get();
-    } else {
-      r = get();
-      o = restore();
-    }
-    ours_first = !ours_first;
-    state.SetIterationTime(o);
-    ours.push_back(o);
-    ref.push_back(r);
-    ratio.push_back(r / o);
+    state.SetIterationTime(runs.run(restore, [&] { return curl("-o /dev/null " + http_url(data)); }));
   }
-  state.counters["ours_MB_s"] = static_cast<double>(bytes) / median(ours) / 1e6;
-  state.counters["curl_MB_s"] = static_cast<double>(bytes) / median(ref) / 1e6;
-  state.counters["x_curl"] = median(ratio);
+  report(state, bytes, runs);
 }
 
 void BM_s3_final_body(benchmark::State& state) {

@@ -199,17 +199,7 @@ TEST_CASE("SIGKILL at 200 random moments of checkpoint persistence and retention
       std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count() / 50;
 
   const auto dir = tmp.file("ckpt");
-  const std::string step_prefix = "\"dir\":\"" + dir + "/step-";
-  // The newest step whose commit this directory's trainers announced (commit events come
-  // after the step is durable).
-  auto newest_announced = [&] {
-    std::uint64_t newest = 0;
-    for (const auto& line : elastic::test::events_named(events, "checkpoint_commit")) {
-      const auto at = line.find(step_prefix);
-      if (at != std::string::npos) newest = std::max<std::uint64_t>(newest, std::stoull(line.substr(at + step_prefix.size(), 12)));
-    }
-    return newest;
-  };
+  auto newest_announced = [&] { return elastic::test::newest_commit_announced(events, dir); };
   std::mt19937 rng(12345);
   std::uniform_int_distribution<long> delay_us(0, std::max<long>(10000, 4 * per_step_us));
   const int trials = 200;

@@ -403,15 +403,7 @@ TEST_CASE("object storage: SIGKILL at random moments of uploads and retention ne
     argv.insert(argv.end(), extra.begin(), extra.end());
     return elastic::test::child_process::spawn(argv, env);
   };
-  const std::string step_prefix = "\"dir\":\"" + dir + "/step-";
-  auto newest_announced = [&] {
-    std::uint64_t newest = 0;
-    for (const auto& line : elastic::test::events_named(events, "checkpoint_commit")) {
-      const auto at = line.find(step_prefix);
-      if (at != std::string::npos) newest = std::max<std::uint64_t>(newest, std::stoull(line.substr(at + step_prefix.size(), 12)));
-    }
-    return newest;
-  };
+  auto newest_announced = [&] { return elastic::test::newest_commit_announced(events, dir); };
   objects::object_dir d(dir);
   std::mt19937 rng(31);
   std::uniform_int_distribution<long> delay_ms(0, 600);

@@ -9,7 +9,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -196,6 +198,18 @@ inline std::vector<std::string> events_named(const std::string& path, const std:
   for (std::string line; std::getline(in, line);)
     if (line.find(needle) != std::string::npos) out.push_back(line);
   return out;
+}
+
+/// The newest step whose commit to checkpoint directory `dir` the events file `path` announces
+/// (0: none); a checkpoint_commit event comes only once its step is durable.
+inline std::uint64_t newest_commit_announced(const std::string& path, const std::string& dir) {
+  const std::string prefix = "\"dir\":\"" + dir + "/step-";
+  std::uint64_t newest = 0;
+  for (const auto& line : events_named(path, "checkpoint_commit")) {
+    const auto at = line.find(prefix);
+    if (at != std::string::npos) newest = std::max<std::uint64_t>(newest, std::stoull(line.substr(at + prefix.size(), 12)));
+  }
+  return newest;
 }
 
 /// Waits up to `timeout` for at least `count` events named `name` in `path`.

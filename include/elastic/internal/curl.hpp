@@ -6,7 +6,10 @@
 
 #include <cerrno>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -35,5 +38,39 @@ struct curl_slist_free {
   void operator()(curl_slist* l) const noexcept { ::curl_slist_free_all(l); }
 };
 using curl_headers = std::unique_ptr<curl_slist, curl_slist_free>;
+
+/// Easy handles kept between requests, so that each keeps its connection alive. Thread-safe.
+class curl_pool {
+ public:
+  /// An idle handle, else a new one after `setup(handle)` (options every request of its owner
+  /// wants and curl_easy_reset keeps are set there).
+  template <class Setup>
+  curl_ptr take(Setup&& setup) {
+    {
+      std::lock_guard lk(mu_);
+      if (!idle_.empty()) {
+        auto h = std::move(idle_.back());
+        idle_.pop_back();
+        return h;
+      }
+    }
+    curl_ptr h(::curl_easy_init());
+    if (!h) throw os_error("libcurl cannot make a handle", ENOMEM);  // its only reason to fail
+    setup(h.get());
+    return h;
+  }
+  void give_back(curl_ptr h) noexcept {
+    try {
+      std::lock_guard lk(mu_);
+      idle_.push_back(std::move(h));
+    } catch (...) {
+      // Out of memory for the pool: the handle (and its connection) is freed instead.
+    }
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<curl_ptr> idle_;
+};
 
 }  // namespace elastic::inline v1::internal

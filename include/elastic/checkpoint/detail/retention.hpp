@@ -100,6 +100,26 @@ inline void remove_step(const internal::private_dir& root, std::uint64_t step, c
   internal::remove_tree_at(root.fd(), trash, root / trash);
 }
 
+/// Housekeeping whose parts should all be tried: attempt() runs one and keeps its failure,
+/// finish() throws the first failure once everything has been tried.
+class every_step {
+ public:
+  template <class F>
+  void attempt(F&& f) {
+    try {
+      f();
+    } catch (const error& e) {
+      if (!first_) first_ = e;
+    }
+  }
+  void finish() const {
+    if (first_) throw *first_;
+  }
+
+ private:
+  std::optional<error> first_;
+};
+
 /// Keeps the newest `keep_last` valid steps (at least one) and never deletes a step at or after
 /// `floor` (the step the run resumed from or last committed); moves unreadable steps aside
 /// (quarantine_step); sweeps pending directories of steps at or below the newest step kept and
@@ -108,14 +128,8 @@ inline void remove_step(const internal::private_dir& root, std::uint64_t step, c
 inline void retain(const internal::private_dir& root, std::size_t keep_last, std::optional<std::uint64_t> floor,
                    const event_log& events = {}) {
   keep_last = std::max<std::size_t>(keep_last, 1);
-  std::optional<error> first;
-  auto attempt = [&](auto&& f) {
-    try {
-      f();
-    } catch (const error& e) {
-      if (!first) first = e;
-    }
-  };
+  every_step steps;
+  auto attempt = [&](auto&& f) { steps.attempt(f); };
   std::vector<std::uint64_t> valid;
   for (const auto step : list_steps_at(root.fd(), root.path())) {
     try {
@@ -141,7 +155,7 @@ inline void retain(const internal::private_dir& root, std::size_t keep_last, std
       }
     }
   });
-  if (first) throw *first;
+  steps.finish();
 }
 
 }  // namespace storage

@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include <elastic/checkpoint/detail/retention.hpp>
 #include <elastic/checkpoint/detail/s3_steps.hpp>
 #include <elastic/checkpoint/format.hpp>
 #include <elastic/error.hpp>
@@ -41,14 +42,8 @@ inline void retain(object_dir& dir, std::size_t keep_last, std::optional<std::ui
                    const event_log& events = {}) {
   keep_last = std::max<std::size_t>(keep_last, 1);
   auto& c = dir.client();
-  std::optional<error> first;
-  auto attempt = [&](auto&& f) {
-    try {
-      f();
-    } catch (const error& e) {
-      if (!first) first = e;
-    }
-  };
+  storage::every_step steps;
+  auto attempt = [&](auto&& f) { steps.attempt(f); };
   const auto listing = c.list();
   const auto committed = list_steps(listing);
   std::set<std::uint64_t> kept(committed.begin(), committed.begin() + static_cast<std::ptrdiff_t>(std::min(keep_last, committed.size())));
@@ -76,7 +71,7 @@ inline void retain(object_dir& dir, std::size_t keep_last, std::optional<std::ui
   std::optional<std::uint64_t> newest = floor;
   if (!committed.empty() && (!newest || committed.front() > *newest)) newest = committed.front();
   if (!newest) {
-    if (first) throw *first;
+    steps.finish();
     return;
   }
   const std::set<std::uint64_t> live(committed.begin(), committed.end());
@@ -93,7 +88,7 @@ inline void retain(object_dir& dir, std::size_t keep_last, std::optional<std::ui
       if (step && *step <= *newest && !quarantined.contains(*step)) attempt([&] { c.abort_upload(u.name, u.upload_id); });
     }
   });
-  if (first) throw *first;
+  steps.finish();
 }
 
 }  // namespace elastic::inline v1::checkpoint::detail::objects

@@ -155,7 +155,7 @@ class s3_transport {
   }
 
   CURLcode attempt_once(call& c, reply& r, std::string& error_body) {
-    internal::curl_ptr h = take_handle();
+    internal::curl_ptr h = pool_.take([](CURL*) {});
     CURL* e = h.get();
     ::curl_easy_reset(e);
     configure(e);
@@ -227,7 +227,7 @@ class s3_transport {
     requests_.fetch_add(1, std::memory_order_relaxed);
     const CURLcode rc = ::curl_easy_perform(e);
     if (rc == CURLE_OK) ::curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &r.status);
-    give_back(std::move(h));
+    pool_.give_back(std::move(h));
     return rc;
   }
 
@@ -259,34 +259,11 @@ class s3_transport {
     ::curl_easy_setopt(e, CURLOPT_HTTP_VERSION, static_cast<long>(CURL_HTTP_VERSION_1_1));
   }
 
-  internal::curl_ptr take_handle() {
-    {
-      std::lock_guard lk(pool_mutex_);
-      if (!idle_.empty()) {
-        auto h = std::move(idle_.back());
-        idle_.pop_back();
-        return h;
-      }
-    }
-    internal::curl_ptr h(::curl_easy_init());
-    if (!h) throw os_error("libcurl cannot make a handle", ENOMEM);
-    return h;
-  }
-  void give_back(internal::curl_ptr h) noexcept {
-    try {
-      std::lock_guard lk(pool_mutex_);
-      idle_.push_back(std::move(h));
-    } catch (...) {
-      // Out of memory for the pool: the handle (and its connection) is freed instead.
-    }
-  }
-
   location where_;
   std::shared_ptr<credential_source> keys_;
   client_options options_;
   std::atomic<std::uint64_t> requests_{0};
-  std::mutex pool_mutex_;
-  std::vector<internal::curl_ptr> idle_;
+  internal::curl_pool pool_;
 };
 
 }  // namespace elastic::inline v1::checkpoint::detail::objects

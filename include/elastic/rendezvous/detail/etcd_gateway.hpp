@@ -251,39 +251,22 @@ class etcd_gateway {
   }
 
   internal::curl_ptr take_handle() {
-    {
-      std::lock_guard lk(pool_mutex_);
-      if (!idle_.empty()) {
-        auto h = std::move(idle_.back());
-        idle_.pop_back();
-        return h;
+    return pool_.take([&](CURL* c) {
+      ::curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);  // no SIGALRM for timeouts: we live among threads
+      ::curl_easy_setopt(c, CURLOPT_HTTP_VERSION, static_cast<long>(CURL_HTTP_VERSION_1_1));  // the gateway
+      ::curl_easy_setopt(c, CURLOPT_PROXY, "");  // etcd members are reached directly, never via $http_proxy
+      ::curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(options_.connect_timeout.count()));
+      ::curl_easy_setopt(c, CURLOPT_TCP_KEEPALIVE, 1L);
+      ::curl_easy_setopt(c, CURLOPT_POST, 1L);
+      if (tls_) {
+        if (!options_.ca_file.empty()) ::curl_easy_setopt(c, CURLOPT_CAINFO, options_.ca_file.c_str());
+        if (!options_.cert_file.empty()) ::curl_easy_setopt(c, CURLOPT_SSLCERT, options_.cert_file.c_str());
+        if (!options_.key_file.empty()) ::curl_easy_setopt(c, CURLOPT_SSLKEY, options_.key_file.c_str());
       }
-    }
-    internal::curl_ptr h(::curl_easy_init());
-    if (!h) throw os_error("libcurl cannot make a handle", ENOMEM);  // its only reason to fail
-    CURL* c = h.get();
-    ::curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);  // no SIGALRM for timeouts: we live among threads
-    ::curl_easy_setopt(c, CURLOPT_HTTP_VERSION, static_cast<long>(CURL_HTTP_VERSION_1_1));  // the gateway
-    ::curl_easy_setopt(c, CURLOPT_PROXY, "");  // etcd members are reached directly, never via $http_proxy
-    ::curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(options_.connect_timeout.count()));
-    ::curl_easy_setopt(c, CURLOPT_TCP_KEEPALIVE, 1L);
-    ::curl_easy_setopt(c, CURLOPT_POST, 1L);
-    if (tls_) {
-      if (!options_.ca_file.empty()) ::curl_easy_setopt(c, CURLOPT_CAINFO, options_.ca_file.c_str());
-      if (!options_.cert_file.empty()) ::curl_easy_setopt(c, CURLOPT_SSLCERT, options_.cert_file.c_str());
-      if (!options_.key_file.empty()) ::curl_easy_setopt(c, CURLOPT_SSLKEY, options_.key_file.c_str());
-    }
-    return h;
+    });
   }
 
-  void give_back(internal::curl_ptr h) noexcept {
-    try {
-      std::lock_guard lk(pool_mutex_);
-      idle_.push_back(std::move(h));
-    } catch (...) {
-      // Out of memory for the pool: the handle is freed instead.
-    }
-  }
+  void give_back(internal::curl_ptr h) noexcept { pool_.give_back(std::move(h)); }
 
   static std::size_t append_body(char* data, std::size_t, std::size_t n, void* out) {
     static_cast<std::string*>(out)->append(data, n);
@@ -420,8 +403,7 @@ class etcd_gateway {
   std::atomic<std::size_t> preferred_{0};  ///< the endpoint that answered last
   mutable std::atomic<std::uint64_t> requests_{0};  ///< counted in prepare(): every request sent
 
-  std::mutex pool_mutex_;
-  std::vector<internal::curl_ptr> idle_;
+  internal::curl_pool pool_;
 
   std::mutex token_mutex_;
   std::string token_;
