@@ -59,6 +59,10 @@ sanitizer_skip_tests=(
   # under kills, not of memory. Under the sanitizers: every upload, commit, retention and damaged
   # step of the same backend (test_s3_checkpoints' other case), the disturbed digits run on s3://.
   "SIGKILL at random moments of uploads"
+  # The disturbed digits run with its checkpoints on s3:// (half a minute). Under the
+  # sanitizers: the same run on a directory (example.digits_disrupted), and every path of the
+  # object-storage backend against radosgw (test_s3_checkpoints).
+  "example.digits_disrupted_s3"
 )
 sanitizer_skip=$(IFS='|'; echo "${sanitizer_skip_tests[*]}")
 
