@@ -75,10 +75,11 @@ inline void retain(object_dir& dir, std::size_t keep_last, std::optional<std::ui
     return;
   }
   const std::set<std::uint64_t> live(committed.begin(), committed.end());
-  for (const auto& [step, names] : objects) {
+  for (const auto& leftover : objects) {  // not a structured binding: Clang 14 cannot capture one
+    const std::uint64_t step = leftover.first;
     if (step > *newest || live.contains(step) || quarantined.contains(step)) continue;
     attempt([&] {
-      for (const auto& name : names) c.erase(name);
+      for (const auto& name : leftover.second) c.erase(name);
     });
   }
   attempt([&] {
