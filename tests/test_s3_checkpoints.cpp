@@ -15,6 +15,7 @@
 #include <optional>
 #include <memory>
 #include <random>
+#include <span>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -441,6 +442,35 @@ TEST_CASE("object storage against a real radosgw: round trips, commits, damage, 
     CHECK(none.code() == errc::not_found);
     CHECK(none.message().find("AWS_ACCESS_KEY_ID") != std::string::npos);
     endpoints.kill(SIGKILL);
+  }
+
+  SECTION("an answer cut off mid-way is asked for again from its start: what is read is the object, whole") {
+    const std::string dir = fresh_dir("cut");
+    const auto direct = objects::parse_location(dir);
+    objects::s3_client writer(direct, {elastic::test::radosgw_server::access_key,
+                                       elastic::test::radosgw_server::secret_key, ""});
+    std::string data(3 << 20, '\0');
+    for (std::size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>((i * 7919) >> 5);
+    writer.put("big", std::string_view(data));
+    // The 1st and 3rd connections through the proxy are cut 1 MB into the server's answer.
+    const auto port = std::to_string(server()->port());
+    auto proxy = elastic::test::child_process::spawn(
+        {"/usr/bin/python3", ELASTIC_CUTTING_PROXY, port, std::to_string(1 << 20), "2"});
+    const auto proxy_port = proxy.read_line(std::chrono::seconds(20));
+    REQUIRE(proxy_port);
+    auto through = direct;
+    through.endpoint = "http://127.0.0.1:" + *proxy_port;
+    const sigv4::credentials keys{elastic::test::radosgw_server::access_key,
+                                           elastic::test::radosgw_server::secret_key, ""};
+    objects::s3_client reader(through, keys);
+    CHECK(reader.get("big") == data);  // whole: its first answer was cut
+    CHECK(reader.requests() == 2);
+    objects::s3_client ranged(through, keys);  // a connection of its own: the 3rd, cut
+    std::string part(2 << 20, '\0');
+    ranged.get_range("big", 12345, std::as_writable_bytes(std::span<char>(part)));
+    CHECK(part == data.substr(12345, part.size()));
+    CHECK(ranged.requests() == 2);
+    proxy.kill(SIGKILL);
   }
 
   SECTION("no bucket, wrong keys and no server are refused up front, saying what to fix") {

@@ -7,8 +7,8 @@
 // answer reads 412 although our own first attempt wrote the object: put_if_absent() returns
 // `exists` then and the caller compares.
 //
-// Bodies are sent from the caller's memory (no copy); payloads over 64 KiB are sent as
-// UNSIGNED-PAYLOAD (the signature covers the headers, not the bytes) with their CRC-32C in
+// Bodies are sent from the caller's memory (no copy) as UNSIGNED-PAYLOAD (the signature
+// covers the headers, not the bytes: no SHA-256 pass over gigabytes) with their CRC-32C in
 // x-amz-checksum-crc32c (GCS: x-goog-hash), which AWS and GCS verify before they store anything;
 // the checkpoint's own per-chunk CRC-32C is checked again when a step is read back.
 #pragma once

@@ -60,7 +60,7 @@ struct http_answer {
 /// One request to a credentials endpoint (no retry: the caller's whole resolution is retried by
 /// the next request that needs keys).
 inline http_answer fetch(const std::string& method, const std::string& url, const std::vector<std::string>& headers,
-                         std::chrono::milliseconds timeout) {
+                         std::chrono::milliseconds timeout, bool link_local = true) {
   internal::curl_global();
   internal::curl_ptr h(::curl_easy_init());
   if (!h) throw os_error("libcurl cannot make a handle", ENOMEM);
@@ -78,7 +78,7 @@ inline http_answer fetch(const std::string& method, const std::string& url, cons
   CURL* e = h.get();
   ::curl_easy_setopt(e, CURLOPT_URL, url.c_str());
   ::curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
-  ::curl_easy_setopt(e, CURLOPT_PROXY, "");  // metadata endpoints are link-local: never via a proxy
+  if (link_local) ::curl_easy_setopt(e, CURLOPT_PROXY, "");  // a metadata endpoint: never via a proxy
   ::curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(timeout.count()));
   ::curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, static_cast<long>(timeout.count() * 5));
   ::curl_easy_setopt(e, CURLOPT_HTTPHEADER, owned.get());
@@ -138,7 +138,7 @@ inline session web_identity(const location& l, const environment& env) {
                   "WebIdentityToken={}",
                   sts, sigv4::uri_encode(role, false), sigv4::uri_encode(name, false), sigv4::uri_encode(token, false));
   const std::string what = "STS AssumeRoleWithWebIdentity for " + role;
-  const auto a = fetch("GET", url, {"Accept: application/xml"}, std::chrono::seconds(5));
+  const auto a = fetch("GET", url, {"Accept: application/xml"}, std::chrono::seconds(5), false);  // STS: public
   check_ok(a, what);
   session s;
   s.keys = {xml::first(a.body, "AccessKeyId"), xml::first(a.body, "SecretAccessKey"), xml::first(a.body, "SessionToken")};

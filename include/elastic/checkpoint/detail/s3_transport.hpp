@@ -167,8 +167,11 @@ class s3_transport {
     q.headers = c.headers;
     q.region = where_.region;
     q.amz_date = sigv4::amz_date(std::chrono::system_clock::now());
+    // A retry starts from the top: the body sent again, whatever came of an answer dropped.
+    if (c.sink) c.sink->clear();
+    if (c.range) *c.range = range_sink{c.range->out, 0};
     if (c.body) {
-      c.body->at = c.body->start;  // from the top again on a retry
+      c.body->at = c.body->start;
       q.payload_sha256 = "UNSIGNED-PAYLOAD";
     } else if (!c.text.empty()) {
       q.payload_sha256 = sigv4::sha256_hex(c.text);
