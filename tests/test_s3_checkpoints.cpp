@@ -492,6 +492,18 @@ TEST_CASE("object storage against a real radosgw: round trips, commits, damage, 
     proxy.kill(SIGKILL);
   }
 
+  SECTION("ranks that would agree on their final step through a POSIX directory are refused on s3://, saying why") {
+    const std::string dir = fresh_dir("standalone");
+    model a(1000, 1);
+    const auto e = error_of([&] {
+      elastic::training_loop loop({.dir = dir, .steps = 10, .every_steps = 5, .handle_signals = false, .rank = 0,
+                                   .world_size = 2, .run_id = "s3-test", .events = elastic::event_log()},
+                                  a.st);
+    });
+    CHECK(e.code() == errc::not_supported);
+    CHECK(e.message().find("elastic group") != std::string::npos);
+  }
+
   SECTION("no bucket, wrong keys and no server are refused up front, saying what to fix") {
     model a(1000, 1);
     const auto none = error_of([&] { ck::checkpointer c(a.st, opts("s3://no-such-bucket/x")); });
