@@ -63,59 +63,110 @@ inline opened_step open_step(object_dir& dir, std::uint64_t step) {
   return o;
 }
 
-/// Reads verified byte ranges of a step's data objects: whole chunks by ranged GETs,
-/// `connections` at a time, each checked against its CRC-32C.
+/// Reads verified byte ranges of a step's data objects. read_range() only notes what is wanted;
+/// flush() (stage_entries calls it) fetches it all: neighbouring ranges of a rank's object
+/// joined into one ranged GET of up to a part's size (a model of many small tensors costs a few
+/// requests, not one per tensor), a large range split into runs of that size, `connections` GETs
+/// at a time, every chunk checked against its CRC-32C before it is copied where it was wanted.
 class object_step_reader {
  public:
   object_step_reader(object_dir& dir, const opened_step& step) : dir_(dir), step_(step), checked_(step.parts.size()) {}
 
   void read_range(int r, const format::entry_record& rec, std::uint64_t from, std::uint64_t to, std::byte* out) {
-    const auto& part = step_.parts[static_cast<std::size_t>(r)];
-    const std::string name = step_.folder + format::rank_data_name(r);
-    check_size(r, name, part);
-    const std::uint64_t cb = part.chunk_bytes;
-    // One GET per run of whole chunks of about a part's size: fewer, larger requests stream
-    // better than one per chunk; each chunk in it is still verified on its own.
-    const std::uint64_t per = std::max<std::uint64_t>(1, dir_.transfer().part_bytes / cb);
-    struct job {
-      std::uint64_t first, end;  // chunks [first, end)
-      std::uint64_t b0, b1;      // their bytes in the entry
-      std::vector<std::byte> partial;  // when the run reaches outside [from, to): fetched whole here
-    };
-    std::vector<job> jobs;
-    for (std::uint64_t c = from / cb; c * cb < to; c += per) {
-      job j{c, 0, c * cb, 0, {}};
-      j.end = std::min(c + per, (to + cb - 1) / cb);
-      j.b1 = std::min(j.end * cb, rec.bytes);
-      if (j.b0 < from || j.b1 > to) j.partial.resize(static_cast<std::size_t>(j.b1 - j.b0));
-      jobs.push_back(std::move(j));
+    if (from < to) wants_.push_back({r, &rec, from, to, out});
+  }
+
+  void flush() {
+    // Each want as runs of whole chunks (a chunk is the unit a checksum covers), each run at
+    // most a part's size; then runs of one object that follow each other (across the
+    // alignment gap between entries) joined while the whole stays within a part.
+    const std::uint64_t part = dir_.transfer().part_bytes;
+    std::vector<run> runs;
+    for (const auto& w : wants_) {
+      const std::uint64_t cb = step_.parts[static_cast<std::size_t>(w.rank)].chunk_bytes;
+      const std::uint64_t per = std::max<std::uint64_t>(1, part / cb);
+      for (std::uint64_t c = w.from / cb; c * cb < w.to; c += per) {
+        const std::uint64_t end = std::min(c + per, (w.to + cb - 1) / cb);
+        runs.push_back({&w, c, end, w.rec->offset + c * cb, w.rec->offset + std::min(end * cb, w.rec->bytes)});
+      }
     }
-    parallel_for(jobs.size(), dir_.transfer().connections, [&](std::size_t i) {
-      auto& j = jobs[i];
-      std::byte* buf = j.partial.empty() ? out + (j.b0 - from) : j.partial.data();
-      dir_.client().get_range(name, rec.offset + j.b0, {buf, static_cast<std::size_t>(j.b1 - j.b0)});
-      for (std::uint64_t c = j.first; c < j.end; ++c) {
-        const std::uint64_t c0 = c * cb, c1 = std::min(c0 + cb, rec.bytes);
-        const std::uint32_t crc = internal::crc32c(buf + (c0 - j.b0), static_cast<std::size_t>(c1 - c0));
-        if (crc != rec.crc[static_cast<std::size_t>(c)]) {
-          throw error(errc::corrupt, fmt::format("{}: entry '{}' bytes {}..{} fail their checksum (stored {:08x}, read "
-                                                 "{:08x})",
-                                                 dir_.url_of(name), rec.name, c0, c1, rec.crc[static_cast<std::size_t>(c)],
-                                                 crc));
+    std::sort(runs.begin(), runs.end(), [](const run& a, const run& b) {
+      return std::pair(a.of->rank, a.start) < std::pair(b.of->rank, b.start);
+    });
+    std::vector<std::pair<std::size_t, std::size_t>> fetches;  // [first, last) of `runs`
+    for (std::size_t i = 0; i < runs.size(); ++i) {
+      if (!fetches.empty()) {
+        const auto& head = runs[fetches.back().first];
+        const auto& prev = runs[i - 1];
+        if (runs[i].of->rank == head.of->rank && runs[i].start >= prev.stop &&
+            runs[i].start - prev.stop <= data_alignment && runs[i].stop - head.start <= part) {
+          fetches.back().second = i + 1;
+          continue;
         }
       }
-    });
-    for (auto& j : jobs) {
-      if (j.partial.empty()) continue;
-      const std::uint64_t a = std::max(from, j.b0), b = std::min(to, j.b1);
-      std::memcpy(out + (a - from), j.partial.data() + (a - j.b0), static_cast<std::size_t>(b - a));
+      fetches.emplace_back(i, i + 1);
     }
+    for (const auto& w : wants_) check_size(w.rank);
+    parallel_for(fetches.size(), dir_.transfer().connections,
+                 [&](std::size_t f) { fetch({runs.data() + fetches[f].first, runs.data() + fetches[f].second}); });
+    wants_.clear();
   }
 
  private:
+  struct want {
+    int rank;
+    const format::entry_record* rec;
+    std::uint64_t from, to;  // bytes of the entry
+    std::byte* out;
+  };
+  struct run {
+    const want* of;
+    std::uint64_t first, end;  // chunks [first, end) of the entry
+    std::uint64_t start, stop;  // their bytes in the rank's data object
+  };
+
+  std::string data_name(int r) const { return step_.folder + format::rank_data_name(r); }
+
+  /// One ranged GET for `runs` (of one object, in order): straight into the wanted place when
+  /// it is one run of exactly the bytes wanted, else into a buffer they are copied from.
+  void fetch(std::span<const run> runs) {
+    const run& head = runs.front();
+    const want& w = *head.of;
+    const std::string name = data_name(w.rank);
+    const std::uint64_t start = head.start, stop = runs.back().stop;
+    const std::uint64_t cb = step_.parts[static_cast<std::size_t>(w.rank)].chunk_bytes;
+    const bool direct = runs.size() == 1 && head.first * cb >= w.from && head.stop - w.rec->offset <= w.to;
+    std::vector<std::byte> buffer;
+    std::byte* got = direct ? w.out + (head.first * cb - w.from) : nullptr;
+    if (!direct) {
+      buffer.resize(static_cast<std::size_t>(stop - start));
+      got = buffer.data();
+    }
+    dir_.client().get_range(name, start, {got, static_cast<std::size_t>(stop - start)});
+    for (const auto& rn : runs) {
+      const auto& rec = *rn.of->rec;
+      const std::byte* at = got + (rn.start - start);  // the run's first chunk
+      for (std::uint64_t c = rn.first; c < rn.end; ++c) {
+        const std::uint64_t c0 = c * cb, c1 = std::min(c0 + cb, rec.bytes);
+        const std::uint32_t crc = internal::crc32c(at + (c0 - rn.first * cb), static_cast<std::size_t>(c1 - c0));
+        if (crc != rec.crc[static_cast<std::size_t>(c)]) {
+          throw error(errc::corrupt, fmt::format("{}: entry '{}' bytes {}..{} fail their checksum (stored {:08x}, read "
+                                                 "{:08x})",
+                                                 dir_.url_of(name), rec.name, c0, c1,
+                                                 rec.crc[static_cast<std::size_t>(c)], crc));
+        }
+      }
+      if (direct) continue;
+      const std::uint64_t a = std::max(rn.of->from, rn.first * cb), b = std::min(rn.of->to, rn.stop - rec.offset);
+      std::memcpy(rn.of->out + (a - rn.of->from), at + (a - rn.first * cb), static_cast<std::size_t>(b - a));
+    }
+  }
+
   /// Rank `r`'s data object, checked against its manifest's size once.
-  void check_size(int r, const std::string& name, const format::rank_manifest& part) {
+  void check_size(int r) {
     if (checked_[static_cast<std::size_t>(r)]) return;
+    const auto& part = step_.parts[static_cast<std::size_t>(r)];
+    const std::string name = data_name(r);
     const auto size = dir_.client().size_of(name);
     if (!size) throw error(errc::corrupt, fmt::format("{} is missing: rank {}'s data is not there", dir_.url_of(name), r));
     if (*size < part.data_bytes) {
@@ -128,6 +179,7 @@ class object_step_reader {
   object_dir& dir_;
   const opened_step& step_;
   std::vector<bool> checked_;
+  std::vector<want> wants_;
 };
 
 /// Loads committed step `step` into `st` as rank `rank`; storage::load_step_at's contract.
