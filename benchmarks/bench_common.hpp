@@ -6,9 +6,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <system_error>
 #include <vector>
@@ -28,6 +31,24 @@ inline double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const std::size_t m = v.size() / 2;
   return v.size() % 2 != 0 ? v[m] : (v[m - 1] + v[m]) / 2;
+}
+
+/// Pre-faulted memory of `bytes` filled with a pattern (no lazy zero pages in a measurement).
+inline std::unique_ptr<std::byte[]> filled(std::size_t bytes) {
+  auto p = std::make_unique_for_overwrite<std::byte[]>(bytes);
+  std::memset(p.get(), 0x5a, bytes);
+  return p;
+}
+
+/// Seconds from a snapshot of `step` (taken and fenced: its stall is not counted) until it is
+/// durable, with `c` a checkpointer.
+template <class Checkpointer>
+double persist_seconds(Checkpointer& c, std::uint64_t step) {
+  c.snapshot(step);
+  c.before_update();
+  const auto t0 = clock_type::now();
+  c.wait_durable();
+  return since(t0);
 }
 
 /// Pairs of timings, ours and a reference's, taken one right after the other with the order

@@ -29,20 +29,13 @@
 namespace fs = std::filesystem;
 namespace ck = elastic::checkpoint;
 using elastic::bench::clock_type;
+using elastic::bench::filled;
 using elastic::bench::median;
 using elastic::bench::since;
 
 namespace {
 
 const elastic::bench::scratch_dir* g_scratch = nullptr;
-
-/// Pre-faulted memory of `bytes` filled with a pattern (no lazy zero pages in the measurement).
-std::unique_ptr<std::byte[]> filled(std::size_t bytes) {
-  auto p = std::make_unique_for_overwrite<std::byte[]>(bytes);
-  for (std::size_t i = 0; i < bytes; i += 4096) p[i] = static_cast<std::byte>(i >> 12);
-  std::memset(p.get(), 0x5a, bytes);
-  return p;
-}
 
 /// Evicts a file from the page cache so the next read comes from the disk.
 void evict(const fs::path& p) {
@@ -116,13 +109,7 @@ void BM_persist(benchmark::State& state) {
       return r;
     };
     // Ours: from the staged copy (the snapshot, measured as the stall) to a durable commit.
-    auto persist = [&] {
-      c.snapshot(++step);
-      c.before_update();
-      const auto t0 = clock_type::now();
-      c.wait_durable();
-      return since(t0);
-    };
+    auto persist = [&] { return elastic::bench::persist_seconds(c, ++step); };
     // Alternating which goes first: this shared disk's speed drifts by 5x within seconds.
     for (auto _ : state) state.SetIterationTime(runs.run(persist, raw_write));
   }

@@ -35,18 +35,13 @@
 namespace ck = elastic::checkpoint;
 namespace objects = elastic::checkpoint::detail::objects;
 using elastic::bench::clock_type;
+using elastic::bench::filled;
 using elastic::bench::median;
 using elastic::bench::since;
 
 namespace {
 
 std::string g_bucket_url;  // s3://BUCKET
-
-std::unique_ptr<std::byte[]> filled(std::size_t bytes) {
-  auto p = std::make_unique_for_overwrite<std::byte[]>(bytes);
-  for (std::size_t i = 0; i < bytes; ++i) p[i] = static_cast<std::byte>((i * 2654435761u) >> 24);
-  return p;
-}
 
 std::string env(const char* name) {
   const char* v = std::getenv(name);
@@ -92,13 +87,7 @@ void BM_s3_persist_body(benchmark::State& state) {
   {
     ck::checkpointer c(st, opts(g_bucket_url + "/" + prefix));
     for (auto _ : state) {
-      auto persist = [&] {
-        c.snapshot(++step);
-        c.before_update();
-        const auto t0 = clock_type::now();
-        c.wait_durable();
-        return since(t0);
-      };
+      auto persist = [&] { return elastic::bench::persist_seconds(c, ++step); };
       state.SetIterationTime(runs.run(persist, [&] { return curl("-T " + file + " " + http_url(prefix + "-curl.bin")); }));
     }
   }

@@ -67,6 +67,7 @@ namespace comm = elastic::comm;
 namespace cd = elastic::comm::detail;
 using namespace std::chrono_literals;
 using elastic::bench::clock_type;
+using elastic::bench::filled;
 using elastic::bench::median;
 using elastic::bench::since;
 
@@ -174,13 +175,6 @@ void wait_for(F&& f, const char* what) {
     if (clock_type::now() > until) throw std::runtime_error(std::string("timed out waiting for ") + what);
     std::this_thread::sleep_for(2ms);
   }
-}
-
-/// Pre-faulted memory of `bytes` filled with a pattern.
-std::unique_ptr<std::byte[]> filled(std::size_t bytes) {
-  auto p = std::make_unique_for_overwrite<std::byte[]>(bytes);
-  std::memset(p.get(), 0x5a, bytes);
-  return p;
 }
 
 std::vector<fs::path> files_under(const fs::path& dir) {

@@ -50,12 +50,7 @@ using namespace std::chrono_literals;
 using elastic::test::child_process;
 using elastic::test::temp_dir;
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using elastic::test::slurp;
 
 std::size_t count(const std::string& text, const std::string& what) {
   std::size_t n = 0;

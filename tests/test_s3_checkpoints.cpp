@@ -37,6 +37,7 @@ namespace ck = elastic::checkpoint;
 namespace objects = elastic::checkpoint::detail::objects;
 using elastic::errc;
 using elastic::test::error_of;
+using elastic::test::slurp;
 
 namespace {
 
@@ -116,11 +117,6 @@ std::vector<std::string> names(const std::string& dir) {
   std::vector<std::string> out;
   for (const auto& o : d.client().list()) out.push_back(o.name);
   return out;
-}
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
 }  // namespace
@@ -455,9 +451,7 @@ TEST_CASE("object storage against a real radosgw: round trips, commits, damage, 
       objects::s3_client c(gs, std::make_shared<objects::credential_source>(gs, env_of({{"GCE_METADATA_HOST", "127.0.0.1:" + *port}})));
       CHECK(c.list().empty());
       CHECK(requests("GET /gcs-bucket/") == 1);
-      std::ifstream in(log);
-      const std::string all((std::istreambuf_iterator<char>(in)), {});
-      CHECK(all.find("Bearer a-web-identity-jwt") != std::string::npos);
+      CHECK(slurp(log).find("Bearer a-web-identity-jwt") != std::string::npos);
     }
     // Nowhere: every place looked at is named.
     const auto none = error_of([&] { objects::credential_source c(where, env_of({})); });

@@ -16,14 +16,6 @@
 
 namespace elastic::test {
 
-/// The whole text of a file ("" when it cannot be read).
-inline std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 /// elastic-run (`tool`) with run id RUN-PID, its logs under a temporary directory, `options`,
 /// then "--" and `program`. Its stdout is read by finish(), its stderr goes to err().
 struct launched_run {

@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -188,6 +189,14 @@ pid_t fork_child(F&& f) {
     std::_Exit(code);
   }
   return pid;
+}
+
+/// The whole text of a file ("" when it cannot be read).
+inline std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
 }
 
 /// Lines of a JSON-lines events file that mention `"event":"NAME"`.

@@ -45,10 +45,13 @@ struct location {
   /// rather than in the host name.
   bool path_style = false;
 
+  /// The key of object `name` under the prefix ("PREFIX/name").
+  [[nodiscard]] std::string key_of(std::string_view name) const {
+    return prefix.empty() ? std::string(name) : prefix + "/" + std::string(name);
+  }
   /// The object `name` under the prefix, as a path ("/BUCKET/PREFIX/name" in path style).
   [[nodiscard]] std::string path_of(std::string_view name) const {
-    const std::string key = prefix.empty() ? std::string(name) : prefix + "/" + std::string(name);
-    return path_style ? "/" + bucket + "/" + key : "/" + key;
+    return path_style ? "/" + bucket + "/" + key_of(name) : "/" + key_of(name);
   }
   /// The Host header: the endpoint's, with the bucket in front unless path style.
   [[nodiscard]] std::string host() const {

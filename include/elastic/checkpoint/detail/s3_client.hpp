@@ -111,8 +111,8 @@ class s3_client {
 
   /// Copies object `from` to `to` on the server.
   void copy(std::string_view from, std::string_view to) {
-    const std::string source = sigv4::uri_encode(loc().path_style ? loc().path_of(from).substr(1)
-                                                                   : loc().bucket + loc().path_of(from),
+    const std::string source = sigv4::uri_encode(where().path_style ? where().path_of(from).substr(1)
+                                                                   : where().bucket + where().path_of(from),
                                                  true);
     std::string reply;
     send({.method = "PUT", .name = to, .headers = {{"x-amz-copy-source", source}}, .sink = &reply});
@@ -129,7 +129,7 @@ class s3_client {
   /// Every object whose name starts with `under`, in name order.
   std::vector<object_info> list(std::string_view under = {}) {
     std::vector<object_info> out;
-    const std::string prefix = full_name(under);
+    const std::string prefix = where().key_of(under);
     std::string token;
     for (;;) {
       std::vector<std::pair<std::string, std::string>> q{{"list-type", "2"}, {"prefix", prefix}, {"max-keys", "1000"}};
@@ -168,23 +168,23 @@ class s3_client {
   };
   part_done upload_part(std::string_view name, const std::string& upload_id, int number, const gather& body,
                         std::uint64_t from, std::uint64_t bytes) {
-    const std::uint32_t c = body.crc(from, bytes);
+    const std::string crc = crc32c_base64(body.crc(from, bytes));
     std::vector<std::pair<std::string, std::string>> h;
-    if (loc().scheme == "s3") h.emplace_back("x-amz-checksum-crc32c", crc32c_base64(c));
+    if (where().scheme == "s3") h.emplace_back("x-amz-checksum-crc32c", crc);
     gather_source src{&body, from, from + bytes};
     const auto r = send({.method = "PUT",
                          .name = name,
                          .query = {{"partNumber", std::to_string(number)}, {"uploadId", upload_id}},
                          .headers = std::move(h),
                          .body = &src});
-    return {number, r.etag, crc32c_base64(c)};
+    return {number, r.etag, crc};
   }
   void complete_upload(std::string_view name, const std::string& upload_id, std::vector<part_done> parts) {
     std::sort(parts.begin(), parts.end(), [](const auto& a, const auto& b) { return a.number < b.number; });
     std::string doc = "<CompleteMultipartUpload>";
     for (const auto& p : parts) {
       doc += fmt::format("<Part><PartNumber>{}</PartNumber><ETag>{}</ETag>", p.number, xml::escape(p.etag));
-      if (loc().scheme == "s3") doc += fmt::format("<ChecksumCRC32C>{}</ChecksumCRC32C>", p.crc);
+      if (where().scheme == "s3") doc += fmt::format("<ChecksumCRC32C>{}</ChecksumCRC32C>", p.crc);
       doc += "</Part>";
     }
     doc += "</CompleteMultipartUpload>";
@@ -201,7 +201,7 @@ class s3_client {
   /// The multipart uploads still open under `under`.
   std::vector<upload_info> uploads(std::string_view under = {}) {
     std::vector<upload_info> out;
-    const std::string prefix = full_name(under);
+    const std::string prefix = where().key_of(under);
     std::string key_marker, id_marker;
     for (;;) {
       std::vector<std::pair<std::string, std::string>> q{{"uploads", ""}, {"prefix", prefix}};
@@ -231,12 +231,8 @@ class s3_client {
     return gather{{{reinterpret_cast<const std::byte*>(s.data()), s.size()}}};
   }
 
-  [[nodiscard]] std::string full_name(std::string_view name) const {
-    return loc().prefix.empty() ? std::string(name) : loc().prefix + "/" + std::string(name);
-  }
-
   std::vector<std::pair<std::string, std::string>> checksum_algorithm() const {
-    if (loc().scheme == "s3") return {{"x-amz-checksum-algorithm", "CRC32C"}};
+    if (where().scheme == "s3") return {{"x-amz-checksum-algorithm", "CRC32C"}};
     return {};
   }
 
@@ -244,7 +240,7 @@ class s3_client {
     std::vector<std::pair<std::string, std::string>> h;
     const std::uint64_t n = body.size();
     const std::string crc = crc32c_base64(body.crc(0, n));
-    if (loc().scheme == "s3") {
+    if (where().scheme == "s3") {
       h.emplace_back("x-amz-checksum-crc32c", crc);
     } else {
       h.emplace_back("x-goog-hash", "crc32c=" + crc);
@@ -252,7 +248,7 @@ class s3_client {
     if (if_absent) {
       h.emplace_back("if-none-match", "*");
       // GCS's XML API states the same precondition as a generation: 0, no live object.
-      if (loc().scheme == "gs") h.emplace_back("x-goog-if-generation-match", "0");
+      if (where().scheme == "gs") h.emplace_back("x-goog-if-generation-match", "0");
     }
     gather_source src{&body, 0, n};
     return send({.method = "PUT",
@@ -264,7 +260,6 @@ class s3_client {
   }
 
   s3_transport::reply send(call c) { return transport_.send(std::move(c)); }
-  [[nodiscard]] const location& loc() const noexcept { return transport_.where(); }
 
   s3_transport transport_;
 };

@@ -72,14 +72,10 @@ class object_dir {
   /// from the environment.
   explicit object_dir(std::string_view url, client_options client = {},
                       transfer_options transfer = transfer_options::from_env())
-      : client_(parse_location(url), std::make_shared<credential_source>(parse_location(url)), client),
-        transfer_(transfer) {
-    if (transfer_.part_bytes < (5u << 20) || transfer_.connections < 1) {
-      throw error(errc::invalid_argument, "object storage: parts must be at least 5 MiB (S3's minimum), connections >= 1");
-    }
-  }
+      : object_dir(parse_location(url), nullptr, client, transfer) {}
+  /// `where` with the given keys (tests, tools).
   object_dir(location where, sigv4::credentials keys, client_options client = {}, transfer_options transfer = {})
-      : client_(std::move(where), std::move(keys), client), transfer_(transfer) {}
+      : object_dir(std::move(where), std::make_shared<credential_source>(std::move(keys)), client, transfer) {}
 
   [[nodiscard]] s3_client& client() noexcept { return client_; }
   [[nodiscard]] const transfer_options& transfer() const noexcept { return transfer_; }
@@ -107,6 +103,15 @@ class object_dir {
   }
 
  private:
+  /// `keys`: nothing to resolve them from the environment.
+  object_dir(location where, std::shared_ptr<credential_source> keys, client_options client, transfer_options transfer)
+      : client_(where, keys ? std::move(keys) : std::make_shared<credential_source>(where), client),
+        transfer_(transfer) {
+    if (transfer_.part_bytes < (5u << 20) || transfer_.connections < 1) {
+      throw error(errc::invalid_argument, "object storage: parts must be at least 5 MiB (S3's minimum), connections >= 1");
+    }
+  }
+
   s3_client client_;
   transfer_options transfer_;
 };

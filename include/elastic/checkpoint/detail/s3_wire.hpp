@@ -58,47 +58,44 @@ struct gather {
     for (const auto& p : pieces) n += p.bytes;
     return n;
   }
-  /// Copies bytes [at, at + n) into `out`.
-  void copy(std::uint64_t at, std::byte* out, std::size_t n) const noexcept {
+  /// Calls f(data, k) for each stretch of bytes [at, at + n) in order: `data` points at k bytes
+  /// of a piece, or is nullptr for k zeros.
+  template <class F>
+  void visit(std::uint64_t at, std::uint64_t n, F&& f) const {
     std::uint64_t base = 0;
     for (const auto& p : pieces) {
       if (n == 0) return;
       if (at < base + p.bytes) {
-        const std::uint64_t from = at - base;
-        const std::size_t k = static_cast<std::size_t>(std::min<std::uint64_t>(n, p.bytes - from));
-        if (p.data) {
-          std::memcpy(out, p.data + from, k);
-        } else {
-          std::memset(out, 0, k);
-        }
-        out += k;
+        const std::uint64_t from = at - base, k = std::min<std::uint64_t>(n, p.bytes - from);
+        f(p.data ? p.data + from : nullptr, static_cast<std::size_t>(k));
         at += k;
         n -= k;
       }
       base += p.bytes;
     }
   }
+  /// Copies bytes [at, at + n) into `out`.
+  void copy(std::uint64_t at, std::byte* out, std::size_t n) const noexcept {
+    visit(at, n, [&](const std::byte* data, std::size_t k) {
+      if (data) {
+        std::memcpy(out, data, k);
+      } else {
+        std::memset(out, 0, k);
+      }
+      out += k;
+    });
+  }
   /// CRC-32C of bytes [at, at + n).
   [[nodiscard]] std::uint32_t crc(std::uint64_t at, std::uint64_t n) const noexcept {
     static constexpr std::byte zeros[4096]{};
     std::uint32_t c = 0;
-    std::uint64_t base = 0;
-    for (const auto& p : pieces) {
-      if (n == 0) break;
-      if (at < base + p.bytes) {
-        const std::uint64_t from = at - base, k = std::min<std::uint64_t>(n, p.bytes - from);
-        if (p.data) {
-          c = internal::crc32c(p.data + from, static_cast<std::size_t>(k), c);
-        } else {
-          for (std::uint64_t z = 0; z < k; z += sizeof zeros) {
-            c = internal::crc32c(zeros, static_cast<std::size_t>(std::min<std::uint64_t>(sizeof zeros, k - z)), c);
-          }
-        }
-        at += k;
-        n -= k;
+    visit(at, n, [&](const std::byte* data, std::size_t k) {
+      if (data) {
+        c = internal::crc32c(data, k, c);
+        return;
       }
-      base += p.bytes;
-    }
+      for (std::size_t z = 0; z < k; z += sizeof zeros) c = internal::crc32c(zeros, std::min(sizeof zeros, k - z), c);
+    });
     return c;
   }
 };
