@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -258,6 +259,20 @@ TEST_CASE("set, get, erase, list and compare_set behave like a map") {
     CHECK(contains(e.what(), "not an integer"));
     CHECK(error_of([&] { s.set("", "v"); }).code() == errc::invalid_argument);
   }
+}
+
+TEST_CASE("a batch of writes is one transaction that does what each write would, and one on an ended lease fails alone") {
+  etcd_server etcd;
+  rdzv::etcd_store s(etcd.url(), test_options());
+  const auto before = s.requests();
+  std::vector<rdzv::write_request> batch;
+  for (int i = 0; i < 40; ++i) {
+    batch.push_back({rdzv::write_request::kind::compare_set, "one/" + std::to_string(i), std::nullopt, "v", 0});
+  }
+  const auto r = s.apply(batch);
+  CHECK(s.requests() - before == 1);
+  CHECK(std::all_of(r.begin(), r.end(), [](const auto& x) { return x.done; }));
+  elastic::test::check_batch_behaviour(s);
 }
 
 TEST_CASE("add is atomic across processes") {

@@ -58,6 +58,11 @@ TEST_CASE("set, get, erase, list and compare_set behave like a map") {
   elastic::test::check_map_behaviour(t.s);
 }
 
+TEST_CASE("a batch of writes does what each write would, and one on an ended lease fails alone") {
+  scratch_store t;
+  elastic::test::check_batch_behaviour(t.s);
+}
+
 TEST_CASE("a watch reports the range's keys, then each put and erasure in it, a lapsed lease's too") {
   scratch_store t;
   elastic::test::check_feed_behaviour(t.s);

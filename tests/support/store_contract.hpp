@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <exception>
 #include <functional>
 #include <map>
 #include <optional>
@@ -51,6 +52,73 @@ inline void check_map_behaviour(elastic::rendezvous::store& s) {
   CHECK(s.get("run/b"));
   CHECK(s.erase("ns-2/a"));
   CHECK(s.erase("ns"));
+}
+
+/// apply(): a batch of sets, compare_sets and erases does what each call would; a write whose
+/// lease is gone fails alone; a key named twice is refused before anything is written.
+inline void check_batch_behaviour(elastic::rendezvous::store& s) {
+  using namespace std::chrono_literals;
+  using w = elastic::rendezvous::write_request;
+  using k = w::kind;
+  s.set("b/held", "old");
+  s.set("b/gone", "x");
+  const auto lease = s.grant(10s);
+  std::vector<w> batch{{k::set, "b/new", std::nullopt, "1", lease},
+                       {k::compare_set, "b/fresh", std::nullopt, "2", lease},
+                       {k::compare_set, "b/held", std::nullopt, "3", 0},
+                       {k::compare_set, "b/held2", std::string("nope"), "4", 0},
+                       {k::erase, "b/gone", std::nullopt, {}, 0},
+                       {k::erase, "b/never", std::nullopt, {}, 0}};
+  auto r = s.apply(batch);
+  REQUIRE(r.size() == batch.size());
+  for (const auto& x : r) CHECK_FALSE(x.failure);
+  CHECK(r[0].done);
+  CHECK(r[1].done);
+  CHECK_FALSE(r[2].done);
+  CHECK(r[2].actual == "old");
+  CHECK_FALSE(r[3].done);
+  CHECK_FALSE(r[3].actual);
+  CHECK(r[4].done);
+  CHECK_FALSE(r[5].done);
+  CHECK(s.list("b/") == std::vector<std::pair<std::string, std::string>>{{"b/fresh", "2"}, {"b/held", "old"}, {"b/new", "1"}});
+  // Compared on the value the key holds: one condition holds, one does not.
+  r = s.apply(std::vector<w>{{k::compare_set, "b/held", std::string("old"), "new", 0},
+                             {k::compare_set, "b/new", std::string("9"), "x", 0}});
+  CHECK(r[0].done);
+  CHECK_FALSE(r[1].done);
+  CHECK(r[1].actual == "1");
+  // The leased ones go with their lease.
+  s.revoke(lease);
+  CHECK_FALSE(s.get("b/new"));
+  CHECK_FALSE(s.get("b/fresh"));
+  // A write on an ended lease fails alone, as its own call would.
+  r = s.apply(std::vector<w>{{k::set, "b/a", std::nullopt, "a", 0},
+                             {k::set, "b/late", std::nullopt, "l", lease},
+                             {k::compare_set, "b/c", std::nullopt, "c", 0}});
+  REQUIRE(r.size() == 3);
+  CHECK_FALSE(r[0].failure);
+  CHECK(r[1].failure);
+  CHECK_FALSE(r[2].failure);
+  CHECK(r[2].done);
+  try {
+    std::rethrow_exception(r[1].failure);
+  } catch (const elastic::error& e) {
+    CHECK(e.code() == elastic::errc::not_found);
+  }
+  CHECK(s.get("b/a") == "a");
+  CHECK(s.get("b/c") == "c");
+  CHECK_FALSE(s.get("b/late"));
+  // A key twice: refused, nothing written.
+  CHECK_THROWS_AS(s.apply(std::vector<w>{{k::set, "b/twice", std::nullopt, "1", 0}, {k::set, "b/twice", std::nullopt, "2", 0}}),
+                  elastic::error);
+  CHECK_FALSE(s.get("b/twice"));
+  // More writes than one request takes (etcd: 64 a transaction).
+  std::vector<w> many;
+  for (int i = 0; i < 150; ++i) many.push_back({k::compare_set, "b/many/" + std::to_string(1000 + i), std::nullopt, "v", 0});
+  r = s.apply(many);
+  CHECK(std::count_if(r.begin(), r.end(), [](const auto& x) { return x.done && !x.failure; }) == 150);
+  CHECK(s.list("b/many/").size() == 150);
+  CHECK(s.erase_prefix("b/") == 153);
 }
 
 /// The copy a feed keeps (the rendezvous's own type for it).

@@ -12,6 +12,7 @@
 //   erase        /v3/kv/deleterange                   add        txn on mod_revision, in a loop
 //   erase_prefix /v3/kv/deleterange with range_end
 //   compare_set  /v3/kv/txn: value == expected, or version == 0 for "absent"
+//   apply        /v3/kv/txn of up to 64 writes, each compare_set a transaction nested in it
 //   wait         a range check, then a watch from the next revision (no event can slip between)
 //   watch        a range read, then one watch stream held open from the revision after it
 //   grant, keep_alive, revoke   /v3/lease/{grant,keepalive,revoke}
@@ -120,12 +121,9 @@ class etcd_store final : public store {
         cmp["result"] = "EQUAL";
         cmp["version"] = "0";
       }
-      json put;
-      put["requestPut"]["key"] = k;
-      put["requestPut"]["value"] = detail::base64_encode(std::to_string(v));
       json txn;
       txn["compare"].push_back(std::move(cmp));
-      txn["success"].push_back(std::move(put));
+      txn["success"].push_back(put_operation(k, std::to_string(v), 0));
       txn["failure"].push_back(json(json::object_t{{"requestRange", range}}));
       const auto [done, now] = gateway_.request("/v3/kv/txn", txn, [](const json& r) {
         if (r.find("succeeded") && r.at("succeeded").as_bool()) return std::pair{true, std::optional<detail::etcd_kv>()};
@@ -139,34 +137,48 @@ class etcd_store final : public store {
   bool compare_set(std::string_view key, std::optional<std::string_view> expected, std::string_view desired,
                    lease_id lease = 0, std::optional<std::string>* actual = nullptr) override {
     check_key(key);
-    const std::string k = detail::base64_encode(full_key(key));
-    json cmp;
-    cmp["key"] = k;
-    cmp["result"] = "EQUAL";
-    if (expected) {
-      // etcd fails a value compare on an absent key, so "" matches only a present empty value.
-      cmp["target"] = "VALUE";
-      cmp["value"] = detail::base64_encode(*expected);
-    } else {
-      cmp["target"] = "VERSION";
-      cmp["version"] = "0";
-    }
-    json put;
-    put["requestPut"]["key"] = k;
-    put["requestPut"]["value"] = detail::base64_encode(desired);
-    if (lease != 0) put["requestPut"]["lease"] = std::to_string(lease);
-    json range;
-    range["requestRange"]["key"] = k;
-    json txn;
-    txn["compare"].push_back(std::move(cmp));
-    txn["success"].push_back(std::move(put));
-    txn["failure"].push_back(std::move(range));
-    auto [done, now] = gateway_.request("/v3/kv/txn", txn, [](const json& r) {
-      if (r.find("succeeded") && r.at("succeeded").as_bool()) return std::pair{true, std::optional<std::string>()};
-      return std::pair{false, detail::first_value(r.at("responses").at(0).at("response_range"))};
-    });
+    auto [done, now] = gateway_.request("/v3/kv/txn", compare_set_txn(key, expected, desired, lease), compare_set_reply);
     if (!done && actual) *actual = std::move(now);
     return done;
+  }
+
+  /// Up to 64 writes in one transaction (etcd takes 128 operations in one): each compare_set is a
+  /// transaction of its own inside it (etcd 3.3 and newer), so each keeps its own condition. What
+  /// etcd refuses in one write (a lease that expired) refuses the whole transaction: those writes
+  /// are then applied one by one, so that only that one fails. etcd unreachable throws, as every
+  /// single call would.
+  std::vector<write_result> apply(std::span<const write_request> writes) override {
+    detail::check_distinct(writes);
+    std::vector<write_result> out;
+    out.reserve(writes.size());
+    for (std::size_t at = 0; at < writes.size(); at += 64) {
+      const auto chunk = writes.subspan(at, std::min<std::size_t>(64, writes.size() - at));
+      if (chunk.size() == 1) {
+        for (auto& r : apply_each(chunk)) out.push_back(std::move(r));
+        continue;
+      }
+      json txn;
+      for (const auto& w : chunk) {
+        check_key(w.key);
+        txn["success"].push_back(operation(w));
+      }
+      std::vector<write_result> got;
+      try {
+        got = gateway_.request("/v3/kv/txn", txn, [&](const json& r) {
+          std::vector<write_result> results;
+          const auto& responses = r.at("responses");
+          for (std::size_t i = 0; i < chunk.size(); ++i) results.push_back(result_of(chunk[i], responses.at(i)));
+          return results;
+        });
+      } catch (const error& e) {
+        // etcd away: every write would fail alike. Anything else was said of one of them.
+        if (e.code() == errc::unavailable || e.code() == errc::timeout) throw;
+        for (auto& r : apply_each(chunk)) out.push_back(std::move(r));
+        continue;
+      }
+      for (auto& g : got) out.push_back(std::move(g));
+    }
+    return out;
   }
 
   bool erase(std::string_view key) override {
@@ -300,6 +312,73 @@ class etcd_store final : public store {
   using clock = std::chrono::steady_clock;
 
   std::string full_key(std::string_view key) const { return gateway_.options().prefix + std::string(key); }
+
+  /// A compare_set as a transaction: put if `expected` holds (nothing: the key is absent), else
+  /// read the key.
+  json compare_set_txn(std::string_view key, std::optional<std::string_view> expected, std::string_view desired,
+                       lease_id lease) const {
+    const std::string k = detail::base64_encode(full_key(key));
+    json cmp;
+    cmp["key"] = k;
+    cmp["result"] = "EQUAL";
+    if (expected) {
+      // etcd fails a value compare on an absent key, so "" matches only a present empty value.
+      cmp["target"] = "VALUE";
+      cmp["value"] = detail::base64_encode(*expected);
+    } else {
+      cmp["target"] = "VERSION";
+      cmp["version"] = "0";
+    }
+    json range;
+    range["requestRange"]["key"] = k;
+    json txn;
+    txn["compare"].push_back(std::move(cmp));
+    txn["success"].push_back(put_operation(k, desired, lease));
+    txn["failure"].push_back(std::move(range));
+    return txn;
+  }
+  /// Whether a compare_set's transaction wrote, else what the key held.
+  static std::pair<bool, std::optional<std::string>> compare_set_reply(const json& r) {
+    if (r.find("succeeded") && r.at("succeeded").as_bool()) return {true, std::nullopt};
+    return {false, detail::first_value(r.at("responses").at(0).at("response_range"))};
+  }
+  static json put_operation(const std::string& encoded_key, std::string_view value, lease_id lease) {
+    json put;
+    put["requestPut"]["key"] = encoded_key;
+    put["requestPut"]["value"] = detail::base64_encode(value);
+    if (lease != 0) put["requestPut"]["lease"] = std::to_string(lease);
+    return put;
+  }
+  /// One write of a batch as an operation of its transaction.
+  json operation(const write_request& w) const {
+    switch (w.what) {
+      case write_request::kind::set: return put_operation(detail::base64_encode(full_key(w.key)), w.value, w.lease);
+      case write_request::kind::erase: {
+        json del;
+        del["requestDeleteRange"]["key"] = detail::base64_encode(full_key(w.key));
+        return del;
+      }
+      case write_request::kind::compare_set: {
+        json op;
+        op["requestTxn"] = compare_set_txn(w.key, w.expected, w.value, w.lease);
+        return op;
+      }
+    }
+    throw error(errc::invalid_argument, "a store write of an unknown kind");
+  }
+  /// What etcd answered to that operation.
+  static write_result result_of(const write_request& w, const json& response) {
+    switch (w.what) {
+      case write_request::kind::set: return {true, std::nullopt, nullptr};
+      case write_request::kind::erase:
+        return {detail::int_field(response.at("response_delete_range"), "deleted") > 0, std::nullopt, nullptr};
+      case write_request::kind::compare_set: {
+        auto [done, actual] = compare_set_reply(response.at("response_txn"));
+        return {done, std::move(actual), nullptr};
+      }
+    }
+    throw error(errc::invalid_argument, "a store write of an unknown kind");
+  }
 
   void check_key(std::string_view key) const {
     if (key.empty()) {

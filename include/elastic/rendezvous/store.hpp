@@ -6,9 +6,11 @@
 // that is how the rendezvous notices a participant that died without a word.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <optional>
 #include <span>
@@ -55,6 +57,39 @@ inline void check_erase_prefix(std::string_view prefix) {
 /// A lease handle; 0 means "no lease".
 using lease_id = std::int64_t;
 
+/// One write of a batch (store::apply): set, compare_set or erase of one key.
+struct write_request {
+  enum class kind : std::uint8_t { set, compare_set, erase };
+  kind what = kind::set;
+  std::string key;
+  std::optional<std::string> expected;  ///< compare_set: what the key must hold (nothing: absent)
+  std::string value;                    ///< set, compare_set: the value written
+  lease_id lease = 0;                   ///< set, compare_set: the lease it goes on (0: none)
+};
+
+/// What one write of a batch did, as the call of its kind would return it.
+struct write_result {
+  bool done = false;                   ///< set: true; compare_set: it wrote; erase: the key was there
+  std::optional<std::string> actual;   ///< a compare_set that did not write: what the key held
+  std::exception_ptr failure;          ///< what this write threw (an elastic::error); the others stand
+};
+
+namespace detail {
+
+/// A batch writes each key once (etcd refuses a transaction that touches a key twice).
+inline void check_distinct(std::span<const write_request> writes) {
+  std::vector<std::string_view> keys;
+  keys.reserve(writes.size());
+  for (const auto& w : writes) keys.push_back(w.key);
+  std::sort(keys.begin(), keys.end());
+  if (const auto d = std::adjacent_find(keys.begin(), keys.end()); d != keys.end()) {
+    throw error(errc::invalid_argument,
+                fmt::format("a batch of store writes names key '{}' twice: one write per key", internal::printable(*d)));
+  }
+}
+
+}  // namespace detail
+
 class store {
  public:
   virtual ~store() = default;
@@ -85,6 +120,17 @@ class store {
     return n;
   }
 
+  /// Applies `writes` and returns what each did, in their order. Each is applied as its own
+  /// call would be (a compare_set's condition is its own); what one write's own call would throw
+  /// (its lease gone) is that write's write_result::failure, and the others stand. Keys must be
+  /// distinct (errc::invalid_argument otherwise). This one calls set/compare_set/erase in turn; a
+  /// store that can send them together overrides it (etcd: one transaction), so that a relay
+  /// writing for many workers asks the store once, not once per worker.
+  virtual std::vector<write_result> apply(std::span<const write_request> writes) {
+    detail::check_distinct(writes);
+    return apply_each(writes);
+  }
+
   /// The keys in [from, to) and every change to them from now on (key_feed.hpp). This one lists
   /// the range at each look (one list() per take(), a 2 ms sleep per wait()); a store that can
   /// push changes overrides it (etcd: one watch stream, nothing asked while nothing changes).
@@ -108,6 +154,37 @@ class store {
   virtual void keep_alive(lease_id lease) = 0;
   /// Ends `lease` now and removes its keys.
   virtual void revoke(lease_id lease) = 0;
+
+  /// Each write through the call of its kind, its failure kept in its result.
+  std::vector<write_result> apply_each(std::span<const write_request> writes) {
+    std::vector<write_result> out;
+    out.reserve(writes.size());
+    for (const auto& w : writes) {
+      try {
+        out.push_back(apply_one(w));
+      } catch (...) {
+        write_result r;
+        r.failure = std::current_exception();
+        out.push_back(std::move(r));
+      }
+    }
+    return out;
+  }
+
+  /// One write of a batch through the call of its kind.
+  write_result apply_one(const write_request& w) {
+    switch (w.what) {
+      case write_request::kind::set: set(w.key, w.value, w.lease); return {true, std::nullopt, nullptr};
+      case write_request::kind::compare_set: {
+        write_result r;
+        r.done = compare_set(w.key, w.expected ? std::optional<std::string_view>(*w.expected) : std::nullopt, w.value,
+                             w.lease, &r.actual);
+        return r;
+      }
+      case write_request::kind::erase: return {erase(w.key), std::nullopt, nullptr};
+    }
+    throw error(errc::invalid_argument, "a store write of an unknown kind");
+  }
 
   /// Waits for `key` and returns its value.
   std::string get(std::string_view key, std::chrono::milliseconds timeout) {
