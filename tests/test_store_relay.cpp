@@ -4,9 +4,12 @@
 // relay here is a real shm:// store; test_rendezvous_etcd runs it in front of a real etcd.
 #include <signal.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -260,4 +263,87 @@ TEST_CASE("a relay that is gone is errc::unavailable, and a relay URL is checked
   CHECK(error_of([&] { (void)rdzv::open_store(url); }).code() == errc::unavailable);
   CHECK(error_of([] { (void)rdzv::parse_store_url("relay://relative/path"); }).code() == errc::invalid_argument);
   CHECK(rdzv::parse_store_url("relay:///run/x.sock").name == "/run/x.sock");
+}
+
+namespace {
+
+/// A shm store whose apply() takes 5 ms and counts its calls: writes that come while one is in
+/// flight must wait and go together.
+class slow_batches final : public rdzv::store {
+ public:
+  explicit slow_batches(const std::string& name) : s_(name) {}
+  std::vector<rdzv::write_result> apply(std::span<const rdzv::write_request> writes) override {
+    ++calls;
+    largest = std::max(largest.load(), writes.size());
+    std::this_thread::sleep_for(5ms);
+    return rdzv::store::apply(writes);
+  }
+  void set(std::string_view k, std::string_view v, rdzv::lease_id l) override { s_.set(k, v, l); }
+  std::optional<std::string> get(std::string_view k) override { return s_.get(k); }
+  using rdzv::store::get;
+  std::int64_t add(std::string_view k, std::int64_t d) override { return s_.add(k, d); }
+  bool compare_set(std::string_view k, std::optional<std::string_view> e, std::string_view d, rdzv::lease_id l,
+                   std::optional<std::string>* a) override {
+    return s_.compare_set(k, e, d, l, a);
+  }
+  bool erase(std::string_view k) override { return s_.erase(k); }
+  void wait(std::span<const std::string> keys, std::chrono::milliseconds t) override { s_.wait(keys, t); }
+  std::vector<std::pair<std::string, std::string>> list(std::string_view p) override { return s_.list(p); }
+  rdzv::lease_id grant(std::chrono::milliseconds ttl) override { return s_.grant(ttl); }
+  void keep_alive(rdzv::lease_id l) override { s_.keep_alive(l); }
+  void revoke(rdzv::lease_id l) override { s_.revoke(l); }
+
+  std::atomic<int> calls{0};
+  std::atomic<std::size_t> largest{0};
+
+ private:
+  rdzv::shm_store s_;
+};
+
+}  // namespace
+
+TEST_CASE("writes made at the same moment go to the store together, each answered as its own call would be") {
+  const std::string name = elastic::test::unique_name("batch");
+  slow_batches store(name);
+  elastic::agent::write_batcher writes(store, 16);
+  using w = rdzv::write_request;
+  constexpr int n = 48;
+  std::vector<int> all(n);
+  for (int i = 0; i < n; ++i) all[i] = i;
+  std::vector<rdzv::write_result> own(n), claim(n);
+  // Each thread: a key of its own, then a claim of one key every thread wants.
+  const auto errors = elastic::test::on_threads(all, [&](int i) {
+    own[i] = writes.write({w::kind::set, "own/" + std::to_string(i), std::nullopt, std::to_string(i), 0});
+    claim[i] = writes.write({w::kind::compare_set, "claim", std::nullopt, std::to_string(i), 0});
+  });
+  REQUIRE(errors.empty());
+  for (int i = 0; i < n; ++i) {
+    CHECK(own[i].done);
+    CHECK(store.get("own/" + std::to_string(i)) == std::to_string(i));
+  }
+  // Exactly one claim won; every other saw the winner's value.
+  const auto winner = store.get("claim");
+  REQUIRE(winner);
+  int won = 0;
+  for (int i = 0; i < n; ++i) {
+    if (claim[i].done) {
+      ++won;
+      CHECK(std::to_string(i) == *winner);
+    } else {
+      CHECK(claim[i].actual == winner);
+    }
+  }
+  CHECK(won == 1);
+  INFO(store.calls.load() << " requests for " << 2 * n << " writes, at most " << store.largest.load() << " in one");
+  CHECK(store.calls.load() < n);  // one per write would be 2n
+  CHECK(store.largest.load() <= 16);
+  // Another write of a key in flight waits for the next request, so a key's writes keep their order.
+  writes.write({w::kind::erase, "claim", std::nullopt, {}, 0});
+  CHECK_FALSE(store.get("claim"));
+  // What the store throws for one write reaches that writer alone.
+  const auto lease = store.grant(10s);
+  store.revoke(lease);
+  CHECK(error_of([&] { writes.write({w::kind::set, "late", std::nullopt, "x", lease}); }).code() == errc::not_found);
+  CHECK(writes.write({w::kind::set, "after", std::nullopt, "y", 0}).done);
+  rdzv::shm_store::remove(name);
 }

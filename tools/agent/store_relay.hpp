@@ -9,7 +9,10 @@
 //   here too: each then starts a new life, as it would on its own lease;
 // - one watch per range and options: every worker following the same range is fed from one
 //   stream of the store (a copy of the range serves a worker that comes later);
-// - one store client (its connections and renewals).
+// - one store client (its connections and renewals);
+// - one request for the writes its workers make at the same moment (write_batcher.hpp: sets,
+//   compare_sets and erases; etcd: one transaction): a host's workers joining a round together
+//   ask the store once per round trip, not once each.
 // Every other call is forwarded as it is, on the calling worker's connection's thread.
 #pragma once
 
@@ -47,6 +50,8 @@
 #include <elastic/rendezvous/detail/run_view.hpp>
 #include <elastic/rendezvous/key_feed.hpp>
 #include <elastic/rendezvous/store.hpp>
+
+#include "agent/write_batcher.hpp"
 
 namespace elastic::agent {
 
@@ -127,6 +132,7 @@ class store_relay {
   using reader = rendezvous::detail::relay::reader;
   using writer = rendezvous::detail::relay::writer;
   using op = rendezvous::detail::relay::op;
+  using write = rendezvous::write_request;
 
   // The socket outlives its thread (declared first, closed after the join), so stop() never
   // shuts down a number the system has given to another file since.
@@ -266,7 +272,7 @@ class store_relay {
         const auto key = r.str(), value = r.str();
         const auto lease = r.i64();
         const auto on = store_lease(lease);
-        if (on == 0 || held(key) != value) up_->set(key, value, on);
+        if (on == 0 || held(key) != value) writes_.write({write::kind::set, key, std::nullopt, value, on});
         own(key, lease, value);
         break;
       }
@@ -303,8 +309,9 @@ class store_relay {
         std::optional<std::string> actual;
         bool done = false;
         try {
-          done = up_->compare_set(key, expected ? std::optional<std::string_view>(*expected) : std::nullopt, desired,
-                                  on, &actual);
+          auto r = writes_.write({write::kind::compare_set, key, expected, desired, on});
+          done = r.done;
+          actual = std::move(r.actual);
         } catch (...) {
           if (!expected) registration_answered(key, std::nullopt);
           throw;
@@ -317,7 +324,7 @@ class store_relay {
       case op::erase: {
         const auto key = r.str();
         disown(key);
-        w.u8(up_->erase(key) ? 1 : 0);
+        w.u8(writes_.write({write::kind::erase, key, std::nullopt, {}, 0}).done ? 1 : 0);
         break;
       }
       case op::wait: {
@@ -452,11 +459,12 @@ class store_relay {
       leases_.erase(it);
       for (const auto& k : keys) owners_.erase(k);
     }
-    for (const auto& k : keys) {
-      try {
-        up_->erase(k);
-      } catch (...) {  // a store that is away: the host's lease takes the key when it lapses
-      }
+    // One request for all of them.
+    std::vector<write> erases;
+    for (const auto& k : keys) erases.push_back({write::kind::erase, k, std::nullopt, {}, 0});
+    try {
+      up_->apply(erases);
+    } catch (...) {  // a store that is away: the host's lease takes the keys when it lapses
     }
   }
 
@@ -688,6 +696,7 @@ class store_relay {
   }
 
   std::unique_ptr<rendezvous::store> up_;
+  write_batcher writes_{*up_};
   std::filesystem::path socket_;
   std::string address_;  // told to every worker at its hello
   internal::unique_fd listener_;
