@@ -402,8 +402,8 @@ class rendezvous {
     incarnation_ = detail::random_hex(8);
     keeper_.start(opts_.heartbeat_interval, run_key(opts_.key_prefix, opts_.run_id));
     register_run(fresh);
-    check_config();
     if (!view_.open()) view_.open(store_, prefix_);
+    check_config();
     publish_alive(fresh);
     start_beacon();
   }
@@ -485,10 +485,13 @@ class rendezvous {
                        others.size() > 1 ? "s" : "", fmt::join(others, ", "), others.size() > 1 ? "are" : "is");
   }
 
-  /// P/config: written by the first participant; every other must declare the same bounds.
+  /// P/config: written by the first participant; every other must declare the same bounds
+  /// (read from the view, which the store is asked only when it holds none or others).
   void check_config() {
     const std::string key = prefix_ + "/config";
     const std::string mine = detail::format_config(opts_.min_ranks, opts_.max_ranks);
+    // The view holds the run's config once anyone wrote it: the same bounds cost no request.
+    if (view_.get(key) == mine) return;
     std::optional<std::string> actual;
     if (store_.compare_set(key, std::nullopt, mine, 0, &actual) || actual == mine) return;
     const std::string_view v = actual ? std::string_view(*actual) : std::string_view();
