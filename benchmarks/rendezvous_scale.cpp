@@ -55,6 +55,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -126,6 +127,7 @@ struct result {
   bool retired_tried = false, silent_tried = false;
   std::optional<double> idle_client, idle_etcd, peak_client, peak_etcd, etcd_cpu_pct;
   std::string note;
+  std::string phases;  // when the run's keys appeared (phase_tracer), per measured round
 };
 
 /// GET on etcd's client port (for /metrics); empty when it does not answer in 5 s.
@@ -240,6 +242,87 @@ class netns_hosts {
   std::string tag_, net_;
   std::vector<std::string> names_;
   bool bridge_ = false;
+};
+
+/// When the run's keys appeared in etcd, as a watch of the run's whole range sees them: heartbeat
+/// keys, each round's join records, its closer's claim and its outcome. Splits a round's time into
+/// sessions starting, joins arriving, the closer closing, and members hearing of it.
+class phase_tracer {
+ public:
+  phase_tracer(const std::string& url, std::string prefix)
+      : store_(url), prefix_(std::move(prefix)),
+        feed_(store_.watch(prefix_, prefix_.substr(0, prefix_.size() - 1) + "0", {.snapshot = false})),
+        thread_([this](std::stop_token st) { follow(st); }) {}
+
+  /// "alive 0.01-0.90 s, joins 0.05-1.20 s (1024), closer 0.06 s, closed 1.30 s" from `t0`.
+  std::string describe(std::int64_t round, std::int64_t t0) {
+    std::lock_guard lk(mu_);
+    auto s = [t0](std::int64_t t) { return t == 0 ? std::string("-") : fmt::format("{:.2f}", (t - t0) / 1e9); };
+    std::string out;
+    if (round == 1 && alive_.count > 0) {
+      out += fmt::format("alive keys {}-{} s ({}), ", s(alive_.first), s(alive_.last), alive_.count);
+    }
+    const auto g = std::find_if(gone_.begin(), gone_.end(), [t0](std::int64_t t) { return t >= t0; });
+    if (g != gone_.end()) out += fmt::format("declared gone {} s, ", s(*g));
+    const auto it = rounds_.find(round);
+    if (it == rounds_.end()) return out + fmt::format("round {}: no keys seen", round);
+    const auto& r = it->second;
+    return out + fmt::format("round {}: joins {}-{} s ({}), closer {} s, closed {} s", round, s(r.joins.first),
+                             s(r.joins.last), r.joins.count, s(r.closer), s(r.closed));
+  }
+
+ private:
+  struct span {
+    int count = 0;
+    std::int64_t first = 0, last = 0;
+    void add(std::int64_t t) {
+      if (count++ == 0) first = t;
+      last = t;
+    }
+  };
+  struct round_marks {
+    span joins;
+    std::int64_t closer = 0, closed = 0;
+  };
+
+  void follow(const std::stop_token& st) {
+    while (!st.stop_requested()) {
+      if (!feed_->wait(milliseconds(100))) continue;
+      bool reset = false;
+      auto events = feed_->take(reset);
+      const std::int64_t t = now_ns();
+      std::lock_guard lk(mu_);
+      for (const auto& e : events) {
+        if (!e.value) continue;
+        const std::string_view k = std::string_view(e.key).substr(prefix_.size());
+        auto number_after = [&](std::string_view head) -> std::optional<std::int64_t> {
+          if (!k.starts_with(head)) return std::nullopt;
+          const auto rest = k.substr(head.size());
+          return elastic::internal::parse_integer(rest.substr(0, rest.find('/')));
+        };
+        if (k.starts_with("alive/")) {
+          alive_.add(t);
+        } else if (k.starts_with("gone/")) {
+          gone_.push_back(t);
+        } else if (auto r = number_after("round/"); r && k.find("/join/") != std::string_view::npos) {
+          rounds_[*r].joins.add(t);
+        } else if (auto c = number_after("closer/")) {
+          if (rounds_[*c].closer == 0) rounds_[*c].closer = t;
+        } else if (auto d = number_after("closed/")) {
+          rounds_[*d].closed = t;
+        }
+      }
+    }
+  }
+
+  rdzv::etcd_store store_;
+  std::string prefix_;
+  std::unique_ptr<rdzv::key_feed> feed_;
+  std::mutex mu_;
+  span alive_;
+  std::vector<std::int64_t> gone_;
+  std::map<std::int64_t, round_marks> rounds_;
+  std::jthread thread_;  // last: stopped before the rest goes
 };
 
 /// One participant process and what it said.
@@ -454,6 +537,8 @@ result measure(const settings& cfg, int n) {
     for (auto* c : relay_clients) r += c->requests();
     return r;
   };
+  // The run's keys as they appear (its own etcd client: one watch stream).
+  phase_tracer phases(etcd.url(), rdzv::rendezvous_options{}.key_prefix + "/scale/");
   run_state run(cfg, n, etcd, hosts, dir.path(), relay_urls);
   res.hosts = hosts.count();
   res.relays = cfg.relays;
@@ -495,6 +580,7 @@ result measure(const settings& cfg, int n) {
 
   const std::int64_t formed_at = formed ? run.past(0).second : now_ns();
   sleep_draining(run, 1.0);
+  res.phases = "first: " + phases.describe(1, t0);
   sample_etcd();
 
   // Peak: the busiest 1 s window from the start to a second after the round formed.
@@ -568,6 +654,7 @@ result measure(const settings& cfg, int n) {
     auto all_past = [&] { return run.live_participants() > 0 && run.past(round).first == run.live_participants(); };
     if (run.wait(cfg.cap_s, all_past)) {
       res.retired_s = (run.past(round).second - t) / 1e9;
+      res.phases += "; retired: " + phases.describe(round + 1, t);
     } else {
       res.note += fmt::format("retired: {} of {} re-formed. ", run.past(round).first, run.live_participants());
       return done();
@@ -587,6 +674,7 @@ result measure(const settings& cfg, int n) {
     auto all_past = [&] { return run.live_participants() > 0 && run.past(round).first == run.live_participants(); };
     if (run.wait(cfg.cap_s, all_past)) {
       res.silent_s = (run.past(round).second - t) / 1e9;
+      res.phases += "; silent: " + phases.describe(round + 1, t);
     } else {
       res.note += fmt::format("silent: {} of {} re-formed. ", run.past(round).first, run.live_participants());
     }
@@ -709,6 +797,7 @@ int main(int argc, char** argv) {
                 seconds_or_none(r.silent_s, r.silent_tried, cfg.cap_s).c_str(), idle.c_str(),
                 rate(r.idle_etcd).c_str(), fmt::format("{}/{}", rate(r.peak_client), rate(r.peak_etcd)).c_str(),
                 r.etcd_cpu_pct ? fmt::format("{:.0f} %", *r.etcd_cpu_pct).c_str() : "-");
+    if (!r.phases.empty()) std::printf("        keys: %s\n", r.phases.c_str());
     if (!r.note.empty()) std::printf("        note: %s\n", r.note.c_str());
     std::fflush(stdout);
     results.push_back(r);
@@ -727,10 +816,10 @@ int main(int argc, char** argv) {
           "{}{{\"n\":{},\"processes\":{},\"max_per_process\":{},\"hosts\":{},\"failed\":{},\"formed\":{},\"first_round_s\":{},\"first_partial_s\":{},"
           "\"retired_reround_s\":{},\"silent_reround_s\":{},\"idle_requests_per_s_client\":{},"
           "\"idle_requests_per_s_etcd\":{},\"peak_requests_per_s_client\":{},\"peak_requests_per_s_etcd\":{},"
-          "\"etcd_cpu_idle_pct\":{},\"note\":{}}}",
+          "\"etcd_cpu_idle_pct\":{},\"phases\":{},\"note\":{}}}",
           i == 0 ? "" : ",", r.n, r.processes, r.max_per_process, r.hosts, r.failed, r.formed, json_number(r.first_round_s), json_number(r.first_partial_s),
           json_number(r.retired_s), json_number(r.silent_s), json_number(r.idle_client), json_number(r.idle_etcd),
-          json_number(r.peak_client), json_number(r.peak_etcd), json_number(r.etcd_cpu_pct), json_text(r.note));
+          json_number(r.peak_client), json_number(r.peak_etcd), json_number(r.etcd_cpu_pct), json_text(r.phases), json_text(r.note));
     }
     out << "]}\n";
     if (!out) {
