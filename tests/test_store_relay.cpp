@@ -311,10 +311,14 @@ TEST_CASE("writes made at the same moment go to the store together, each answere
   std::vector<int> all(n);
   for (int i = 0; i < n; ++i) all[i] = i;
   std::vector<rdzv::write_result> own(n), claim(n);
-  // Each thread: a key of its own, then a claim of one key every thread wants.
+  std::vector<rdzv::write_result> bump(n);
+  store.set("round", "1", 0);
+  // Each thread: a key of its own, a claim of one key every thread wants, and a move of one
+  // key from 1 to 2 that every thread makes.
   const auto errors = elastic::test::on_threads(all, [&](int i) {
     own[i] = writes.write({w::kind::set, "own/" + std::to_string(i), std::nullopt, std::to_string(i), 0});
     claim[i] = writes.write({w::kind::compare_set, "claim", std::nullopt, std::to_string(i), 0});
+    bump[i] = writes.write({w::kind::compare_set, "round", std::string("1"), "2", 0});
   });
   REQUIRE(errors.empty());
   for (int i = 0; i < n; ++i) {
@@ -334,12 +338,30 @@ TEST_CASE("writes made at the same moment go to the store together, each answere
     }
   }
   CHECK(won == 1);
-  INFO(store.calls.load() << " requests for " << 2 * n << " writes, at most " << store.largest.load() << " in one");
-  CHECK(store.calls.load() < n);  // one per write would be 2n
+  CHECK(std::count_if(bump.begin(), bump.end(), [](const auto& r) { return r.done; }) == 1);
+  CHECK(std::all_of(bump.begin(), bump.end(), [](const auto& r) { return r.done || r.actual == "2"; }));
+  CHECK(store.get("round") == "2");
+  INFO(store.calls.load() << " requests for " << 3 * n << " writes, at most " << store.largest.load() << " in one");
+  CHECK(store.calls.load() < n);  // one per write would be 3n
   CHECK(store.largest.load() <= 16);
-  // Another write of a key in flight waits for the next request, so a key's writes keep their order.
   writes.write({w::kind::erase, "claim", std::nullopt, {}, 0});
   CHECK_FALSE(store.get("claim"));
+  // A rider whose condition holds after the write it rides on is sent after it: a set of 3
+  // and a compare_set from 3 made at once end in the compare_set's value.
+  store.set("seq", "0", 0);
+  std::vector<rdzv::write_result> seq(2);
+  REQUIRE(elastic::test::on_threads(std::vector<int>{0, 1}, [&](int i) {
+            if (i == 0) seq[0] = writes.write({w::kind::set, "seq", std::nullopt, "3", 0});
+            else seq[1] = writes.write({w::kind::compare_set, "seq", std::string("3"), "4", 0});
+          }).empty());
+  CHECK(seq[0].done);
+  // Either the set came first and the compare_set moved 3 to 4, or the compare_set found 0.
+  if (seq[1].done) {
+    CHECK(store.get("seq") == "4");
+  } else {
+    CHECK(seq[1].actual == "0");
+    CHECK(store.get("seq") == "3");
+  }
   // What the store throws for one write reaches that writer alone.
   const auto lease = store.grant(10s);
   store.revoke(lease);

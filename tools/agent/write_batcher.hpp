@@ -3,6 +3,15 @@
 // at once; writers that come while a request is in flight wait, and go together in the next. A
 // lone write waits for nothing; a crowd of them (every worker of a host joining a round) costs
 // one request per round trip instead of one per worker.
+//
+// A request writes each key once (etcd refuses a transaction that touches a key twice). A
+// compare_set of a key already in the request rides on that key's write instead of waiting for
+// the next request: once the first write is applied, the key holds a value the request's answer
+// tells (what was written, or what the failed compare_set found), and a rider whose condition
+// that value fails is answered with it, as if applied right after the first in the same
+// transaction. That is every worker of a host bumping the round, or claiming the closer or the
+// run's registration, at once: one request, not one per worker in turn. A rider whose condition
+// would hold waits for the next request, as does a second set or erase of a key.
 #pragma once
 
 #include <condition_variable>
@@ -10,9 +19,9 @@
 #include <deque>
 #include <exception>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <string>
-#include <mutex>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -47,10 +56,18 @@ class write_batcher {
       lk.unlock();
       send(batch);
       lk.lock();
+      std::vector<pending*> again;  // riders whose condition would hold: the next request
       for (auto* b : batch) {
         b->done = true;
-        for (auto* r : b->riders) r->done = true;
+        for (auto* r : b->riders) {
+          if (answer(*b, *r)) {
+            r->done = true;
+          } else {
+            again.push_back(r);
+          }
+        }
       }
+      queue_.insert(queue_.begin(), again.begin(), again.end());
       sending_ = false;
       cv_.notify_all();
     }
@@ -64,14 +81,11 @@ class write_batcher {
     rendezvous::write_result result;
     std::exception_ptr failure;
     bool done = false;
-    std::vector<pending*> riders;  // creations of the same key answered by this one's outcome
+    std::vector<pending*> riders;  // compare_sets of the same key, answered from this one's outcome
   };
 
-  /// The oldest waiting writes, at most `most_`, each key once: a second write of a key waits for
-  /// the next request (so writes of one key keep their order), except a creation (compare_set
-  /// from absent) behind another creation of the key, which rides on it: once the first is
-  /// applied the key exists, so the rider fails, seeing what the first left (every worker of a
-  /// host claiming a round's closer or the run's registration at once: one request). Under mu_.
+  /// The oldest waiting writes, at most `most_`, each key once; a compare_set of a key already
+  /// taken rides on its write. Under mu_.
   std::vector<pending*> take() {
     std::vector<pending*> batch;
     std::map<std::string_view, pending*> keys;
@@ -80,24 +94,20 @@ class write_batcher {
       const auto seen = keys.find(p->request.key);
       if (seen == keys.end() && batch.size() < most_) {
         keys.emplace(p->request.key, p);
+        p->riders.clear();
         batch.push_back(p);
         it = queue_.erase(it);
-      } else if (seen != keys.end() && creates(*seen->second) && creates(*p)) {
+      } else if (seen != keys.end() && p->request.what == rendezvous::write_request::kind::compare_set) {
         seen->second->riders.push_back(p);
         it = queue_.erase(it);
       } else {
-        ++it;
+        ++it;  // a second set or erase of a key, or a full request: the next one
       }
     }
     return batch;
   }
 
-  static bool creates(const pending& p) {
-    return p.request.what == rendezvous::write_request::kind::compare_set && !p.request.expected;
-  }
-
-  /// One request for `batch`; its results or its failure go to each write and its riders.
-  /// Outside mu_.
+  /// One request for `batch`; its results or its failure go to each write. Outside mu_.
   void send(const std::vector<pending*>& batch) noexcept {
     try {
       std::vector<rendezvous::write_request> requests;
@@ -111,13 +121,23 @@ class write_batcher {
     } catch (...) {
       for (auto* b : batch) b->failure = std::current_exception();
     }
-    for (auto* b : batch) {
-      for (auto* r : b->riders) {
-        r->failure = b->failure;
-        r->result.done = false;
-        r->result.actual = b->result.done ? std::optional<std::string>(b->request.value) : b->result.actual;
-      }
+  }
+
+  /// Answers rider `r` of `b` from what `b` left in the key, when `r`'s condition fails on it;
+  /// false when it would hold (or `b` failed, leaving the key unknown): `r` must be sent.
+  static bool answer(const pending& b, pending& r) {
+    if (b.failure) return false;
+    std::optional<std::string> after;
+    switch (b.request.what) {
+      case rendezvous::write_request::kind::set: after = b.request.value; break;
+      case rendezvous::write_request::kind::erase: break;
+      case rendezvous::write_request::kind::compare_set:
+        after = b.result.done ? std::optional<std::string>(b.request.value) : b.result.actual;
+        break;
     }
+    if (r.request.expected == after) return false;
+    r.result = {false, std::move(after), nullptr};
+    return true;
   }
 
   rendezvous::store& store_;
