@@ -85,6 +85,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -267,6 +268,7 @@ class rendezvous {
   /// (membership_change::left), one that owes them no collective; without, a death.
   void leave(bool done = false) noexcept {
     beacon_.reset();
+    if (collector_.joinable()) collector_.join();
     if (done && current_.round > 0) {
       try {
         store_.set(prefix_ + "/left/" + opts_.participant_id, incarnation_);
@@ -319,7 +321,8 @@ class rendezvous {
       return std::nullopt;
     }
     const std::int64_t r = read_round();
-    const auto outcome = read_outcome(r);
+    const auto outcome_of_r = read_outcome(r);
+    const auto& outcome = *outcome_of_r;
     if (outcome.kind == detail::round_outcome::state::abandoned) {
       bump(r);
       return std::nullopt;
@@ -543,9 +546,22 @@ class rendezvous {
     return round_floor_ = std::max<std::int64_t>(round_floor_, *r);
   }
 
-  detail::round_outcome read_outcome(std::int64_t r) {
+  /// Round r's outcome, as the view has it, parsed once per value: with 1,024 members it is
+  /// ~46 KB, and a joiner looks at it several times while its round closes (and 1,024 joiners do
+  /// at the same moment).
+  std::shared_ptr<const detail::round_outcome> read_outcome(std::int64_t r) {
     const std::string key = key_of("closed", r);
-    return detail::parse_outcome(key, view_.get(key), prefix_);
+    auto v = view_.get(key);
+    for (const auto& c : outcomes_) {
+      if (v && c.key == key && c.raw == *v) return c.parsed;
+    }
+    auto parsed = std::make_shared<const detail::round_outcome>(detail::parse_outcome(key, v, prefix_));
+    if (v) {
+      // The two newest: round r and the one before it (a closer compares the two).
+      if (outcomes_.size() == 2) outcomes_.erase(outcomes_.begin());
+      outcomes_.push_back({key, std::move(*v), parsed});
+    }
+    return parsed;
   }
 
   /// Moves the round r -> r+1 (done already when the store holds another number: then it is
@@ -665,7 +681,7 @@ class rendezvous {
     // Whether the previous round's members still live decides when this one may close early:
     // a closer that was not one of them learns it with one read.
     if (r >= 2) {
-      c.previous = read_outcome(r - 1);
+      c.previous = *read_outcome(r - 1);
       if (current_.round != r - 1 && c.previous.kind == detail::round_outcome::state::members) {
         view_.read_alive(c.previous.members);
       }
@@ -693,7 +709,8 @@ class rendezvous {
   /// us); throws errc::timeout when it was abandoned.
   std::optional<ended> round_end(std::int64_t r, const std::string& mine) {
     // From the view: refreshed by the caller.
-    const auto outcome = read_outcome(r);
+    const auto outcome_of_r = read_outcome(r);
+    const auto& outcome = *outcome_of_r;
     if (outcome.kind == detail::round_outcome::state::members) {
       if (contains(outcome.members, self())) return ended{outcome.members};
       store_.erase(mine);
@@ -828,7 +845,8 @@ class rendezvous {
     }
     if (std::exchange(pending_, false)) store_.erase(key_pending());  // only when we set it
     if (beacon_) {
-      const auto outcome = read_outcome(r);
+      const auto outcome_of_r = read_outcome(r);
+      const auto& outcome = *outcome_of_r;
       std::vector<detail::beacon_peer> peers;
       for (std::size_t i = 0; i < outcome.members.size(); ++i) {
         peers.push_back({outcome.members[i].id, outcome.members[i].incarnation, outcome.addresses[i]});
@@ -856,24 +874,37 @@ class rendezvous {
   /// Rounds before r-1 are history nobody reads: the leader erases them (r-1 stays, as the
   /// previous rank order newcomers are compared against): round r-2's own keys in one
   /// erase_prefix, and the closers, outcomes and bootstraps of every round before r-1 the view
-  /// still holds (abandoned rounds' among them), one request each; and the declarations of
-  /// lives gone that are not members of round r.
+  /// still holds (abandoned rounds' among them) in one batch; and the declarations of lives gone
+  /// that are not members of round r. On a thread of its own: the leader's first step of the
+  /// round, which every member's first collective waits for, does not wait for this (at 1,024
+  /// members under load it took seconds). The keys are chosen here, from the view.
   void collect_garbage(std::int64_t r, const std::vector<detail::member>& members) {
-    try {
-      // Declarations of lives that are not in this round: done with.
-      for (const auto& [id, v] : view_.under(prefix_ + "/gone/")) {
-        if (!contains(members, {id, v})) store_.erase(prefix_ + "/gone/" + id);
-      }
-      if (r < 3) return;
-      store_.erase_prefix(fmt::format("{}/round/{}/", prefix_, r - 2));
+    std::vector<write_request> erase;
+    for (const auto& [id, v] : view_.under(prefix_ + "/gone/")) {
+      if (!contains(members, {id, v})) erase.push_back({write_request::kind::erase, prefix_ + "/gone/" + id, {}, {}, 0});
+    }
+    std::string old_round;
+    if (r >= 3) {
+      old_round = fmt::format("{}/round/{}/", prefix_, r - 2);
       for (const std::string_view kind : {"closer", "closed", "bootstrap"}) {
         const std::string dir = fmt::format("{}/{}/", prefix_, kind);
         for (const auto& [round, v] : view_.under(dir)) {
           const auto n = internal::parse_integer(round);
-          if (n && *n < r - 1) store_.erase(dir + round);
+          if (n && *n < r - 1) erase.push_back({write_request::kind::erase, dir + round, {}, {}, 0});
         }
       }
-    } catch (const error&) {
+    }
+    if (erase.empty() && old_round.empty()) return;
+    try {
+      // The previous collection, if still going, finishes first (joined by the assignment).
+      collector_ = std::jthread([this, erase = std::move(erase), old_round = std::move(old_round)] {
+        try {
+          if (!old_round.empty()) store_.erase_prefix(old_round);
+          if (!erase.empty()) store_.apply(erase);
+        } catch (...) {  // history left behind: the next round's leader erases it
+        }
+      });
+    } catch (const std::system_error&) {  // no thread to be had: the next round's leader tries again
     }
   }
 
@@ -891,7 +922,13 @@ class rendezvous {
   std::vector<detail::member> members_;
   std::set<std::string> reported_;
   detail::run_view view_;        // the run's membership keys, as a feed keeps them
+  struct parsed_outcome {
+    std::string key, raw;
+    std::shared_ptr<const detail::round_outcome> parsed;
+  };
+  std::vector<parsed_outcome> outcomes_;  // read_outcome()'s, the two newest
   std::unique_ptr<detail::peer_beacon> beacon_;  // peer heartbeats (stores that span hosts)
+  std::jthread collector_;       // collect_garbage()'s erasures, off the leader's way
   detail::lease_keeper keeper_;  // last: its thread stops before the members it uses go away
 };
 
