@@ -245,7 +245,7 @@ class netns_hosts {
 };
 
 /// When the run's keys appeared in etcd, as a watch of the run's whole range sees them: heartbeat
-/// keys, each round's join records, its closer's claim and its outcome. Splits a round's time into
+/// keys, each round's join records, its closer's claim, its outcome and its leader's bootstrap. Splits a round's time into
 /// sessions starting, joins arriving, the closer closing, and members hearing of it.
 class phase_tracer {
  public:
@@ -267,8 +267,9 @@ class phase_tracer {
     const auto it = rounds_.find(round);
     if (it == rounds_.end()) return out + fmt::format("round {}: no keys seen", round);
     const auto& r = it->second;
-    return out + fmt::format("round {}: joins {}-{} s ({}), closer {} s, closed {} s", round, s(r.joins.first),
-                             s(r.joins.last), r.joins.count, s(r.closer), s(r.closed));
+    return out + fmt::format("round {}: joins {}-{} s ({}), closer {} s, closed {} s, bootstrap {} s", round,
+                             s(r.joins.first), s(r.joins.last), r.joins.count, s(r.closer), s(r.closed),
+                             s(r.bootstrap));
   }
 
  private:
@@ -282,7 +283,7 @@ class phase_tracer {
   };
   struct round_marks {
     span joins;
-    std::int64_t closer = 0, closed = 0;
+    std::int64_t closer = 0, closed = 0, bootstrap = 0;
   };
 
   void follow(const std::stop_token& st) {
@@ -310,6 +311,8 @@ class phase_tracer {
           if (rounds_[*c].closer == 0) rounds_[*c].closer = t;
         } else if (auto d = number_after("closed/")) {
           rounds_[*d].closed = t;
+        } else if (auto b = number_after("bootstrap/")) {
+          rounds_[*b].bootstrap = t;
         }
       }
     }
@@ -436,6 +439,24 @@ class run_state {
       }
     }
     return {count, last};
+  }
+  /// When the live participants got past `round`, from `t0`: "median M s, 90 % N s, last L s (ID)".
+  [[nodiscard]] std::string spread(std::int64_t round, std::int64_t t0) const {
+    std::vector<std::pair<std::int64_t, std::string>> at;
+    for (const auto& p : procs_) {
+      if (p.gone) continue;
+      for (const auto& id : p.ids) {
+        auto it = first_past_.find(id);
+        if (it == first_past_.end() || failed_.contains(id)) continue;
+        auto r = it->second.upper_bound(round);
+        if (r != it->second.end()) at.emplace_back(r->second, id);
+      }
+    }
+    if (at.empty()) return "none";
+    std::sort(at.begin(), at.end());
+    auto s = [t0](std::int64_t t) { return (t - t0) / 1e9; };
+    return fmt::format("median {:.2f} s, 90 % {:.2f} s, last {:.2f} s ({})", s(at[at.size() / 2].first),
+                       s(at[at.size() * 9 / 10].first), s(at.back().first), at.back().second);
   }
   [[nodiscard]] int live_participants() const {
     int c = 0;
@@ -580,7 +601,7 @@ result measure(const settings& cfg, int n) {
 
   const std::int64_t formed_at = formed ? run.past(0).second : now_ns();
   sleep_draining(run, 1.0);
-  res.phases = "first: " + phases.describe(1, t0);
+  res.phases = "first: " + phases.describe(1, t0) + "; members " + run.spread(0, t0);
   sample_etcd();
 
   // Peak: the busiest 1 s window from the start to a second after the round formed.
@@ -654,7 +675,7 @@ result measure(const settings& cfg, int n) {
     auto all_past = [&] { return run.live_participants() > 0 && run.past(round).first == run.live_participants(); };
     if (run.wait(cfg.cap_s, all_past)) {
       res.retired_s = (run.past(round).second - t) / 1e9;
-      res.phases += "; retired: " + phases.describe(round + 1, t);
+      res.phases += "; retired: " + phases.describe(round + 1, t) + "; members " + run.spread(round, t);
     } else {
       res.note += fmt::format("retired: {} of {} re-formed. ", run.past(round).first, run.live_participants());
       return done();
@@ -674,7 +695,7 @@ result measure(const settings& cfg, int n) {
     auto all_past = [&] { return run.live_participants() > 0 && run.past(round).first == run.live_participants(); };
     if (run.wait(cfg.cap_s, all_past)) {
       res.silent_s = (run.past(round).second - t) / 1e9;
-      res.phases += "; silent: " + phases.describe(round + 1, t);
+      res.phases += "; silent: " + phases.describe(round + 1, t) + "; members " + run.spread(round, t);
     } else {
       res.note += fmt::format("silent: {} of {} re-formed. ", run.past(round).first, run.live_participants());
     }
