@@ -22,6 +22,7 @@
 #include <elastic/rendezvous/shm_store.hpp>
 
 #include "support/catch.hpp"
+#include "support/forwarding_store.hpp"
 #include "support/env_var.hpp"
 #include "support/errors.hpp"
 #include "support/process.hpp"
@@ -597,15 +598,11 @@ namespace {
 /// Forwards to a store; holds every claim of a round's closer at a latch until `racers` would-be
 /// closers have arrived, so that they all race at the store, and counts who wins the claim and
 /// how often the round's outcome is written.
-class racing_store final : public rdzv::store {
+class racing_store final : public elastic::test::forwarding_store {
  public:
-  racing_store(rdzv::store& s, std::ptrdiff_t racers) : s_(s), racers_(racers), gate_(racers) {}
+  racing_store(rdzv::store& s, std::ptrdiff_t racers) : forwarding_store(s), racers_(racers), gate_(racers) {}
   std::atomic<int> attempts{0}, wins{0}, closings{0};
 
-  void set(std::string_view k, std::string_view v, rdzv::lease_id l) override { s_.set(k, v, l); }
-  std::optional<std::string> get(std::string_view k) override { return s_.get(k); }
-  using store::get;
-  std::int64_t add(std::string_view k, std::int64_t d) override { return s_.add(k, d); }
   bool compare_set(std::string_view k, std::optional<std::string_view> expected, std::string_view desired,
                    rdzv::lease_id l, std::optional<std::string>* actual) override {
     const bool claim = k.find("/closer/") != std::string_view::npos;
@@ -618,15 +615,8 @@ class racing_store final : public rdzv::store {
     if (won && k.find("/closed/") != std::string_view::npos) ++closings;
     return won;
   }
-  bool erase(std::string_view k) override { return s_.erase(k); }
-  void wait(std::span<const std::string> keys, std::chrono::milliseconds t) override { s_.wait(keys, t); }
-  std::vector<std::pair<std::string, std::string>> list(std::string_view p) override { return s_.list(p); }
-  rdzv::lease_id grant(std::chrono::milliseconds ttl) override { return s_.grant(ttl); }
-  void keep_alive(rdzv::lease_id l) override { s_.keep_alive(l); }
-  void revoke(rdzv::lease_id l) override { s_.revoke(l); }
 
  private:
-  rdzv::store& s_;
   const std::ptrdiff_t racers_;
   std::atomic<std::ptrdiff_t> arrived_{0};
   std::latch gate_;

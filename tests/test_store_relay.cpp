@@ -22,6 +22,7 @@
 #include "agent/store_relay.hpp"
 #include "support/catch.hpp"
 #include "support/errors.hpp"
+#include "support/forwarding_store.hpp"
 #include "support/process.hpp"
 #include "support/threads.hpp"
 
@@ -269,42 +270,25 @@ namespace {
 
 /// A shm store whose apply() takes 5 ms and counts its calls: writes that come while one is in
 /// flight must wait and go together.
-class slow_batches final : public rdzv::store {
+class slow_batches final : public elastic::test::forwarding_store {
  public:
-  explicit slow_batches(const std::string& name) : s_(name) {}
+  using forwarding_store::forwarding_store;
   std::vector<rdzv::write_result> apply(std::span<const rdzv::write_request> writes) override {
     ++calls;
     largest = std::max(largest.load(), writes.size());
     std::this_thread::sleep_for(5ms);
     return rdzv::store::apply(writes);
   }
-  void set(std::string_view k, std::string_view v, rdzv::lease_id l) override { s_.set(k, v, l); }
-  std::optional<std::string> get(std::string_view k) override { return s_.get(k); }
-  using rdzv::store::get;
-  std::int64_t add(std::string_view k, std::int64_t d) override { return s_.add(k, d); }
-  bool compare_set(std::string_view k, std::optional<std::string_view> e, std::string_view d, rdzv::lease_id l,
-                   std::optional<std::string>* a) override {
-    return s_.compare_set(k, e, d, l, a);
-  }
-  bool erase(std::string_view k) override { return s_.erase(k); }
-  void wait(std::span<const std::string> keys, std::chrono::milliseconds t) override { s_.wait(keys, t); }
-  std::vector<std::pair<std::string, std::string>> list(std::string_view p) override { return s_.list(p); }
-  rdzv::lease_id grant(std::chrono::milliseconds ttl) override { return s_.grant(ttl); }
-  void keep_alive(rdzv::lease_id l) override { s_.keep_alive(l); }
-  void revoke(rdzv::lease_id l) override { s_.revoke(l); }
-
   std::atomic<int> calls{0};
   std::atomic<std::size_t> largest{0};
-
- private:
-  rdzv::shm_store s_;
 };
 
 }  // namespace
 
 TEST_CASE("writes made at the same moment go to the store together, each answered as its own call would be") {
   const std::string name = elastic::test::unique_name("batch");
-  slow_batches store(name);
+  rdzv::shm_store shm(name);
+  slow_batches store(shm);
   elastic::agent::write_batcher writes(store, 16);
   using w = rdzv::write_request;
   constexpr int n = 48;
