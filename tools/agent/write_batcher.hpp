@@ -14,11 +14,11 @@
 // would hold waits for the next request, as does a second set or erase of a key.
 #pragma once
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
 #include <exception>
-#include <map>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -41,7 +41,7 @@ class write_batcher {
   /// Applies `w` with whatever other writes are waiting, and returns what it did; throws what the
   /// store threw for it.
   rendezvous::write_result write(rendezvous::write_request w) {
-    pending p{std::move(w), {}, nullptr, false, {}};
+    pending p{std::move(w), {}, nullptr, false, nullptr};
     std::unique_lock lk(mu_);
     queue_.push_back(&p);
     while (!p.done) {
@@ -50,24 +50,42 @@ class write_batcher {
         continue;
       }
       // Nobody is sending: this writer sends what waits, its own write among it unless the
-      // queue holds more than one request takes (then it sends again).
+      // queue holds more than one request takes (then it sends again). What take() allocates
+      // it allocates before it moves anything, so a failure leaves every write queued.
+      std::vector<pending*> batch, riders, again;
+      try {
+        take(batch, riders);
+        again.reserve(riders.size());
+      } catch (...) {  // no memory: this write fails, the others wait for the next sender
+        std::erase(queue_, &p);
+        cv_.notify_all();
+        throw;
+      }
       sending_ = true;
-      std::vector<pending*> batch = take();
       lk.unlock();
       send(batch);
       lk.lock();
-      std::vector<pending*> again;  // riders whose condition would hold: the next request
-      for (auto* b : batch) {
-        b->done = true;
-        for (auto* r : b->riders) {
-          if (answer(*b, *r)) {
-            r->done = true;
-          } else {
-            again.push_back(r);
-          }
+      for (auto* b : batch) b->done = true;
+      for (auto* r : riders) {
+        bool answered = false;
+        try {
+          answered = answer(*r->leader, *r);
+        } catch (...) {  // no memory for the answer: the rider is sent instead
+        }
+        if (answered) {
+          r->done = true;
+        } else {
+          again.push_back(r);  // reserved: cannot throw
         }
       }
-      queue_.insert(queue_.begin(), again.begin(), again.end());
+      try {
+        queue_.insert(queue_.begin(), again.begin(), again.end());  // riders whose condition would hold: next
+      } catch (...) {
+        for (auto* r : again) {
+          r->failure = std::current_exception();
+          r->done = true;
+        }
+      }
       sending_ = false;
       cv_.notify_all();
     }
@@ -81,30 +99,30 @@ class write_batcher {
     rendezvous::write_result result;
     std::exception_ptr failure;
     bool done = false;
-    std::vector<pending*> riders;  // compare_sets of the same key, answered from this one's outcome
+    pending* leader = nullptr;  // a rider: the write of its key in the request it rides on
   };
 
-  /// The oldest waiting writes, at most `most_`, each key once; a compare_set of a key already
-  /// taken rides on its write. Under mu_.
-  std::vector<pending*> take() {
-    std::vector<pending*> batch;
-    std::map<std::string_view, pending*> keys;
+  /// Into `batch`, the oldest waiting writes, at most `most_`, each key once; into `riders`, the
+  /// compare_sets of a key already taken, each riding on its write. Under mu_; throws only
+  /// before it changes anything.
+  void take(std::vector<pending*>& batch, std::vector<pending*>& riders) {
+    batch.reserve(most_);
+    riders.reserve(queue_.size());
     for (auto it = queue_.begin(); it != queue_.end();) {
       pending* p = *it;
-      const auto seen = keys.find(p->request.key);
-      if (seen == keys.end() && batch.size() < most_) {
-        keys.emplace(p->request.key, p);
-        p->riders.clear();
+      const auto lead = std::find_if(batch.begin(), batch.end(),
+                                     [p](const pending* b) { return b->request.key == p->request.key; });
+      if (lead == batch.end() && batch.size() < most_) {
         batch.push_back(p);
         it = queue_.erase(it);
-      } else if (seen != keys.end() && p->request.what == rendezvous::write_request::kind::compare_set) {
-        seen->second->riders.push_back(p);
+      } else if (lead != batch.end() && p->request.what == rendezvous::write_request::kind::compare_set) {
+        p->leader = *lead;
+        riders.push_back(p);
         it = queue_.erase(it);
       } else {
         ++it;  // a second set or erase of a key, or a full request: the next one
       }
     }
-    return batch;
   }
 
   /// One request for `batch`; its results or its failure go to each write. Outside mu_.
