@@ -504,6 +504,23 @@ TEST_CASE("with etcd down longer than unavailable_timeout a call fails naming th
   CHECK(contains(e.what(), etcd.endpoint()));
   CHECK(contains(e.what(), "unavailable_timeout"));
   CHECK(contains(e.what(), "onnect"));  // curl's words: "Couldn't connect", "Connection refused"
+
+  // A batch of 150 writes (three transactions) waits the timeout once, not once per transaction,
+  // and every write carries the reason.
+  std::vector<rdzv::write_request> batch;
+  for (int i = 0; i < 150; ++i) batch.push_back({rdzv::write_request::kind::set, "b/" + std::to_string(i), {}, "v", 0});
+  const auto t1 = clock_type::now();
+  const auto r = s.apply(batch);
+  CHECK(clock_type::now() - t1 < 4s);
+  REQUIRE(r.size() == batch.size());
+  for (const auto& w : r) {
+    REQUIRE(w.failure);
+    try {
+      std::rethrow_exception(w.failure);
+    } catch (const elastic::error& f) {
+      CHECK(f.code() == errc::unavailable);
+    }
+  }
 }
 
 TEST_CASE("a wait with etcd down gives up at its own timeout") {

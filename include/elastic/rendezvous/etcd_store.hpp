@@ -145,8 +145,8 @@ class etcd_store final : public store {
   /// Up to 64 writes in one transaction (etcd takes 128 operations in one): each compare_set is a
   /// transaction of its own inside it (etcd 3.3 and newer), so each keeps its own condition. What
   /// etcd refuses in one write (a lease that expired) refuses the whole transaction: those writes
-  /// are then applied one by one, so that only that one fails. etcd unreachable throws, as every
-  /// single call would.
+  /// are then applied one by one, so that only that one fails. etcd unreachable (for the whole
+  /// unavailable_timeout) is every remaining write's failure.
   std::vector<write_result> apply(std::span<const write_request> writes) override {
     detail::check_distinct(writes);
     std::vector<write_result> out;
@@ -171,8 +171,14 @@ class etcd_store final : public store {
           return results;
         });
       } catch (const error& e) {
-        // etcd away: every write would fail alike. Anything else was said of one of them.
-        if (e.code() == errc::unavailable || e.code() == errc::timeout) throw;
+        if (e.code() == errc::unavailable || e.code() == errc::timeout) {
+          // etcd away for the whole unavailable_timeout: this and every later write fail with
+          // that, at once (applied one by one, each would wait as long again).
+          const auto away = std::current_exception();
+          while (out.size() < writes.size()) out.push_back({false, std::nullopt, away});
+          return out;
+        }
+        // Anything else was said of one of them: each on its own says which.
         for (auto& r : apply_each(chunk)) out.push_back(std::move(r));
         continue;
       }
