@@ -14,7 +14,9 @@ run="$1" worker="$2" etcd="$3"
 tag="efz$(( $$ % 100000 ))"
 net="10.232.$(( $$ % 250 ))"
 work="$(mktemp -d)"
-peer="127.0.0.1:$(( 20000 + $$ % 20000 ))"
+# etcd's peer port on this run's own bridge address: a port on loopback picked from the pid could
+# be one another test holds (TSan run, 2026-11-27: "bind: address already in use").
+peer="$net.1:2380"
 pids=()
 hosts=(a b c)
 cleanup() {
