@@ -153,10 +153,6 @@ class etcd_store final : public store {
     out.reserve(writes.size());
     for (std::size_t at = 0; at < writes.size(); at += 64) {
       const auto chunk = writes.subspan(at, std::min<std::size_t>(64, writes.size() - at));
-      if (chunk.size() == 1) {
-        for (auto& r : apply_each(chunk)) out.push_back(std::move(r));
-        continue;
-      }
       json txn;
       for (const auto& w : chunk) {
         check_key(w.key);
