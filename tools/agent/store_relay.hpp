@@ -272,7 +272,7 @@ class store_relay {
         const auto key = r.str(), value = r.str();
         const auto lease = r.i64();
         const auto on = store_lease(lease);
-        if (on == 0 || held(key) != value) writes_.write({write::kind::set, key, std::nullopt, value, on});
+        if (on == 0 || held(key) != value) writes_.write(write::setting(key, value, on));
         own(key, lease, value);
         break;
       }
@@ -309,7 +309,7 @@ class store_relay {
         std::optional<std::string> actual;
         bool done = false;
         try {
-          auto r = writes_.write({write::kind::compare_set, key, expected, desired, on});
+          auto r = writes_.write(write::comparing(key, expected, desired, on));
           done = r.done;
           actual = std::move(r.actual);
         } catch (...) {
@@ -324,7 +324,7 @@ class store_relay {
       case op::erase: {
         const auto key = r.str();
         disown(key);
-        w.u8(writes_.write({write::kind::erase, key, std::nullopt, {}, 0}).done ? 1 : 0);
+        w.u8(writes_.write(write::erasing(key)).done ? 1 : 0);
         break;
       }
       case op::wait: {
@@ -461,7 +461,7 @@ class store_relay {
     }
     // One request for all of them.
     std::vector<write> erases;
-    for (const auto& k : keys) erases.push_back({write::kind::erase, k, std::nullopt, {}, 0});
+    for (const auto& k : keys) erases.push_back(write::erasing(k));
     try {
       up_->apply(erases);
     } catch (...) {  // a store that is away: the host's lease takes the keys when it lapses

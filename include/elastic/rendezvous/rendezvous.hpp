@@ -321,25 +321,24 @@ class rendezvous {
       return std::nullopt;
     }
     const std::int64_t r = read_round();
-    const auto outcome_of_r = read_outcome(r);
-    const auto& outcome = *outcome_of_r;
-    if (outcome.kind == detail::round_outcome::state::abandoned) {
+    const auto outcome = read_outcome(r);
+    if (outcome->kind == detail::round_outcome::state::abandoned) {
       bump(r);
       return std::nullopt;
     }
-    if (outcome.kind == detail::round_outcome::state::open) {
+    if (outcome->kind == detail::round_outcome::state::open) {
       auto members = join_round(r, deadline);
       if (!members) return std::nullopt;  // closed without us: wait for the next one
       if (auto info = finish(r, *members, make_bootstrap, start, deadline)) return info;
       bump(r);  // the leader died before publishing: form the next round
       return std::nullopt;
     }
-    if (contains(outcome.members, self())) {
-      if (auto info = finish(r, outcome.members, make_bootstrap, start, deadline)) return info;
+    if (contains(outcome->members, self())) {
+      if (auto info = finish(r, outcome->members, make_bootstrap, start, deadline)) return info;
       bump(r);
       return std::nullopt;
     }
-    wait_for_next_round(r, outcome.members, deadline);
+    wait_for_next_round(r, outcome->members, deadline);
     return std::nullopt;
   }
 
@@ -709,16 +708,15 @@ class rendezvous {
   /// us); throws errc::timeout when it was abandoned.
   std::optional<ended> round_end(std::int64_t r, const std::string& mine) {
     // From the view: refreshed by the caller.
-    const auto outcome_of_r = read_outcome(r);
-    const auto& outcome = *outcome_of_r;
-    if (outcome.kind == detail::round_outcome::state::members) {
-      if (contains(outcome.members, self())) return ended{outcome.members};
+    const auto outcome = read_outcome(r);
+    if (outcome->kind == detail::round_outcome::state::members) {
+      if (contains(outcome->members, self())) return ended{outcome->members};
       store_.erase(mine);
       return ended{};
     }
-    if (outcome.kind == detail::round_outcome::state::abandoned) {
+    if (outcome->kind == detail::round_outcome::state::abandoned) {
       store_.erase(mine);
-      throw error(errc::timeout, outcome.why);
+      throw error(errc::timeout, outcome->why);
     }
     if (read_round() > r) {
       // Rounds only advance from a closed one: r closed and its keys were collected while we
@@ -845,11 +843,10 @@ class rendezvous {
     }
     if (std::exchange(pending_, false)) store_.erase(key_pending());  // only when we set it
     if (beacon_) {
-      const auto outcome_of_r = read_outcome(r);
-      const auto& outcome = *outcome_of_r;
+      const auto outcome = read_outcome(r);
       std::vector<detail::beacon_peer> peers;
-      for (std::size_t i = 0; i < outcome.members.size(); ++i) {
-        peers.push_back({outcome.members[i].id, outcome.members[i].incarnation, outcome.addresses[i]});
+      for (std::size_t i = 0; i < outcome->members.size(); ++i) {
+        peers.push_back({outcome->members[i].id, outcome->members[i].incarnation, outcome->addresses[i]});
       }
       beacon_->follow(peers, static_cast<std::size_t>(info.rank));
     }
@@ -881,7 +878,7 @@ class rendezvous {
   void collect_garbage(std::int64_t r, const std::vector<detail::member>& members) {
     std::vector<write_request> erase;
     for (const auto& [id, v] : view_.under(prefix_ + "/gone/")) {
-      if (!contains(members, {id, v})) erase.push_back({write_request::kind::erase, prefix_ + "/gone/" + id, {}, {}, 0});
+      if (!contains(members, {id, v})) erase.push_back(write_request::erasing(prefix_ + "/gone/" + id));
     }
     std::string old_round;
     if (r >= 3) {
@@ -890,7 +887,7 @@ class rendezvous {
         const std::string dir = fmt::format("{}/{}/", prefix_, kind);
         for (const auto& [round, v] : view_.under(dir)) {
           const auto n = internal::parse_integer(round);
-          if (n && *n < r - 1) erase.push_back({write_request::kind::erase, dir + round, {}, {}, 0});
+          if (n && *n < r - 1) erase.push_back(write_request::erasing(dir + round));
         }
       }
     }

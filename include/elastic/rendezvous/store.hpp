@@ -65,6 +65,15 @@ struct write_request {
   std::optional<std::string> expected;  ///< compare_set: what the key must hold (nothing: absent)
   std::string value;                    ///< set, compare_set: the value written
   lease_id lease = 0;                   ///< set, compare_set: the lease it goes on (0: none)
+
+  static write_request setting(std::string key, std::string value, lease_id lease = 0) {
+    return {kind::set, std::move(key), std::nullopt, std::move(value), lease};
+  }
+  static write_request comparing(std::string key, std::optional<std::string> expected, std::string desired,
+                                 lease_id lease = 0) {
+    return {kind::compare_set, std::move(key), std::move(expected), std::move(desired), lease};
+  }
+  static write_request erasing(std::string key) { return {kind::erase, std::move(key), std::nullopt, {}, 0}; }
 };
 
 /// What one write of a batch did, as the call of its kind would return it.
