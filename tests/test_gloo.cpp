@@ -201,6 +201,30 @@ TEST_CASE("a revoke from another thread ends an allreduce waiting for a frozen p
   ranks[frozen].kill(SIGKILL);
 }
 
+TEST_CASE("a revoke ends a broadcast whose transfer a peer froze in the middle of, not at the timeout", "[gloo]") {
+  // Gloo fails a closed pair's queued buffers but not a send already half written (or a receive
+  // begun): a peer that stops reading mid-transfer left the root waiting to its timeout after the
+  // revoke. 128 MB outlasts the 5 ms before the receiver stops itself.
+  scratch_store st;
+  constexpr auto timeout = 60s;  // what the survivor would otherwise wait
+  auto ranks = spawn_ranks(st, "/round/0/gloo", 2, timeout,
+                           [](int r) { return std::string(r == 1 ? "stall" : "revoke_large"); });
+  for (auto& p : ranks) {
+    REQUIRE(p.read_line(20s) == std::optional<std::string>("connected"));
+    REQUIRE(p.read_line(20s) == std::optional<std::string>("entering"));
+  }
+  auto line = ranks[0].read_line(20s);  // the revoke comes 1 s in
+  INFO("rank 0 line " << line.value_or("<none>"));
+  REQUIRE(line);
+  CHECK(line->starts_with("error "));
+  CHECK(field(*line, "code") == "peer_lost");
+  CHECK(field(*line, "named") == "1");
+  CHECK(field(*line, "later_fails") == "1");
+  CHECK(std::stoi(field(*line, "ms")) < 20'000);
+  REQUIRE(ranks[0].read_line(10s) == std::optional<std::string>("done"));
+  ranks[1].kill(SIGKILL);
+}
+
 TEST_CASE("a single-rank gloo communicator reduces to itself and refuses work after abort", "[gloo]") {
   scratch_store st;
   comm::gloo_communicator c(st.s, "/round/0/gloo", 0, 1, 5s);

@@ -9,12 +9,16 @@
 //   half         runs allreduce (sum, avg) on bfloat16/float16 buffers and a float16 broadcast
 //                from root 1, one line per check in the same form
 //   die          prints "entering", then sleeps without joining the collective (the test kills it)
+//   stall        prints "entering", receives a broadcast of 128 MB from rank 0 and stops itself
+//                (SIGSTOP) 5 ms into it: frozen in the middle of the transfer, its sockets open
 //   others       prints "entering", runs one allreduce and prints
 //                "error code=<errc> ok=<0|1> ms=<elapsed> later_fails=<0|1> named=<0|1>" or
 //                "finished" if it completed; in mode "revoke" another thread revokes the
 //                communicator 300 ms into the allreduce, naming member "w9" (named=1: the error
-//                says so)
+//                says so); "revoke_large" is the same with a broadcast of 128 MB from this rank
+//                (rank 0), revoked 1 s into it
 // and ends with "done". Exit code 0 unless setup failed.
+#include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -150,19 +154,32 @@ int main(int argc, char** argv) {
     } else if (mode == "die") {
       say("entering");
       for (;;) std::this_thread::sleep_for(1s);
-    } else {
+    } else if (mode == "stall") {
+      std::vector<float> buf(std::size_t{32} << 20, 1.0f);
       say("entering");
-      std::vector<float> buf(1 << 16, 1.0f);
+      std::jthread stopper([] {
+        std::this_thread::sleep_for(5ms);  // its receive posted, the bytes not yet all here
+        ::kill(::getpid(), SIGSTOP);
+      });
+      c.broadcast(std::span<float>(buf), 0);  // never ends: the test kills it
+    } else {
+      const bool large = mode == "revoke_large";
+      std::vector<float> buf(large ? std::size_t{32} << 20 : std::size_t{1} << 16, 1.0f);
+      say("entering");
       const auto t0 = std::chrono::steady_clock::now();
       std::jthread revoker;
-      if (mode == "revoke") {  // as an elastic group's watcher does when a member's heartbeat lapses
-        revoker = std::jthread([&c] {
-          std::this_thread::sleep_for(300ms);
+      if (mode == "revoke" || large) {  // as an elastic group's watcher does when a member's heartbeat lapses
+        revoker = std::jthread([&c, large] {
+          std::this_thread::sleep_for(large ? 1000ms : 300ms);
           c.revoke("member w9 of round 1 departed");
         });
       }
       try {
-        c.allreduce(std::span<float>(buf), comm::reduce_op::sum);
+        if (large) {
+          c.broadcast(std::span<float>(buf), 0);
+        } else {
+          c.allreduce(std::span<float>(buf), comm::reduce_op::sum);
+        }
         say("finished");
       } catch (const elastic::error& e) {
         const auto ms =

@@ -3,8 +3,9 @@
 //
 // Gloo 0.5 (Debian's 0.0~git20220518) is used through its options API (AllreduceOptions,
 // BroadcastOptions, BarrierOptions), each with a per-call timeout. revoke() ends a collective in
-// flight on another thread at once (detail/gloo_revoke.hpp), as an elastic group's watcher does
-// when a member's heartbeat lapses: a peer frozen with its sockets open never makes Gloo fail.
+// flight on another thread at once (detail/gloo_revoke.hpp, detail/gloo_waits.hpp), as an elastic
+// group's watcher does when a member's heartbeat lapses: a peer frozen with its sockets open
+// never makes Gloo fail.
 #pragma once
 
 #include <signal.h>
@@ -40,6 +41,7 @@
 #include <elastic/comm/communicator.hpp>
 #include <elastic/comm/detail/gloo_revoke.hpp>
 #include <elastic/comm/detail/gloo_store_adapter.hpp>
+#include <elastic/comm/detail/gloo_waits.hpp>
 #include <elastic/error.hpp>
 #include <elastic/rendezvous/store.hpp>
 
@@ -84,10 +86,11 @@ class gloo_communicator {
       ::gloo::transport::tcp::attr attr;
       attr.hostname = std::move(hostname);
       device_ = ::gloo::transport::tcp::CreateDevice(attr);
-      auto context = std::make_shared<::gloo::rendezvous::Context>(rank, size);
+      auto context = std::make_shared<detail::gloo_revocable_context>(rank, size);
       context->setTimeout(timeout);
       gloo_store_adapter adapter(store, prefix_, timeout);
       context->connectFullMesh(adapter, device_);
+      context->track(waits_);
       sockets_ = detail::gloo_pair_sockets(*context);
       context_ = std::move(context);
     } catch (const error&) {
@@ -139,6 +142,8 @@ class gloo_communicator {
     failed_.store(true, std::memory_order_release);
     detail::ignore_sigpipe();  // a send racing the shutdown below fails, and kills nobody
     sockets_.shut_down();
+    // The pairs fail now, but Gloo leaves a transfer already on the wire waiting (gloo_waits.hpp).
+    waits_->revoke();
   }
 
   /// Combines `buf` across the ranks, in place. bfloat16/float16 buffers are widened to float in a
@@ -299,6 +304,7 @@ class gloo_communicator {
   std::shared_ptr<::gloo::transport::Device> device_;
   std::shared_ptr<::gloo::Context> context_;
   detail::gloo_pair_sockets sockets_;  // its pairs' connections, for revoke()
+  std::shared_ptr<detail::gloo_waits> waits_ = std::make_shared<detail::gloo_waits>();  // its collectives' waits
   std::uint32_t tag_ = 0;
   std::atomic<bool> failed_{false};
   std::atomic<bool> aborted_{false};

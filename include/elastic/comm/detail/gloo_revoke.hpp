@@ -4,8 +4,9 @@
 // Gloo 0.5 (Debian's 0.0~git20220518) has no public abort, and Debian's headers cannot name its
 // tcp::Pair (gloo/common/memory.h is not shipped). What it does have: a pair whose socket reads
 // end-of-stream fails itself (its device loop calls Pair::signalException), which hands an
-// IoException to every buffer waiting on the pair, so the collective waiting there throws now;
-// the pair moves to CLOSED, so later sends and receives throw too. That is what a peer that died
+// IoException to the buffers queued on the pair, so the collective waiting there throws now;
+// the pair moves to CLOSED, so later sends and receives throw too. (Not to a transfer already on
+// the wire: detail/gloo_waits.hpp wakes those.) That is what a peer that died
 // causes; shutdown(2) of our own end causes the same, at once, and sends the peer a FIN so its
 // collectives with us fail as well. shutdown leaves the descriptor Gloo's: Gloo still closes it.
 //
