@@ -14,6 +14,7 @@
 // It reports on stdout, one line each (CLOCK_MONOTONIC nanoseconds, comparable across processes):
 //   ready                             every store and rendezvous object is made
 //   round ID ROUND WORLD T_NS         participant ID completed join()/next_round() at T_NS
+//   noticed ID ROUND T_NS             its poll() in ROUND saw a change at T_NS (before next_round())
 //   requests BUCKET TOTAL             HTTP requests all of this process's stores sent so far, read
 //                                     at the tick BUCKET * sample-ms (ticks aligned on the clock,
 //                                     so every process reads at the same instants)
@@ -80,6 +81,7 @@ void run(participant& p, milliseconds poll_every) {
         continue;  // the watcher reports a store that does not answer and polls again
       }
       if (!ch.any()) continue;
+      say(fmt::format("noticed {} {} {}", p.id, info.round, now_ns()));
       info = p.rdzv->next_round();
       say(fmt::format("round {} {} {} {}", p.id, info.round, info.world_size, now_ns()));
     }

@@ -12,6 +12,8 @@
 //                    with a dead worker), until every survivor completed next_round()
 //   silent re-round  SIGSTOP another one (nothing tells anyone: its lease must expire), until
 //                    every survivor completed next_round()
+//   noticed by all   (both deaths, on the keys line and in the JSON) until the last survivor's
+//                    poll() saw the change, the moment its watcher would stop its collectives
 //   idle req/s       over --idle-s of a formed round: the HTTP requests the participants' stores
 //                    counted (etcd_store::requests()), and the gRPC calls etcd counted
 //                    (/metrics: grpc_server_started_total; the JSON gateway forwards each HTTP
@@ -63,6 +65,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include <fmt/format.h>
@@ -124,6 +127,7 @@ struct result {
   int formed = 0;  // participants with a round when the first-round wait ended
   std::optional<double> first_round_s, retired_s, silent_s;
   std::optional<double> first_partial_s;  // when the last of `formed` got its round (not all did)
+  std::optional<double> retired_noticed_s, silent_noticed_s;  // when the last survivor's poll() saw it
   bool retired_tried = false, silent_tried = false;
   std::optional<double> idle_client, idle_etcd, peak_client, peak_etcd, etcd_cpu_pct;
   std::string note;
@@ -440,6 +444,26 @@ class run_state {
     }
     return {count, last};
   }
+  /// How many live participants noticed a change while in `round` (their poll()), and when the
+  /// last of them did; and who that was.
+  [[nodiscard]] std::tuple<int, std::int64_t, std::string> noticed(std::int64_t round) const {
+    int count = 0;
+    std::int64_t last = 0;
+    std::string who;
+    for (const auto& p : procs_) {
+      if (p.gone) continue;
+      for (const auto& id : p.ids) {
+        if (failed_.contains(id)) continue;
+        auto it = first_noticed_.find(id);
+        if (it == first_noticed_.end()) continue;
+        auto r = it->second.find(round);
+        if (r == it->second.end()) continue;
+        ++count;
+        if (r->second > last) last = r->second, who = id;
+      }
+    }
+    return {count, last, who};
+  }
   /// When the live participants got past `round`, from `t0`: "median M s, 90 % N s, last L s (ID)".
   [[nodiscard]] std::string spread(std::int64_t round, std::int64_t t0) const {
     std::vector<std::pair<std::int64_t, std::string>> at;
@@ -498,6 +522,11 @@ class run_state {
       first_past_[id].emplace(round, t);  // the first time this participant reached `round`
       newest_ = std::max(newest_, round);
       last_line_ns_ = std::max(last_line_ns_, t);
+    } else if (what == "noticed") {
+      std::string id;
+      std::int64_t round = 0, t = 0;
+      in >> id >> round >> t;
+      first_noticed_[id].emplace(round, t);
     } else if (what == "requests") {
       std::int64_t bucket = 0;
       std::uint64_t total = 0;
@@ -518,6 +547,7 @@ class run_state {
   std::string go_;
   std::vector<host_proc> procs_;
   std::map<std::string, std::map<std::int64_t, std::int64_t>> first_past_;  // id -> round -> t_ns
+  std::map<std::string, std::map<std::int64_t, std::int64_t>> first_noticed_;  // id -> round -> t_ns
   std::int64_t newest_ = 0;
   std::int64_t last_line_ns_ = 0;
   std::vector<std::string> errors_;
@@ -531,6 +561,23 @@ void settle(run_state& run, double quiet_s, double cap_s) {
 
 void sleep_draining(run_state& run, double s) {
   run.wait(s, [] { return false; });
+}
+
+/// When every live participant's poll() in `round` had seen the change, from `t0` (seconds);
+/// nothing when some never did.
+std::optional<double> noticed_by_all(const run_state& run, std::int64_t round, std::int64_t t0) {
+  const auto [count, last, who] = run.noticed(round);
+  if (count == 0 || count < run.live_participants()) return std::nullopt;
+  return (last - t0) / 1e9;
+}
+
+/// "noticed by all 2.41 s (p0123), " or "noticed by 1020 of 1022, ".
+std::string noticed_text(const run_state& run, std::int64_t round, std::int64_t t0) {
+  const auto [count, last, who] = run.noticed(round);
+  if (count == 0 || count < run.live_participants()) {
+    return fmt::format("noticed by {} of {}, ", count, run.live_participants());
+  }
+  return fmt::format("noticed by all {:.2f} s ({}), ", (last - t0) / 1e9, who);
 }
 
 result measure(const settings& cfg, int n) {
@@ -675,7 +722,9 @@ result measure(const settings& cfg, int n) {
     auto all_past = [&] { return run.live_participants() > 0 && run.past(round).first == run.live_participants(); };
     if (run.wait(cfg.cap_s, all_past)) {
       res.retired_s = (run.past(round).second - t) / 1e9;
-      res.phases += "; retired: " + phases.describe(round + 1, t) + "; members " + run.spread(round, t);
+      res.retired_noticed_s = noticed_by_all(run, round, t);
+      res.phases += "; retired: " + noticed_text(run, round, t) + phases.describe(round + 1, t) + "; members " +
+                    run.spread(round, t);
     } else {
       res.note += fmt::format("retired: {} of {} re-formed. ", run.past(round).first, run.live_participants());
       return done();
@@ -695,7 +744,9 @@ result measure(const settings& cfg, int n) {
     auto all_past = [&] { return run.live_participants() > 0 && run.past(round).first == run.live_participants(); };
     if (run.wait(cfg.cap_s, all_past)) {
       res.silent_s = (run.past(round).second - t) / 1e9;
-      res.phases += "; silent: " + phases.describe(round + 1, t) + "; members " + run.spread(round, t);
+      res.silent_noticed_s = noticed_by_all(run, round, t);
+      res.phases += "; silent: " + noticed_text(run, round, t) + phases.describe(round + 1, t) + "; members " +
+                    run.spread(round, t);
     } else {
       res.note += fmt::format("silent: {} of {} re-formed. ", run.past(round).first, run.live_participants());
     }
@@ -835,11 +886,13 @@ int main(int argc, char** argv) {
       const auto& r = results[i];
       out << fmt::format(
           "{}{{\"n\":{},\"processes\":{},\"max_per_process\":{},\"hosts\":{},\"failed\":{},\"formed\":{},\"first_round_s\":{},\"first_partial_s\":{},"
-          "\"retired_reround_s\":{},\"silent_reround_s\":{},\"idle_requests_per_s_client\":{},"
+          "\"retired_reround_s\":{},\"silent_reround_s\":{},\"retired_noticed_s\":{},\"silent_noticed_s\":{},"
+          "\"idle_requests_per_s_client\":{},"
           "\"idle_requests_per_s_etcd\":{},\"peak_requests_per_s_client\":{},\"peak_requests_per_s_etcd\":{},"
           "\"etcd_cpu_idle_pct\":{},\"phases\":{},\"note\":{}}}",
           i == 0 ? "" : ",", r.n, r.processes, r.max_per_process, r.hosts, r.failed, r.formed, json_number(r.first_round_s), json_number(r.first_partial_s),
-          json_number(r.retired_s), json_number(r.silent_s), json_number(r.idle_client), json_number(r.idle_etcd),
+          json_number(r.retired_s), json_number(r.silent_s), json_number(r.retired_noticed_s),
+          json_number(r.silent_noticed_s), json_number(r.idle_client), json_number(r.idle_etcd),
           json_number(r.peak_client), json_number(r.peak_etcd), json_number(r.etcd_cpu_pct), json_text(r.phases), json_text(r.note));
     }
     out << "]}\n";
