@@ -18,11 +18,14 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -61,6 +64,9 @@ class peer_beacon {
   peer_beacon(const std::string& host, std::string token, std::chrono::milliseconds beat,
               std::chrono::milliseconds silent_after, std::size_t watchers = 2)
       : token_(std::move(token)), beat_(beat), silent_after_(silent_after), watchers_(watchers) {
+    if (beat.count() <= 0) {
+      throw error(errc::invalid_argument, fmt::format("peer heartbeats: interval {} ms must be positive", beat.count()));
+    }
     const auto addr = resolve(host, 0);
     if (!addr) throw error(errc::invalid_argument, fmt::format("peer heartbeats: '{}' is not an address", host));
     fd_ = internal::unique_fd(::socket(addr->first.ss_family, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
@@ -70,6 +76,8 @@ class peer_beacon {
         ::getsockname(fd_.get(), reinterpret_cast<sockaddr*>(&bound), &len) != 0) {
       throw error(errc::unavailable, fmt::format("peer heartbeats: cannot listen on {}: {}", host, std::strerror(errno)));
     }
+    wake_ = internal::unique_fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    if (!wake_) throw error(errc::unavailable, fmt::format("peer heartbeats: no eventfd: {}", std::strerror(errno)));
     const int port = bound.ss_family == AF_INET6 ? ntohs(reinterpret_cast<const sockaddr_in6*>(&bound)->sin6_port)
                                                  : ntohs(reinterpret_cast<const sockaddr_in*>(&bound)->sin_port);
     address_ = host.find(':') != std::string::npos ? fmt::format("[{}]:{}", host, port) : fmt::format("{}:{}", host, port);
@@ -178,7 +186,14 @@ class peer_beacon {
     for (auto& [id, w] : watched_) w.heard = std::max(w.heard, now);
   }
 
+  // The thread wakes for a beat or a datagram, nothing else (a stop comes through wake_): at
+  // 1,024 participants on two CPUs, turns every 50 ms were 20,000 wakeups a second, and a
+  // round formed 10-40 % slower for them.
   void run(const std::stop_token& st) {
+    const std::stop_callback on_stop(st, [this]() noexcept {
+      const std::uint64_t one = 1;
+      [[maybe_unused]] const ssize_t n = ::write(wake_.get(), &one, sizeof one);
+    });
     auto next_beat = clock::now();
     char buf[512];
     while (!st.stop_requested()) {
@@ -192,10 +207,9 @@ class peer_beacon {
         send_beats();
         next_beat = now + beat_;
       }
-      pollfd p{fd_.get(), POLLIN, 0};
-      const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(next_beat - clock::now());
-      // Short turns so that stopping never waits long.
-      ::poll(&p, 1, static_cast<int>(std::clamp<std::int64_t>(wait.count(), 0, 50)));
+      pollfd p[2]{{fd_.get(), POLLIN, 0}, {wake_.get(), POLLIN, 0}};
+      const auto wait = std::chrono::ceil<std::chrono::milliseconds>(next_beat - clock::now());
+      ::poll(p, 2, static_cast<int>(std::clamp<std::int64_t>(wait.count(), 0, beat_.count())));
       for (;;) {
         const ssize_t n = ::recv(fd_.get(), buf, sizeof buf, 0);
         if (n <= 0) break;
@@ -250,6 +264,7 @@ class peer_beacon {
   const std::chrono::milliseconds silent_after_;
   const std::size_t watchers_;
   internal::unique_fd fd_;
+  internal::unique_fd wake_;  // an eventfd: stops the thread's wait
   std::string address_;
 
   std::mutex mu_;
@@ -258,9 +273,9 @@ class peer_beacon {
   std::map<std::string, watch, std::less<>> watched_;  // mu_
   std::set<std::pair<std::string, std::string>> heard_;  // mu_: lives heard at least once
   clock::time_point ticked_ = clock::now();             // mu_: the thread's last turn
-  // A turn later than this means this process was stopped: 50 ms turns, with room for a
-  // loaded machine.
-  const std::chrono::milliseconds stall_{std::max<std::int64_t>(500, 2 * beat_.count())};
+  // A turn later than this means this process was stopped: a turn per beat at least, with
+  // 450 ms of room for a loaded machine.
+  const std::chrono::milliseconds stall_{std::max<std::int64_t>(2 * beat_.count(), beat_.count() + 450)};
 
   std::jthread thread_;  // last: it stops before the members it uses go away
 };
