@@ -363,7 +363,12 @@ TEST_CASE("a rank frozen inside an allreduce (SIGSTOP) is dropped when its heart
   const std::uint64_t steps = 60;
   const std::string want = reference_crc(slow_gloo, steps);
   scratch s;
-  fleet f(ELASTIC_GROUP_WORKER, s.url, "frozen", slow_gloo, s.events);
+  // A last call of 3 s (the round closes as soon as the three survivors are in): with 300 ms a
+  // survivor slowed by TSan missed round 2, came back as a newcomer in round 3, and round 3's
+  // rebuild named the newcomer instead of w1's departure.
+  auto common = slow_gloo;
+  common.insert(common.end(), {"--last-call-ms", "3000"});
+  fleet f(ELASTIC_GROUP_WORKER, s.url, "frozen", common, s.events);
   const std::vector<std::string> args{"--dir", s.ckpt, "--steps", std::to_string(steps), "--min", "2", "--max", "4"};
   start_workers(f, 4, args, {{1, {"--stop-self-at", "15"}}});  // its peers are in step 15's allreduce
   const std::vector<std::size_t> survivors{0, 2, 3};
