@@ -428,56 +428,20 @@ class run_state {
   /// Participants of live processes whose newest round is past `round`, and the latest time one
   /// of them got there.
   [[nodiscard]] std::pair<int, std::int64_t> past(std::int64_t round) const {
-    int count = 0;
-    std::int64_t last = 0;
-    for (const auto& p : procs_) {
-      if (p.gone) continue;
-      for (const auto& id : p.ids) {
-        if (failed_.contains(id)) continue;
-        auto it = first_past_.find(id);
-        if (it == first_past_.end()) continue;
-        auto r = it->second.upper_bound(round);
-        if (r == it->second.end()) continue;
-        ++count;
-        last = std::max(last, r->second);
-      }
-    }
-    return {count, last};
+    const auto at = times(first_past_, [round](const auto& rounds) { return rounds.upper_bound(round); });
+    return {static_cast<int>(at.size()), at.empty() ? 0 : at.back().first};
   }
-  /// How many live participants noticed a change while in `round` (their poll()), and when the
-  /// last of them did; and who that was.
+  /// How many live participants noticed a change while in `round` (their poll()), when the last
+  /// of them did, and who that was.
   [[nodiscard]] std::tuple<int, std::int64_t, std::string> noticed(std::int64_t round) const {
-    int count = 0;
-    std::int64_t last = 0;
-    std::string who;
-    for (const auto& p : procs_) {
-      if (p.gone) continue;
-      for (const auto& id : p.ids) {
-        if (failed_.contains(id)) continue;
-        auto it = first_noticed_.find(id);
-        if (it == first_noticed_.end()) continue;
-        auto r = it->second.find(round);
-        if (r == it->second.end()) continue;
-        ++count;
-        if (r->second > last) last = r->second, who = id;
-      }
-    }
-    return {count, last, who};
+    const auto at = times(first_noticed_, [round](const auto& rounds) { return rounds.find(round); });
+    if (at.empty()) return {0, 0, ""};
+    return {static_cast<int>(at.size()), at.back().first, at.back().second};
   }
   /// When the live participants got past `round`, from `t0`: "median M s, 90 % N s, last L s (ID)".
   [[nodiscard]] std::string spread(std::int64_t round, std::int64_t t0) const {
-    std::vector<std::pair<std::int64_t, std::string>> at;
-    for (const auto& p : procs_) {
-      if (p.gone) continue;
-      for (const auto& id : p.ids) {
-        auto it = first_past_.find(id);
-        if (it == first_past_.end() || failed_.contains(id)) continue;
-        auto r = it->second.upper_bound(round);
-        if (r != it->second.end()) at.emplace_back(r->second, id);
-      }
-    }
+    const auto at = times(first_past_, [round](const auto& rounds) { return rounds.upper_bound(round); });
     if (at.empty()) return "none";
-    std::sort(at.begin(), at.end());
     auto s = [t0](std::int64_t t) { return (t - t0) / 1e9; };
     return fmt::format("median {:.2f} s, 90 % {:.2f} s, last {:.2f} s ({})", s(at[at.size() / 2].first),
                        s(at[at.size() * 9 / 10].first), s(at.back().first), at.back().second);
@@ -509,6 +473,25 @@ class run_state {
   [[nodiscard]] std::int64_t bucket_of(std::int64_t t_ns) const { return t_ns / (cfg_.sample_ms * 1'000'000LL); }
 
  private:
+  using round_times = std::map<std::string, std::map<std::int64_t, std::int64_t>>;  // id -> round -> t_ns
+
+  /// (time, id) of each live participant's entry in `by_id` that `pick` finds in its rounds,
+  /// earliest first.
+  template <class Pick>
+  [[nodiscard]] std::vector<std::pair<std::int64_t, std::string>> times(const round_times& by_id, Pick pick) const {
+    std::vector<std::pair<std::int64_t, std::string>> at;
+    for (const auto& p : procs_) {
+      if (p.gone) continue;
+      for (const auto& id : p.ids) {
+        auto it = by_id.find(id);
+        if (it == by_id.end() || failed_.contains(id)) continue;
+        if (auto r = pick(it->second); r != it->second.end()) at.emplace_back(r->second, id);
+      }
+    }
+    std::sort(at.begin(), at.end());
+    return at;
+  }
+
   void take(host_proc& p, const std::string& line) {
     std::istringstream in(line);
     std::string what;
@@ -546,8 +529,8 @@ class run_state {
   int n_;
   std::string go_;
   std::vector<host_proc> procs_;
-  std::map<std::string, std::map<std::int64_t, std::int64_t>> first_past_;  // id -> round -> t_ns
-  std::map<std::string, std::map<std::int64_t, std::int64_t>> first_noticed_;  // id -> round -> t_ns
+  round_times first_past_;     // when each participant first got past each round
+  round_times first_noticed_;  // when each participant's poll() first saw a change in each round
   std::int64_t newest_ = 0;
   std::int64_t last_line_ns_ = 0;
   std::vector<std::string> errors_;
