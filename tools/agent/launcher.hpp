@@ -697,11 +697,22 @@ class launcher {
     }
   }
 
+  /// Whether the watchdog we host killed `pid`. It signals first and calls on_kill right after,
+  /// on its own thread: a worker reaped in between (a loaded machine; seen under TSan) is the
+  /// one it is signalling now, and its on_kill is waited for (bounded). Other deaths wait for
+  /// nothing.
+  bool killed_by_watchdog(pid_t pid) {
+    for (int i = 0; i < 2000 && !watchdog_kills_.killed(pid) && watchdog_ && watchdog_->signalling() == pid; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return watchdog_kills_.killed(pid);
+  }
+
   void exited(slot& s, pid_t pid, int st) {
     seen_.update();
     const bool signaled = WIFSIGNALED(st);
     const int code = signaled ? -WTERMSIG(st) : WEXITSTATUS(st);
-    const bool by_watchdog = signaled && watchdog_kills_.killed(pid);
+    const bool by_watchdog = signaled && killed_by_watchdog(pid);
     const bool noticed = code == exit_preempted && seen_.preempted(pid);
     s.last_code = code;
     std::string how;

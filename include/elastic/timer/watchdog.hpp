@@ -208,6 +208,10 @@ class watchdog {
   [[nodiscard]] bool adopted() const noexcept { return segment_.adopted(); }
   /// The log this watchdog writes its events to.
   [[nodiscard]] const event_log& events() const noexcept { return events_; }
+  /// The process this watchdog is signalling for an expired scope right now (0: none): set before
+  /// the signal and cleared once on_kill returned. A host that reaps a signalled process before
+  /// its on_kill came (a loaded machine) learns here to wait for it. Any thread.
+  [[nodiscard]] pid_t signalling() const noexcept { return signalling_.load(std::memory_order_acquire); }
 
  private:
   struct kill_record {
@@ -309,6 +313,11 @@ class watchdog {
     if (!may_signal(pid, start, sig, e.name, "signal")) return false;  // nor trace it, nor escalate
     if (captures_.hold(s, pid, start, e, now)) return false;  // its stacks first (capture_threads.hpp)
     internal::client_check why;
+    signalling_.store(pid, std::memory_order_release);
+    const struct done_signalling {
+      std::atomic<pid_t>& pid;
+      ~done_signalling() { pid.store(0, std::memory_order_release); }
+    } done{signalling_};
     const auto result = internal::signal_client(pid, start, sig, segment_id_, &why);
     const int err = errno;
     if (result == internal::signal_result::gone) {
@@ -444,6 +453,7 @@ class watchdog {
   atomic_stats stats_;
   detail::capture_threads captures_;  // only the scanning thread calls it; after the segment it rings
   std::atomic<bool> stopped_{false};
+  std::atomic<pid_t> signalling_{0};  // set by the scanning thread around a signal and its on_kill
   std::jthread thread_;  // last: it must stop before the members it uses go away
 };
 
