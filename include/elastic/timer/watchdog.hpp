@@ -51,6 +51,7 @@
 #include <elastic/timer/detail/capture_threads.hpp>
 #include <elastic/timer/detail/scope_warnings.hpp>
 #include <elastic/timer/detail/table.hpp>
+#include <elastic/timer/detail/watchdog_counters.hpp>
 #include <elastic/timer/detail/whom_to_signal.hpp>
 #include <elastic/timer/watchdog_options.hpp>
 
@@ -199,10 +200,7 @@ class watchdog {
     return freed;
   }
 
-  [[nodiscard]] watchdog_stats stats() const noexcept {
-    return {stats_.scans.load(),     stats_.signals.load(),     stats_.escalations.load(), stats_.reclaimed.load(),
-            stats_.max_late_ns.load(), stats_.refused.load(),     warnings_.count()};
-  }
+  [[nodiscard]] watchdog_stats stats() const noexcept { return stats_.snapshot(warnings_.count()); }
   [[nodiscard]] const std::string& name() const noexcept { return opts_.name; }
   [[nodiscard]] detail::table_view table() const noexcept { return segment_.table(); }
   [[nodiscard]] bool adopted() const noexcept { return segment_.adopted(); }
@@ -339,10 +337,7 @@ class watchdog {
                          {"signal", internal::signal_name(sig)}, {"errno", err}});
       return false;
     }
-    stats_.signals.fetch_add(1, std::memory_order_relaxed);
-    std::int64_t prev = stats_.max_late_ns.load(std::memory_order_relaxed);
-    while (late > prev && !stats_.max_late_ns.compare_exchange_weak(prev, late)) {
-    }
+    stats_.signalled(late);
     events_.emit("watchdog_kill",
                       {{"segment", opts_.name},
                        {"target_pid", pid},
@@ -434,15 +429,6 @@ class watchdog {
     return freed;
   }
 
-  struct atomic_stats {
-    std::atomic<std::uint64_t> scans{0};
-    std::atomic<std::uint64_t> signals{0};
-    std::atomic<std::uint64_t> escalations{0};
-    std::atomic<std::uint64_t> reclaimed{0};
-    std::atomic<std::int64_t> max_late_ns{0};
-    std::atomic<std::uint64_t> refused{0};
-  };
-
   watchdog_options opts_;
   event_log events_;
   detail::segment segment_;
@@ -450,7 +436,7 @@ class watchdog {
   std::unordered_map<pid_t, kill_record> kills_;  // only the scanning thread touches it
   std::set<std::pair<pid_t, std::uint64_t>> refused_;  // logged refusals; only the scanning thread
   detail::scope_warnings warnings_{opts_, events_};  // only the scanning thread (its count: any)
-  atomic_stats stats_;
+  detail::watchdog_counters stats_;
   detail::capture_threads captures_;  // only the scanning thread calls it; after the segment it rings
   std::atomic<bool> stopped_{false};
   std::atomic<pid_t> signalling_{0};  // set by the scanning thread around a signal and its on_kill
