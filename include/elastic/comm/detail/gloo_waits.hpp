@@ -20,6 +20,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -53,25 +54,24 @@ class gloo_waits {
   }
 
   /// Wakes every wait in progress, and makes every later one end at once. Any thread, any number
-  /// of times.
+  /// of times. (A buffer that read the flag just before it was set is noted, so its wait is
+  /// aborted here: Gloo keeps an abort for a wait not yet begun.)
   void revoke() noexcept {
+    revoked_.store(true, std::memory_order_release);
     std::lock_guard lk(mu_);
-    revoked_ = true;
     for (buffer* b : live_) {
       b->abortWaitSend();
       b->abortWaitRecv();
     }
   }
 
-  [[nodiscard]] bool revoked() const noexcept {
-    std::lock_guard lk(mu_);
-    return revoked_;
-  }
+  /// Read before every send, receive and wait of a collective: a flag, no lock.
+  [[nodiscard]] bool revoked() const noexcept { return revoked_.load(std::memory_order_acquire); }
 
  private:
-  mutable std::mutex mu_;  // held while aborting: a noted buffer is not destroyed under a revoke
+  std::mutex mu_;  // held while aborting: a noted buffer is not destroyed under a revoke
   std::vector<buffer*> live_;
-  bool revoked_ = false;
+  std::atomic<bool> revoked_{false};
 };
 
 /// The tcp transport's unbound buffer behind a forwarder that a revoke can wake.
