@@ -546,21 +546,16 @@ void sleep_draining(run_state& run, double s) {
   run.wait(s, [] { return false; });
 }
 
-/// When every live participant's poll() in `round` had seen the change, from `t0` (seconds);
-/// nothing when some never did.
-std::optional<double> noticed_by_all(const run_state& run, std::int64_t round, std::int64_t t0) {
+/// When every live participant's poll() in `round` had seen the change, from `t0` (seconds;
+/// nothing when some never did), and the keys line's words for it: "noticed by all 2.41 s
+/// (p0123), " or "noticed by 1020 of 1022, ".
+std::pair<std::optional<double>, std::string> noticed_by_all(const run_state& run, std::int64_t round,
+                                                             std::int64_t t0) {
   const auto [count, last, who] = run.noticed(round);
-  if (count == 0 || count < run.live_participants()) return std::nullopt;
-  return (last - t0) / 1e9;
-}
-
-/// "noticed by all 2.41 s (p0123), " or "noticed by 1020 of 1022, ".
-std::string noticed_text(const run_state& run, std::int64_t round, std::int64_t t0) {
-  const auto [count, last, who] = run.noticed(round);
-  if (count == 0 || count < run.live_participants()) {
-    return fmt::format("noticed by {} of {}, ", count, run.live_participants());
-  }
-  return fmt::format("noticed by all {:.2f} s ({}), ", (last - t0) / 1e9, who);
+  const int live = run.live_participants();
+  if (count == 0 || count < live) return {std::nullopt, fmt::format("noticed by {} of {}, ", count, live)};
+  const double s = (last - t0) / 1e9;
+  return {s, fmt::format("noticed by all {:.2f} s ({}), ", s, who)};
 }
 
 result measure(const settings& cfg, int n) {
@@ -705,9 +700,9 @@ result measure(const settings& cfg, int n) {
     auto all_past = [&] { return run.live_participants() > 0 && run.past(round).first == run.live_participants(); };
     if (run.wait(cfg.cap_s, all_past)) {
       res.retired_s = (run.past(round).second - t) / 1e9;
-      res.retired_noticed_s = noticed_by_all(run, round, t);
-      res.phases += "; retired: " + noticed_text(run, round, t) + phases.describe(round + 1, t) + "; members " +
-                    run.spread(round, t);
+      auto [noticed_s, noticed] = noticed_by_all(run, round, t);
+      res.retired_noticed_s = noticed_s;
+      res.phases += "; retired: " + noticed + phases.describe(round + 1, t) + "; members " + run.spread(round, t);
     } else {
       res.note += fmt::format("retired: {} of {} re-formed. ", run.past(round).first, run.live_participants());
       return done();
@@ -727,9 +722,9 @@ result measure(const settings& cfg, int n) {
     auto all_past = [&] { return run.live_participants() > 0 && run.past(round).first == run.live_participants(); };
     if (run.wait(cfg.cap_s, all_past)) {
       res.silent_s = (run.past(round).second - t) / 1e9;
-      res.silent_noticed_s = noticed_by_all(run, round, t);
-      res.phases += "; silent: " + noticed_text(run, round, t) + phases.describe(round + 1, t) + "; members " +
-                    run.spread(round, t);
+      auto [noticed_s, noticed] = noticed_by_all(run, round, t);
+      res.silent_noticed_s = noticed_s;
+      res.phases += "; silent: " + noticed + phases.describe(round + 1, t) + "; members " + run.spread(round, t);
     } else {
       res.note += fmt::format("silent: {} of {} re-formed. ", run.past(round).first, run.live_participants());
     }
