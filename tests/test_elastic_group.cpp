@@ -122,6 +122,15 @@ const std::vector<std::string> slow_gloo{"--every", "10", "--dim", "65536", "--t
                                          "--hb-interval-ms", "100", "--hb-timeout-ms", "2000", "--last-call-ms", "300",
                                          "--join-timeout-ms", "30000", "--poll-ms", "20"};
 
+// slow_gloo with a last call of 3 s, for the cases whose next round must hold every survivor: a
+// loaded machine (TSan, -j2) made one miss a 300 ms one, and it came back later as a newcomer.
+// A round still closes as soon as every survivor is in.
+const std::vector<std::string> slow_gloo_all_survivors = [] {
+  auto v = slow_gloo;
+  v.insert(v.end(), {"--last-call-ms", "3000"});
+  return v;
+}();
+
 /// Starts workers w0 .. w<n-1> with `args`, worker i with `faults[i]` too.
 void start_workers(fleet& f, int n, const std::vector<std::string>& args,
                    const std::map<int, std::vector<std::string>>& faults) {
@@ -363,12 +372,9 @@ TEST_CASE("a rank frozen inside an allreduce (SIGSTOP) is dropped when its heart
   const std::uint64_t steps = 60;
   const std::string want = reference_crc(slow_gloo, steps);
   scratch s;
-  // A last call of 3 s (the round closes as soon as the three survivors are in): with 300 ms a
-  // survivor slowed by TSan missed round 2, came back as a newcomer in round 3, and round 3's
-  // rebuild named the newcomer instead of w1's departure.
-  auto common = slow_gloo;
-  common.insert(common.end(), {"--last-call-ms", "3000"});
-  fleet f(ELASTIC_GROUP_WORKER, s.url, "frozen", common, s.events);
+  // Round 2 holds the three survivors: one that missed it would come back as a newcomer, and
+  // round 3's rebuild would name the newcomer instead of w1's departure.
+  fleet f(ELASTIC_GROUP_WORKER, s.url, "frozen", slow_gloo_all_survivors, s.events);
   const std::vector<std::string> args{"--dir", s.ckpt, "--steps", std::to_string(steps), "--min", "2", "--max", "4"};
   start_workers(f, 4, args, {{1, {"--stop-self-at", "15"}}});  // its peers are in step 15's allreduce
   const std::vector<std::size_t> survivors{0, 2, 3};
@@ -409,11 +415,8 @@ TEST_CASE("a rank frozen while the next round's communicator connects is dropped
   const std::uint64_t steps = 40;
   const std::string want = reference_crc(slow_gloo, steps);
   scratch s;
-  // A last call of 3 s: round 2 must hold w1, which a loaded machine (TSan, -j2) made miss a
-  // 300 ms one, so that round 2 formed without it and w1 never reached its connect.
-  auto common = slow_gloo;
-  common.insert(common.end(), {"--last-call-ms", "3000"});
-  fleet f(ELASTIC_GROUP_WORKER, s.url, "frozen_connect", common, s.events);
+  // Round 2 must hold w1: formed without it, w1 would never reach its connect.
+  fleet f(ELASTIC_GROUP_WORKER, s.url, "frozen_connect", slow_gloo_all_survivors, s.events);
   const std::vector<std::string> args{"--dir", s.ckpt, "--steps", std::to_string(steps), "--min", "2", "--max", "4"};
   start_workers(f, 4, args, {{1, {"--stop-in-connect-round", "2"}}, {3, {"--kill-self-at", "10"}}});
   const std::vector<std::size_t> survivors{0, 2};

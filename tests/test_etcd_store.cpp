@@ -508,7 +508,7 @@ TEST_CASE("with etcd down longer than unavailable_timeout a call fails naming th
   // A batch of 150 writes (three transactions) waits the timeout once, not once per transaction,
   // and every write carries the reason.
   std::vector<rdzv::write_request> batch;
-  for (int i = 0; i < 150; ++i) batch.push_back({rdzv::write_request::kind::set, "b/" + std::to_string(i), {}, "v", 0});
+  for (int i = 0; i < 150; ++i) batch.push_back(rdzv::write_request::setting("b/" + std::to_string(i), "v"));
   const auto t1 = clock_type::now();
   const auto r = s.apply(batch);
   CHECK(clock_type::now() - t1 < 4s);
