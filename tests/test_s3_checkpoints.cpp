@@ -565,6 +565,25 @@ std::string end_checksum(elastic::test::child_process& w) {
   return checksum;
 }
 
+// The bucket's objects once the server has finished what a killed client sent it: a request
+// whose whole body arrived before the kill (a manifest's PUT, a retention's DELETE) is still
+// carried out, a few milliseconds later. Two listings 300 ms apart that agree.
+std::vector<objects::object_info> settled_listing(objects::object_dir& d) {
+  auto names = [](const std::vector<objects::object_info>& l) {
+    std::vector<std::string> n;
+    for (const auto& o : l) n.push_back(o.name);
+    return n;
+  };
+  auto listing = d.client().list();
+  for (int i = 0; i < 20; ++i) {
+    std::this_thread::sleep_for(300ms);
+    auto again = d.client().list();
+    if (names(again) == names(listing)) break;
+    listing = std::move(again);
+  }
+  return listing;
+}
+
 }  // namespace
 
 TEST_CASE("object storage: SIGKILL at random moments of uploads and retention never loses a committed step, and the "
@@ -594,12 +613,16 @@ TEST_CASE("object storage: SIGKILL at random moments of uploads and retention ne
     INFO("trial " << t);
     auto w = trainer(1000000000, 1);
     // It resumes from the newest step committed before the kill: never an older one (nothing
-    // committed was lost), never a partial one (every chunk is verified).
-    CHECK(start_step(w) == last);
+    // committed was lost), never a partial one (every chunk is verified). At most one newer: a
+    // manifest whose PUT had reached the server whole when the kill came, stored after the
+    // listing (settled_listing makes that rare, not impossible, on a loaded machine).
+    const auto started = start_step(w);
+    CHECK(started >= last);
+    CHECK(started <= last + 1);
     std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms(rng)));
     w.kill(SIGKILL);
     REQUIRE(w.wait_for(30s));
-    const auto listing = d.client().list();
+    const auto listing = settled_listing(d);
     const auto committed = objects::list_steps(listing);
     last = committed.empty() ? 0 : committed.front();
     CHECK(last >= newest_announced());
@@ -624,7 +647,9 @@ TEST_CASE("object storage: SIGKILL at random moments of uploads and retention ne
   // The interrupted run, finished, equals an undisturbed run of the same length (no checkpoints).
   const std::uint64_t steps = last + 5;
   auto w = trainer(steps, 1);
-  CHECK(start_step(w) == last);
+  const auto resumed = start_step(w);
+  CHECK(resumed >= last);
+  CHECK(resumed <= last + 1);
   const std::string got = end_checksum(w);
   CHECK(w.exit_code(30s) == 0);
   auto ref = elastic::test::child_process::spawn(
