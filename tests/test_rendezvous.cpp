@@ -508,6 +508,35 @@ TEST_CASE("a participant id in use by a live participant is refused") {
   CHECK(error_of([&] { b.join(); }).code() == errc::already_running);
 }
 
+TEST_CASE("a participant declared gone whose old lease cannot be revoked takes its own old heartbeat key over") {
+  // A store too loaded to revoke, whose leases outlive their time to live (expiry comes late
+  // on a loaded etcd): the old life's alive key stays after the participant was declared gone
+  // (its peers wrote P/gone/<id>, as their heartbeats do when it stalls). Waiting the old life
+  // out, as for another process's, would end in errc::already_running after a heartbeat timeout.
+  struct no_revoke final : elastic::test::forwarding_store {
+    using forwarding_store::forwarding_store;
+    void revoke(lease_id) override { throw elastic::error(errc::unavailable, "revoke refused (the test's store)"); }
+    lease_id grant(std::chrono::milliseconds ttl) override { return s_.grant(ttl * 60); }
+  };
+  scratch_store t;
+  no_revoke s(t.s);
+  const auto o = options("takeover", 1, 1, "a");
+  rdzv::rendezvous a(s, o);
+  const auto first = a.join();
+  const std::string old = a.incarnation();
+  t.s.set(rdzv::run_prefix("/elastic", "takeover") + "/gone/a", old);
+  CHECK(a.poll().self_lost);
+  const auto again = a.next_round();
+  CHECK(again.round > first.round);
+  CHECK(a.incarnation() != old);
+  CHECK(t.s.get(rdzv::alive_key("/elastic", "takeover", "a")) == a.incarnation());
+  // Another process with the same id is still refused: only our own old life is taken over.
+  auto same = options("takeover", 1, 1, "a");
+  same.heartbeat_timeout = heartbeat_timeout;
+  rdzv::rendezvous b(t.s, same);
+  CHECK(error_of([&] { b.join(); }).code() == errc::already_running);
+}
+
 TEST_CASE("a participant waiting for the next round stops with errc::run_finished when the run finishes") {
   scratch_store t;
   auto a = options("job", 2, 3, "p0"), b = options("job", 2, 3, "p1");

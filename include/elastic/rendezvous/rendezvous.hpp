@@ -401,7 +401,7 @@ class rendezvous {
       } catch (const error&) {
       }
     }
-    incarnation_ = detail::random_hex(8);
+    previous_incarnation_ = std::exchange(incarnation_, detail::random_hex(8));
     keeper_.start(opts_.heartbeat_interval, run_key(opts_.key_prefix, opts_.run_id));
     register_run(fresh);
     if (!view_.open()) view_.open(store_, prefix_);
@@ -508,7 +508,9 @@ class rendezvous {
   }
 
   /// Our heartbeat key; a live predecessor with our id (a restart faster than its lease) is
-  /// waited out, bounded by one heartbeat timeout.
+  /// waited out, bounded by one heartbeat timeout. Our own previous life in this process is
+  /// not: its key outlives it only when its lease's revoke failed (a loaded store), and it is
+  /// over, so the key is taken over at once.
   void publish_alive(lease_id lease) {
     const std::string key = key_alive(opts_.participant_id);
     const auto until = clock::now() + opts_.heartbeat_timeout + opts_.heartbeat_interval;
@@ -516,6 +518,10 @@ class rendezvous {
       check_notice("waiting for its predecessor's heartbeat to lapse");
       std::optional<std::string> actual;
       if (store_.compare_set(key, std::nullopt, incarnation_, lease, &actual)) return;
+      if (actual && !previous_incarnation_.empty() && *actual == previous_incarnation_ &&
+          store_.compare_set(key, *actual, incarnation_, lease, &actual)) {
+        return;
+      }
       if (clock::now() >= until) {
         throw error(errc::already_running,
                     fmt::format("participant id '{}' of run '{}' is in use by a live participant (incarnation {}): "
@@ -914,6 +920,7 @@ class rendezvous {
   bool declared_gone_ = false;    // a peer declared this life gone: the next join starts a new one
   bool pending_ = false;          // we set P/pending/<id> and have not erased it since
   std::string incarnation_;
+  std::string previous_incarnation_;  // this process's life before incarnation_, if any
   round_info current_;
   std::optional<finished_run> finished_;  // P/finished, once a wait met it
   std::vector<detail::member> members_;
