@@ -68,7 +68,7 @@
 //
 // Store requests per round: each joiner sets its join record and tries once to claim the
 // closer; the closer reads the joins once and follows them; one compare_set closes the round,
-// one set publishes the bootstrap; the leader erases round r-2's keys in a few requests. Each
+// one more publishes the bootstrap; the leader erases round r-2's keys in a few requests. Each
 // member reads the outcome and the bootstrap from its feed.
 //
 // The store must be safe to call from two threads: a background thread renews the lease.
@@ -821,11 +821,17 @@ class rendezvous {
     info.leader = members.front().id;
     const std::string key = key_of("bootstrap", r);
     if (info.rank == 0) {
-      if (auto have = store_.get(key)) {  // the store's word, not the view's: never two blobs
-        info.bootstrap = *have;  // join() again in the same round
+      // The blob is made once per round (NCCL's starts a bootstrap root: never one for a blob the
+      // store holds) and published by a compare_set, one request: the store's first blob stands,
+      // never two. Only a join() again in the same round asks the store what it holds.
+      std::optional<std::string> have;
+      if (bootstrap_tried_ == r) have = store_.get(key);
+      if (have) {
+        info.bootstrap = std::move(*have);
       } else {
+        bootstrap_tried_ = r;
         info.bootstrap = make_bootstrap ? make_bootstrap(info) : key_round(r, "gloo/");
-        store_.set(key, info.bootstrap);
+        if (!store_.compare_set(key, std::nullopt, info.bootstrap, 0, &have) && have) info.bootstrap = std::move(*have);
       }
       collect_garbage(r, members);
     } else {
@@ -921,6 +927,7 @@ class rendezvous {
   bool pending_ = false;          // we set P/pending/<id> and have not erased it since
   std::string incarnation_;
   std::string previous_incarnation_;  // this process's life before incarnation_, if any
+  std::int64_t bootstrap_tried_ = 0;  // the last round whose bootstrap we made as its leader
   round_info current_;
   std::optional<finished_run> finished_;  // P/finished, once a wait met it
   std::vector<detail::member> members_;
