@@ -842,9 +842,15 @@ class rendezvous {
           info.bootstrap = *v;
           break;
         }
-        // The view takes changes in the store's order: a leader that published and left at
-        // once shows its bootstrap before its departure.
-        if (!is_alive(members.front())) return std::nullopt;
+        // A leader that published and left at once: the view may show its departure before
+        // its bootstrap (they come by two feeds, and on etcd by two watches), so the store's
+        // word decides whether it died before publishing.
+        if (!is_alive(members.front())) {
+          auto v = store_.get(key);
+          if (!v) return std::nullopt;
+          info.bootstrap = std::move(*v);
+          break;
+        }
         if (clock::now() >= deadline) {
           throw error(errc::timeout, fmt::format("round {} of run '{}': leader '{}' published no bootstrap within {} "
                                                  "ms of the join",
