@@ -64,9 +64,8 @@ class run_view {
   }
 
   /// Takes in what the feeds have (nothing asked of a pushing store; a list() of a polled one).
-  /// The erasures first: a key written before a departure is then in the copy whenever the
-  /// departure is (a polled feed's list comes after), not only at the next refresh.
   void refresh() {
+    take_into(*feed_, keys_);
     bool reset = false;
     auto events = gone_->take(reset);
     for (auto& e : events) {
@@ -76,7 +75,6 @@ class run_view {
       // The erasures in the gap are lost: what the heartbeat keys hold now says who ended.
       stale_ = true;
     }
-    take_into(*feed_, keys_);
   }
 
   /// Waits up to `timeout` for a change (a polled feed: a short sleep), then takes it in.
