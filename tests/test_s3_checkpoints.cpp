@@ -584,6 +584,16 @@ std::vector<objects::object_info> settled_listing(objects::object_dir& d) {
   return listing;
 }
 
+/// A run resumed after a kill starts from the newest step the settled listing showed
+/// (`listed`): never an older one (nothing committed was lost), at most one newer (a manifest
+/// whose PUT had reached the server whole when the kill came, stored after the listing:
+/// settled_listing makes that rare, not impossible, on a loaded machine).
+void check_resumed(elastic::test::child_process& w, std::uint64_t listed) {
+  const auto started = start_step(w);
+  CHECK(started >= listed);
+  CHECK(started <= listed + 1);
+}
+
 }  // namespace
 
 TEST_CASE("object storage: SIGKILL at random moments of uploads and retention never loses a committed step, and the "
@@ -612,13 +622,9 @@ TEST_CASE("object storage: SIGKILL at random moments of uploads and retention ne
   for (int t = 0; t < trials; ++t) {
     INFO("trial " << t);
     auto w = trainer(1000000000, 1);
-    // It resumes from the newest step committed before the kill: never an older one (nothing
-    // committed was lost), never a partial one (every chunk is verified). At most one newer: a
-    // manifest whose PUT had reached the server whole when the kill came, stored after the
-    // listing (settled_listing makes that rare, not impossible, on a loaded machine).
-    const auto started = start_step(w);
-    CHECK(started >= last);
-    CHECK(started <= last + 1);
+    // It resumes from the newest step committed before the kill, never a partial one (every
+    // chunk is verified).
+    check_resumed(w, last);
     std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms(rng)));
     w.kill(SIGKILL);
     REQUIRE(w.wait_for(30s));
@@ -647,9 +653,7 @@ TEST_CASE("object storage: SIGKILL at random moments of uploads and retention ne
   // The interrupted run, finished, equals an undisturbed run of the same length (no checkpoints).
   const std::uint64_t steps = last + 5;
   auto w = trainer(steps, 1);
-  const auto resumed = start_step(w);
-  CHECK(resumed >= last);
-  CHECK(resumed <= last + 1);
+  check_resumed(w, last);
   const std::string got = end_checksum(w);
   CHECK(w.exit_code(30s) == 0);
   auto ref = elastic::test::child_process::spawn(
