@@ -69,12 +69,6 @@ sanitizer_skip_tests=(
   # sanitizers: the same run on a directory (example.digits_disrupted), and every path of the
   # object-storage backend against radosgw (test_s3_checkpoints).
   "example.digits_disrupted_s3"
-  # Whether a lost rank's slice comes back from its successor's memory, not from disk, depends on
-  # the background replica of a snapshot having arrived before the kill (15 steps of 10 ms in):
-  # under ASan with a build beside it, it had not in 2 of 7 runs, and the rank correctly reloaded
-  # from disk. Under the sanitizers: the same replicas with a rank and its successor lost together
-  # (from disk, nothing timed), without replicas, and test_peer_replicas.
-  "partitioned device moments with peer replicas"
   # A straggler evicted once its slowness followed it from rank 2 to rank 1 after rank 0's death:
   # under TSan (2 of 2 runs on 2026-11-28, AMD VM) the slowed worker came back at rank 3 instead
   # (round 5, four rebuilds), most likely a survivor that missed a round's last call and rejoined

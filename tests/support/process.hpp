@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -249,7 +250,13 @@ class temp_dir {
   }
   temp_dir(const temp_dir&) = delete;
   temp_dir& operator=(const temp_dir&) = delete;
+  /// Removed with everything in it, unless ELASTIC_TEST_KEEP is set (to read a failed run's
+  /// logs and events afterwards: the path is printed).
   ~temp_dir() {
+    if (std::getenv("ELASTIC_TEST_KEEP")) {
+      std::fprintf(stderr, "kept %s (ELASTIC_TEST_KEEP)\n", path_.c_str());
+      return;
+    }
     std::error_code ec;
     std::filesystem::remove_all(path_, ec);
   }
