@@ -111,20 +111,15 @@ void check_sharded_finish(fleet& f, std::size_t i, std::uint64_t steps, const sh
   CHECK(field(*fin, "moments") == want.moments);
 }
 
-// Workers of 4 that detect a death quickly: 100 ms heartbeats, 500 ms to be declared dead.
+// Workers of 4 that detect a death quickly: 100 ms heartbeats, 500 ms to be declared dead. A
+// last call of 3 s: every round holds every live member. With 300 ms, under TSan at -j2, a
+// worker slow to start missed the first round, or a survivor slow to reach its safe point the
+// next, and came back a round later as a newcomer under another rank (a case then saw rounds
+// it did not expect). A round closes as soon as all max_ranks, or every live member of the
+// round before and every waiting newcomer, are in: the long call costs nothing when all goes well.
 const std::vector<std::string> fast{"--every", "10", "--dim", "65536", "--timeout-ms", "2000",
-                                    "--hb-interval-ms", "100", "--hb-timeout-ms", "500", "--last-call-ms", "300",
+                                    "--hb-interval-ms", "100", "--hb-timeout-ms", "500", "--last-call-ms", "3000",
                                     "--join-timeout-ms", "30000", "--poll-ms", "20"};
-
-// fast with a last call of 3 s, for the cases whose every round must hold every live member:
-// under TSan at -j2 a survivor slow to reach its safe point missed a 300 ms one, and came back
-// a round later as a newcomer. A round still closes as soon as every survivor and every waiting
-// newcomer is in, so the longer call costs those cases nothing when all goes well.
-const std::vector<std::string> fast_all_members = [] {
-  auto v = fast;
-  v.insert(v.end(), {"--last-call-ms", "3000"});
-  return v;
-}();
 
 // Workers whose Gloo timeout (60 s) dwarfs their heartbeat timeout (2 s): a test that waits less
 // than 60 s for them sees a frozen rank dropped at its heartbeat, never at Gloo's timeout.
@@ -196,7 +191,7 @@ TEST_CASE("a killed rank restarted under its id rejoins: the group is back to 4 
   const std::uint64_t steps = 150;
   const std::string want = reference_crc(fast, steps);
   scratch s;
-  fleet f(ELASTIC_GROUP_WORKER, s.url, "rejoin", fast_all_members, s.events);
+  fleet f(ELASTIC_GROUP_WORKER, s.url, "rejoin", fast, s.events);
   const std::vector<std::string> args{"--dir", s.ckpt, "--steps", std::to_string(steps), "--min", "2", "--max", "4",
                                       "--step-sleep-ms", "10"};
   for (int i = 0; i < 4; ++i) {
@@ -241,11 +236,7 @@ std::vector<std::string> lose_one_before_allreduce(const std::string& run, const
   const std::uint64_t steps = 40;
   const std::string want = reference_crc(fast, steps);
   scratch s;
-  // A last call of 3 s: the first round waits for all four (a worker slow to start would join
-  // later as a newcomer, under another rank, restored from a checkpoint).
-  auto common = fast;
-  common.insert(common.end(), {"--last-call-ms", "3000"});
-  fleet f(ELASTIC_GROUP_WORKER, s.url, run, common, s.events);
+  fleet f(ELASTIC_GROUP_WORKER, s.url, run, fast, s.events);
   std::vector<std::string> args{"--dir", s.ckpt, "--steps", std::to_string(steps), "--min", "2", "--max", "4",
                                 "--die-at", "20", "--die-rank", "2"};
   args.insert(args.end(), perturb.begin(), perturb.end());
