@@ -21,6 +21,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -495,6 +496,22 @@ std::string membership_events(const std::string& path) {
   return out;
 }
 
+/// Why a run of lose_device_slices missed its first round (empty: all 4 met in it); `members`
+/// gets the round's members in rank order.
+std::string first_round_missed(const std::string& events, std::vector<std::string>& members) {
+  members.clear();
+  for (const auto& e : elastic::test::events_named(events, "rendezvous_round_closed")) {
+    if (e.find("\"round\":1,") == std::string::npos) continue;
+    if (e.find("\"world_size\":4,") == std::string::npos) return "the first round closed without all 4: " + e;
+    const auto at = e.find("\"members\":\"");
+    if (at == std::string::npos) return "no members in " + e;
+    std::istringstream list(e.substr(at + 11, e.find('"', at + 11) - at - 11));
+    members.clear();
+    for (std::string id; std::getline(list, id, ',');) members.push_back(id);
+  }
+  return members.empty() ? "no first round" : std::string();
+}
+
 /// Why a run of lose_device_slices did not set up what its cases assume (empty: it did): the 4
 /// met in the first round, the deaths of `die` (slots) made the next round, and with `replicas`
 /// each dying rank's snapshot of step 10 had been sent to its successor before it died. A slow
@@ -502,19 +519,10 @@ std::string membership_events(const std::string& path) {
 /// images may cover a lost slice; a replica still on the wire at the kill leaves only the disk.
 /// Both are right answers to another question.
 std::string premise_missed(const std::string& events, const std::vector<int>& die, bool replicas) {
-  const auto rounds = elastic::test::events_named(events, "rendezvous_round_closed");
-  std::string members;
-  for (const auto& e : rounds) {
-    if (e.find("\"round\":1,") == std::string::npos) continue;
-    if (e.find("\"world_size\":4,") == std::string::npos) return "the first round closed without all 4: " + e;
-    const auto at = e.find("\"members\":\"");
-    if (at == std::string::npos) return "no members in " + e;
-    const auto from = at + 11;
-    members = e.substr(from, e.find('"', from) - from);
-  }
-  if (members.empty()) return "no first round";
+  std::vector<std::string> members;
+  if (auto missed = first_round_missed(events, members); !missed.empty()) return missed;
   const std::string smaller = "\"world_size\":" + std::to_string(4 - die.size()) + ",";
-  for (const auto& e : rounds) {
+  for (const auto& e : elastic::test::events_named(events, "rendezvous_round_closed")) {
     if (e.find("\"round\":2,") != std::string::npos && e.find(smaller) == std::string::npos) {
       return "the second round was not the survivors': " + e;
     }
@@ -522,16 +530,9 @@ std::string premise_missed(const std::string& events, const std::vector<int>& di
   if (!replicas) return {};
   const auto sent = elastic::test::events_named(events, "replica_sent");
   for (const int d : die) {
-    // Its rank in the first round: its place in the members' order.
-    const std::string id = "w" + std::to_string(d);
-    int rank = 0;
-    std::size_t at = 0;
-    for (; at <= members.size(); ++rank) {
-      const auto next = std::min(members.find(',', at), members.size());
-      if (members.compare(at, next - at, id) == 0) break;
-      at = next + 1;
-    }
-    if (at > members.size()) return id + " is not among the first round's members " + members;
+    const auto at = std::find(members.begin(), members.end(), "w" + std::to_string(d));
+    if (at == members.end()) return "w" + std::to_string(d) + " is not among the first round's members";
+    const auto rank = at - members.begin();  // its rank in the first round
     const std::string mine = "\"step\":10,\"rank\":" + std::to_string(rank) + ",";
     if (std::none_of(sent.begin(), sent.end(), [&](const std::string& e) { return e.find(mine) != std::string::npos; })) {
       return "rank " + std::to_string(rank) + "'s replica of step 10 was not sent before it died";
@@ -568,8 +569,9 @@ void lose_device_slices(const std::string& run, int replicas, const std::vector<
       return !elastic::test::events_named(s.events, "rendezvous_round_closed").empty();
     };
     REQUIRE(f.wait_until(first_round, 60s));
-    if (premise_missed(s.events, die, false).starts_with("the first round")) {
-      std::printf("%s: attempt %d: the first round closed without all 4: again\n", run.c_str(), attempt);
+    std::vector<std::string> members;
+    if (const auto missed = first_round_missed(s.events, members); !missed.empty()) {
+      std::printf("%s: attempt %d: %s: again\n", run.c_str(), attempt, missed.c_str());
       REQUIRE(attempt < 3);
       continue;
     }
