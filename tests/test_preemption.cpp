@@ -136,6 +136,59 @@ TEST_CASE("a SIGTERM after the 2 s window exits 75 at once and the previous chec
   CHECK(again.exit_code() == 0);
 }
 
+// Slurm signals a job's processes one after another: a copy of the notice can reach a worker
+// whose loop has already ended and restored the handlers it found.
+TEST_CASE("a copy of the notice that comes after the loop has ended does not kill the process on its way out") {
+  temp_dir tmp;
+  const auto dir = tmp.file("ckpt"), events = tmp.file("events.jsonl");
+  worker w(dir, events, {"--every", "50", "--linger-ms", "1000"});
+  REQUIRE(w.line("start "));
+  std::this_thread::sleep_for(300ms);
+  const auto notice = std::chrono::steady_clock::now();
+  w.proc.kill(SIGTERM);
+  const auto e = w.end();
+  REQUIRE(w.line("gone"));
+  const auto late = std::chrono::steady_clock::now() - notice;
+  w.proc.kill(SIGTERM);  // the copy, late
+  INFO(w.transcript());
+  REQUIRE(e);
+  if (late > 1500ms) {
+    WARN("the loop took " << std::chrono::duration_cast<std::chrono::milliseconds>(late).count()
+                          << " ms to end: the copy may be past the 2 s window, not checked");
+    return;
+  }
+  CHECK(w.exit_code() == elastic::exit_preempted);
+  CHECK(newest_step(dir) == e->step);
+  const auto ends = elastic::test::events_named(events, "loop_preempted");
+  REQUIRE(ends.size() == 1);
+  CHECK(has(ends[0], "\"final_checkpoint\":true"));
+}
+
+TEST_CASE("past the notice's window, a signal to a process whose loop has ended does what it did before the loop") {
+  temp_dir tmp;
+  const auto dir = tmp.file("ckpt"), events = tmp.file("events.jsonl");
+  SECTION("the default: SIGTERM ends it") {
+    worker w(dir, events, {"--every", "50", "--linger-ms", "30000"});
+    REQUIRE(w.line("start "));
+    w.proc.kill(SIGTERM);
+    REQUIRE(w.line("gone"));
+    std::this_thread::sleep_for(2500ms);
+    w.proc.kill(SIGTERM);
+    INFO(w.transcript());
+    CHECK(w.proc.killed_by(SIGTERM, 20s));
+  }
+  SECTION("ignored before the loop: ignored after it") {
+    worker w(dir, events, {"--every", "50", "--linger-ms", "4000", "--ignore-term"});
+    REQUIRE(w.line("start "));
+    w.proc.kill(SIGTERM);  // the loop's handler takes this one: a notice
+    REQUIRE(w.line("gone"));
+    std::this_thread::sleep_for(2500ms);
+    w.proc.kill(SIGTERM);
+    INFO(w.transcript());
+    CHECK(w.exit_code(20s) == elastic::exit_preempted);
+  }
+}
+
 // --- The exit code follows the newest outcome --------------------------------------------------
 
 TEST_CASE("a checkpoint that failed once does not fail a run that later commits its final step") {

@@ -15,11 +15,14 @@
 //     --restore-fsize      lift the limit again once a checkpoint has failed
 //     --slow-final-ms N    after a notice, the snapshot's capture (the final one) takes N ms
 //     --stop-at S          call loop.stop() in step S
+//     --linger-ms N        after the loop, N ms more before exiting (a teardown: a group to leave)
+//     --ignore-term        SIGTERM is ignored before the loop installs its handlers
 //
 // stdout, one line each, flushed:
 //   start STEP                       restored, about to train
 //   limited STEP / restored STEP     the file size limit was set / lifted in step STEP
 //   end REASON STEP EXIT             the loop ended; EXIT is the exit code it asks for
+//   gone                             the loop is destroyed (--linger-ms starts)
 //   error CODE MESSAGE               an elastic::error left the loop (exit 1)
 #include <signal.h>
 #include <sys/resource.h>
@@ -53,6 +56,8 @@ struct options {
   bool restore_fsize = false;
   long slow_final_ms = 0;
   long stop_at = -1;
+  long linger_ms = 0;
+  bool ignore_term = false;
 };
 
 [[noreturn]] void usage(const std::string& why) {
@@ -66,6 +71,10 @@ options parse(int argc, char** argv) {
     const std::string_view a = argv[i];
     if (a == "--restore-fsize") {
       o.restore_fsize = true;
+      continue;
+    }
+    if (a == "--ignore-term") {
+      o.ignore_term = true;
       continue;
     }
     if (i + 1 >= argc) usage("missing value for " + std::string(a));
@@ -84,6 +93,7 @@ options parse(int argc, char** argv) {
     else if (a == "--fsize-limit-at") o.fsize_limit_at = static_cast<long>(n);
     else if (a == "--slow-final-ms") o.slow_final_ms = static_cast<long>(n);
     else if (a == "--stop-at") o.stop_at = static_cast<long>(n);
+    else if (a == "--linger-ms") o.linger_ms = static_cast<long>(n);
     else usage("unknown option " + std::string(a));
   }
   if (o.dir.empty()) usage("--dir is required");
@@ -114,10 +124,7 @@ void elastic_checkpoint(Archive& ar, capture_delay& d) {
   ar(zero);
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  const options o = parse(argc, argv);
+int train(const options& o) {
   // Past the size limit, a write fails with EFBIG instead of killing the process.
   ::signal(SIGXFSZ, SIG_IGN);
   try {
@@ -171,4 +178,18 @@ int main(int argc, char** argv) {
     say("error " + std::string(elastic::to_string(e.code())) + " " + e.what());
     return 1;
   }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const options o = parse(argc, argv);
+  if (o.ignore_term) ::signal(SIGTERM, SIG_IGN);
+  const int code = train(o);
+  if (o.linger_ms > 0) {
+    // The loop and its signal handlers are gone; the process is not, yet (a group to leave).
+    say("gone");
+    std::this_thread::sleep_for(std::chrono::milliseconds(o.linger_ms));
+  }
+  return code;
 }

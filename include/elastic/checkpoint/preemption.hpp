@@ -8,6 +8,12 @@
 // notice and are ignored. A signal after the window means "now": the process exits 75 at once,
 // which is safe because a step becomes visible only by an atomic rename, so the previous one is
 // intact.
+//
+// After a notice the process is on its way out, and a copy of the notice may still be on its way:
+// Slurm signals a job's processes one after another, so one copy can come tens of milliseconds
+// after the loop that took the first has ended. A handler destroyed after a notice therefore
+// leaves one behind that ignores the rest of that notice and, after the window, does what the
+// signal did before the loop (for SIG_DFL: ends the process by it).
 #pragma once
 
 #include <signal.h>
@@ -47,11 +53,37 @@ inline void on_preemption_signal(int sig) noexcept {
   [[maybe_unused]] auto n = ::write(STDERR_FILENO, msg, sizeof msg - 1);
   ::_exit(checkpoint::exit_preempted);
 }
+
+// What SIGTERM and SIGINT did before the preemption handler, kept for the handler that outlives
+// it after a notice (the process has one disposition per signal).
+inline struct sigaction term_before_notice {};
+inline struct sigaction int_before_notice {};
+
+// Installed by ~preemption_handler after a notice: the rest of the notice is ignored; a signal
+// after the window gets the disposition from before the loop back and is handled by it.
+inline void after_notice_signal(int sig, siginfo_t* info, void* context) noexcept {
+  const std::int64_t first = preemption_ns.load(std::memory_order_relaxed);
+  if (first != 0 && monotonic_ns() - first < same_notice_window_ns) return;
+  const struct sigaction& before = sig == SIGINT ? int_before_notice : term_before_notice;
+  ::sigaction(sig, &before, nullptr);
+  if ((before.sa_flags & SA_SIGINFO) != 0) {
+    if (before.sa_sigaction != nullptr) before.sa_sigaction(sig, info, context);
+  } else if (before.sa_handler == SIG_DFL) {
+    ::raise(sig);  // blocked while this handler runs: delivered, by default, when it returns
+  } else if (before.sa_handler != SIG_IGN) {
+    before.sa_handler(sig);
+  }
+}
+
+inline bool is_after_notice(const struct sigaction& a) noexcept {
+  return (a.sa_flags & SA_SIGINFO) != 0 && a.sa_sigaction == after_notice_signal;
+}
 }  // namespace elastic::inline v1::internal
 
 namespace elastic::inline v1::checkpoint {
 
-/// Installs the SIGTERM/SIGINT handlers for its lifetime and restores the previous ones after.
+/// Installs the SIGTERM/SIGINT handlers for its lifetime and restores the previous ones after;
+/// after a notice, once the rest of that notice has passed (see the top of this file).
 class preemption_handler {
  public:
   preemption_handler() {
@@ -62,12 +94,27 @@ class preemption_handler {
     if (::sigaction(SIGTERM, &sa, &old_term_) != 0 || ::sigaction(SIGINT, &sa, &old_int_) != 0) {
       throw os_error("cannot install the preemption signal handlers");
     }
+    // A handler left behind by an earlier loop's notice stands for what came before it.
+    if (internal::is_after_notice(old_term_)) old_term_ = internal::term_before_notice;
+    if (internal::is_after_notice(old_int_)) old_int_ = internal::int_before_notice;
   }
   preemption_handler(const preemption_handler&) = delete;
   preemption_handler& operator=(const preemption_handler&) = delete;
   ~preemption_handler() {
-    ::sigaction(SIGTERM, &old_term_, nullptr);
-    ::sigaction(SIGINT, &old_int_, nullptr);
+    if (requested() == 0) {
+      ::sigaction(SIGTERM, &old_term_, nullptr);
+      ::sigaction(SIGINT, &old_int_, nullptr);
+      return;
+    }
+    // Kept before the handler that reads them is installed.
+    internal::term_before_notice = old_term_;
+    internal::int_before_notice = old_int_;
+    struct sigaction sa {};
+    sa.sa_sigaction = internal::after_notice_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART | SA_SIGINFO;
+    ::sigaction(SIGTERM, &sa, nullptr);
+    ::sigaction(SIGINT, &sa, nullptr);
   }
 
   /// The signal of the first notice, or 0.
