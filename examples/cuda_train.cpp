@@ -205,7 +205,9 @@ int main(int argc, char** argv) {
       std::vector<float> w(d);
       check(cudaMemcpy(w.data(), dw.p, d * sizeof(float), cudaMemcpyDeviceToHost), "copy w");
       std::printf("%s at step %llu: weights crc32c %08x\n",
-                  loop.reason() == elastic::loop_reason::preempted ? "preempted (checkpoint written)" : "finished",
+                  loop.reason() != elastic::loop_reason::preempted ? "finished"
+                  : loop.final_checkpoint_written() ? "preempted (checkpoint written)"
+                                                    : "preempted (no final checkpoint: the newest committed step stands)",
                   static_cast<unsigned long long>(loop.completed_steps()), elastic::crc32c(std::as_bytes(std::span(w))));
       std::fflush(stdout);
     }

@@ -209,7 +209,9 @@ int main(int argc, char** argv) {
     }
     if (group.rank() == 0) {
       std::printf("%s at step %llu: weights crc32c %08x\n",
-                  loop.reason() == elastic::loop_reason::preempted ? "preempted (checkpoint written)" : "finished",
+                  loop.reason() != elastic::loop_reason::preempted ? "finished"
+                  : loop.final_checkpoint_written() ? "preempted (checkpoint written)"
+                                                    : "preempted (no final checkpoint: the newest committed step stands)",
                   static_cast<unsigned long long>(loop.completed_steps()), weights_crc(model));
     }
     return loop.exit_code();
