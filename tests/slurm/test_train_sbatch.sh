@@ -18,13 +18,23 @@ train=$(realpath "$2")
 
 work=$(mktemp -d /tmp/elastic-slurm.XXXXXX)
 chmod 755 "$work"
-cleanup() { slurm_cluster_stop; rm -rf "$work"; }
+# ELASTIC_TEST_KEEP=1 keeps the jobs' logs and checkpoints (as the C++ tests keep their temp_dir).
+cleanup() {
+  slurm_cluster_stop
+  if [ -n "${ELASTIC_TEST_KEEP:-}" ]; then echo "kept $work" >&2; else rm -rf "$work"; fi
+}
 trap cleanup EXIT
 slurm_cluster_start "$work/cluster"
 rc=$?
 [ "$rc" -eq 0 ] || exit "$rc"
 
-fail() { echo "FAIL: $*" >&2; exit 1; }
+# The reason first, then the job's output: CI keeps a failing test's first and last lines only.
+current=
+fail() {
+  echo "FAIL: $*" >&2
+  if [ -n "$current" ]; then show "$current" >&2; fi
+  exit 1
+}
 field() { scontrol -o show job "$1" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$2=//p"; }
 state() { field "$1" JobState; }
 # Whether a job state is final. Anything else (PENDING, RUNNING, REQUEUED, SIGNALING, COMPLETING,
@@ -42,7 +52,8 @@ wait_done() {
 }
 # The weights digits_train printed when it finished, in every log of a run directory.
 crc() { grep -rh "^finished at step .* weights crc32c" "$1" | tail -n 1 | awk '{print $NF}'; }
-show() { echo "--- job $1: $(scontrol -o show job "$1" | grep -o 'JobState=[^ ]*\|Restarts=[^ ]*\|ExitCode=[^ ]*' | tr '\n' ' ')"; cat "$work/out-$1.txt"; }
+summary() { scontrol -o show job "$1" | grep -o 'JobState=[^ ]*\|Restarts=[^ ]*\|ExitCode=[^ ]*' | tr '\n' ' '; }
+show() { echo "--- job $1: $(summary "$1")"; cat "$work/out-$1.txt"; }
 
 # submit NAME SBATCH-OPTIONS... -- TRAINER-ARGS...: prints the job id. Runs in $work/NAME.
 submit() {
@@ -74,20 +85,21 @@ check_resumes() {
   local job=$1 logs=$2 stops starts
   stops=$(grep -rh "^preempted (checkpoint written) at step" "$logs" | awk '{print $6}' | tr -d ':' | sort -n | uniq)
   starts=$(grep -rh "^training an MLP .* from step" "$logs" | sed 's/.* from step \([0-9]*\) of.*/\1/' | sort -n | uniq)
-  [ -n "$stops" ] || { show "$job"; fail "job $job: no worker wrote a final checkpoint"; }
+  [ -n "$stops" ] || { fail "job $job: no worker wrote a final checkpoint"; }
   local s
   for s in $stops; do
-    grep -qx "$s" <<<"$starts" || { show "$job"; fail "job $job: stopped at step $s but no start resumed from it (starts: $starts)"; }
+    grep -qx "$s" <<<"$starts" || { fail "job $job: stopped at step $s but no start resumed from it (starts: $starts)"; }
     grep -q "stopped, checkpoint step-$(printf '%012d' "$s") saved; requeueing" "$work/out-$job.txt" ||
-      { show "$job"; fail "job $job: step $s was not the newest committed checkpoint when the job stopped"; }
+      { fail "job $job: step $s was not the newest committed checkpoint when the job stopped"; }
   done
   echo "job $job: stopped at steps $(tr "\n" " " <<<"$stops"), resumed from $(tr "\n" " " <<<"$starts")"
 }
 
 # 1. The time-limit notice, at every start, until training is done.
 job=$(submit limit --time=1 --signal=B:USR1@55 -- "${long[@]}" --step-sleep-ms 25) || fail "sbatch refused the job"
+current=$job
 wait_done "$job" 600
-show "$job"
+echo "job $job: $(summary "$job")"
 [ "$(state "$job")" = COMPLETED ] || fail "job $job ended $(state "$job"), want COMPLETED"
 [ "$(field "$job" Restarts)" -ge 1 ] || fail "job $job was never requeued: the notice did not stop it"
 grep -q "time limit near (SIGUSR1)" "$work/out-$job.txt" || fail "job $job: the batch shell saw no SIGUSR1"
@@ -96,14 +108,15 @@ check_resumes "$job" "$work/limit/logs"
 
 # 2. scancel --signal=TERM once a checkpoint exists.
 job=$(submit cancel --time=10 -- "${short[@]}" --step-sleep-ms 20) || fail "sbatch refused the job"
+current=$job
 for _ in $(seq 1 600); do
   compgen -G "$work/cancel/ckpt/step-*" >/dev/null && break
   sleep 0.1
 done
-compgen -G "$work/cancel/ckpt/step-*" >/dev/null || { show "$job"; fail "job $job committed no checkpoint in 60 s"; }
+compgen -G "$work/cancel/ckpt/step-*" >/dev/null || { fail "job $job committed no checkpoint in 60 s"; }
 scancel --signal=TERM "$job"
 wait_done "$job" 300
-show "$job"
+echo "job $job: $(summary "$job")"
 [ "$(state "$job")" = COMPLETED ] || fail "job $job ended $(state "$job"), want COMPLETED"
 [ "$(field "$job" Restarts)" -eq 1 ] || fail "job $job: $(field "$job" Restarts) requeues, want 1"
 check_resumes "$job" "$work/cancel/logs"
@@ -112,6 +125,7 @@ check_resumes "$job" "$work/cancel/logs"
 # 3. No progress: --nnodes 2:2 on one node waits for a host that never comes; each start is
 #    stopped after a few seconds. Two stalled starts in a row end the job.
 job=$(ELASTIC_NNODES=2:2 ELASTIC_MAX_STALLED_REQUEUES=2 submit stall --time=10 -- "${short[@]}") || fail "sbatch refused the job"
+current=$job
 signalled=-1
 for _ in $(seq 1 1200); do
   s=$(state "$job")
@@ -124,7 +138,7 @@ for _ in $(seq 1 1200); do
   sleep 0.1
 done
 wait_done "$job" 60
-show "$job"
+echo "job $job: $(summary "$job")"
 [ "$(state "$job")" = FAILED ] || fail "job $job ended $(state "$job"), want FAILED"
 [ "$(field "$job" ExitCode)" = "3:0" ] || fail "job $job exit code $(field "$job" ExitCode), want 3:0"
 [ "$(field "$job" Restarts)" -eq 1 ] || fail "job $job: $(field "$job" Restarts) requeues, want 1 (then given up)"
@@ -132,13 +146,14 @@ grep -q "stopped 2 times in a row with no newer checkpoint" "$work/out-$job.txt"
 
 # 4. A requeue Slurm refuses.
 job=$(submit norequeue --time=10 --no-requeue -- "${short[@]}" --step-sleep-ms 20) || fail "sbatch refused the job"
+current=$job
 for _ in $(seq 1 600); do
   compgen -G "$work/norequeue/ckpt/step-*" >/dev/null && break
   sleep 0.1
 done
 scancel --signal=TERM "$job"
 wait_done "$job" 120
-show "$job"
+echo "job $job: $(summary "$job")"
 [ "$(state "$job")" = FAILED ] || fail "job $job ended $(state "$job"), want FAILED (its requeue was refused)"
 [ "$(field "$job" ExitCode)" = "75:0" ] || fail "job $job exit code $(field "$job" ExitCode), want 75:0"
 grep -q "scontrol requeue refused" "$work/out-$job.txt" || fail "job $job: no word of the refused requeue"
