@@ -58,12 +58,14 @@ inline void on_preemption_signal(int sig) noexcept {
 // it after a notice (the process has one disposition per signal).
 inline struct sigaction term_before_notice {};
 inline struct sigaction int_before_notice {};
+inline std::atomic<bool> before_notice_kept{false};  // published before the handler is installed
 
 // Installed by ~preemption_handler after a notice: the rest of the notice is ignored; a signal
 // after the window gets the disposition from before the loop back and is handled by it.
 inline void after_notice_signal(int sig, siginfo_t* info, void* context) noexcept {
   const std::int64_t first = preemption_ns.load(std::memory_order_relaxed);
   if (first != 0 && monotonic_ns() - first < same_notice_window_ns) return;
+  if (!before_notice_kept.load(std::memory_order_acquire)) return;
   const struct sigaction& before = sig == SIGINT ? int_before_notice : term_before_notice;
   ::sigaction(sig, &before, nullptr);
   if ((before.sa_flags & SA_SIGINFO) != 0) {
@@ -109,6 +111,7 @@ class preemption_handler {
     // Kept before the handler that reads them is installed.
     internal::term_before_notice = old_term_;
     internal::int_before_notice = old_int_;
+    internal::before_notice_kept.store(true, std::memory_order_release);
     struct sigaction sa {};
     sa.sa_sigaction = internal::after_notice_signal;
     sigemptyset(&sa.sa_mask);
