@@ -696,6 +696,58 @@ TEST_CASE("would-be closers racing close a round exactly once and everyone agree
   }
 }
 
+namespace {
+
+/// Forwards to a store; the first `lapses` leases it grants are gone before their first use, as
+/// when a process starved for longer than the heartbeat timeout comes back to a fresh lease.
+class lapsing_store final : public elastic::test::forwarding_store {
+ public:
+  lapsing_store(rdzv::store& s, int lapses) : forwarding_store(s), lapses_(lapses) {}
+  std::atomic<int> grants{0};
+
+  lease_id grant(std::chrono::milliseconds ttl) override {
+    const lease_id l = s_.grant(ttl);
+    if (grants++ < lapses_) s_.revoke(l);
+    return l;
+  }
+
+ private:
+  const int lapses_;
+};
+
+}  // namespace
+
+TEST_CASE("a lease that lapses before its first use is granted again: join() still joins") {
+  for (const int lapses : {1, 3}) {
+    scratch_store t;
+    lapsing_store lapsing(t.s, lapses);
+    const elastic::test::temp_dir tmp;
+    const auto events = tmp.file("events.jsonl");
+    auto o = options("lapse", 1, 1, "p0");
+    o.events = elastic::event_log::to_file(events);
+    rdzv::rendezvous rv(lapsing, o);
+    INFO(lapses << " lapses");
+    const auto r = rv.join();
+    CHECK(r.world_size == 1);
+    CHECK(lapsing.grants == lapses + 1);
+    CHECK(elastic::test::events_named(events, "rendezvous_lease_lost").size() ==
+          static_cast<std::size_t>(lapses));
+  }
+}
+
+TEST_CASE("a lease that lapses every time ends join() at its timeout with the store's word, not a spin") {
+  scratch_store t;
+  lapsing_store lapsing(t.s, 1'000'000);
+  auto o = options("lapse", 1, 1, "p0");
+  o.join_timeout = 1s;
+  rdzv::rendezvous rv(lapsing, o);
+  const auto e = error_of([&] { rv.join(); });
+  INFO(e.what());
+  CHECK(e.code() == errc::not_found);
+  CHECK(std::string(e.what()).find("lease") != std::string::npos);
+  CHECK(lapsing.grants < 1000);  // a pause between tries: at most one per 4 ms
+}
+
 TEST_CASE("peer heartbeats: a member heard and then silent is reported, one never heard is only reported unheard") {
   using rdzv::detail::beacon_peer;
   using rdzv::detail::peer_beacon;

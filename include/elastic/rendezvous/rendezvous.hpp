@@ -187,15 +187,20 @@ class rendezvous {
     const auto start = std::chrono::steady_clock::now();
     const auto deadline = start + opts_.join_timeout;
     try {
-      start_session();
-      events_.emit("rendezvous_join", {{"participant", opts_.participant_id},
-                                       {"min_nodes", opts_.min_ranks},  // event fields keep their names
-                                       {"max_nodes", opts_.max_ranks},
-                                       {"previous_round", current_.round}});
+      bool announced = false;
       for (;;) {
-        check_notice("joining");
-        check_finished("joining");
         try {
+          // Nothing while our lease lives; a new life after it lapsed. A fresh lease may lapse
+          // before its first use too (a process starved for longer than the heartbeat timeout).
+          start_session();
+          if (!std::exchange(announced, true)) {
+            events_.emit("rendezvous_join", {{"participant", opts_.participant_id},
+                                             {"min_nodes", opts_.min_ranks},  // event fields keep their names
+                                             {"max_nodes", opts_.max_ranks},
+                                             {"previous_round", current_.round}});
+          }
+          check_notice("joining");
+          check_finished("joining");
           if (auto info = join_turn(make_bootstrap, start, deadline)) return *info;
         } catch (const error& e) {
           // Our lease ran out under us (a store too loaded to renew it in time): the keys it
@@ -203,7 +208,7 @@ class rendezvous {
           if (e.code() != errc::not_found || std::chrono::steady_clock::now() >= deadline) throw;
           events_.emit("rendezvous_lease_lost", {{"participant", opts_.participant_id}, {"message", e.what()}});
           declared_gone_ = true;
-          start_session();
+          std::this_thread::sleep_for(step_);  // a lapse that keeps coming does not spin on the store
         }
       }
     } catch (const error& e) {
