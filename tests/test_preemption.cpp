@@ -91,6 +91,16 @@ std::uint64_t newest_step(const std::string& dir) {
 
 bool has(const std::string& event, const std::string& text) { return event.find(text) != std::string::npos; }
 
+/// The loop stopped for a notice with its final checkpoint: exit 75, the newest committed step
+/// is the one it stopped at, and its loop_preempted event says it made it durable.
+void check_final_committed(worker& w, const std::string& dir, const std::string& events, std::uint64_t step) {
+  CHECK(w.exit_code() == elastic::exit_preempted);
+  CHECK(newest_step(dir) == step);
+  const auto ends = elastic::test::events_named(events, "loop_preempted");
+  REQUIRE(ends.size() == 1);
+  CHECK(has(ends[0], "\"final_checkpoint\":true"));
+}
+
 }  // namespace
 
 // --- One notice, several routes (Slurm, systemd and elastic-run all signal the worker) ---------
@@ -107,12 +117,7 @@ TEST_CASE("two SIGTERMs back to back are one notice: the final checkpoint is wri
   INFO(w.transcript());
   REQUIRE(e);
   CHECK(e->reason == "preempted");
-  CHECK(w.exit_code() == elastic::exit_preempted);
-  // The final checkpoint is of the very step the loop stopped at, and the event says so.
-  CHECK(newest_step(dir) == e->step);
-  const auto ends = elastic::test::events_named(events, "loop_preempted");
-  REQUIRE(ends.size() == 1);
-  CHECK(has(ends[0], "\"final_checkpoint\":true"));
+  check_final_committed(w, dir, events, e->step);
 }
 
 TEST_CASE("a SIGTERM after the 2 s window exits 75 at once and the previous checkpoint stands") {
@@ -157,11 +162,7 @@ TEST_CASE("a copy of the notice that comes after the loop has ended does not kil
                           << " ms to end: the copy may be past the 2 s window, not checked");
     return;
   }
-  CHECK(w.exit_code() == elastic::exit_preempted);
-  CHECK(newest_step(dir) == e->step);
-  const auto ends = elastic::test::events_named(events, "loop_preempted");
-  REQUIRE(ends.size() == 1);
-  CHECK(has(ends[0], "\"final_checkpoint\":true"));
+  check_final_committed(w, dir, events, e->step);
 }
 
 TEST_CASE("past the notice's window, a signal to a process whose loop has ended does what it did before the loop") {
