@@ -1,12 +1,13 @@
 // Step deadlines that set themselves (loop_options::auto_timeout; checkpoint/detail/
 // step_deadlines.hpp): the rule on its own, then real workers under a real elastic-run that
-// gives no --step-timeout: a hang is warned of within 10x the observed step time and killed at
-// the second expiry, a healthy run whose steps vary +-50 % and whose checkpoint steps are 20x
+// gives no --step-timeout: a hang is warned of at the deadline its observed steps set and killed
+// at the second expiry, a healthy run whose steps vary +-50 % and whose checkpoint steps are 20x
 // slower is never killed, and in a 4-rank group the deadlines are agreed and only the rank that
 // hangs is killed. Stragglers: the rule, and real evictions. (The trace matrix of realistic
 // slowness is test_deadline_traces.cpp.)
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <fstream>
@@ -179,7 +180,7 @@ TEST_CASE("stragglers: slowness that follows its process to another rank is evic
 }
 
 #if defined(ELASTIC_RUN_TOOL)
-TEST_CASE("under elastic-run without --step-timeout, a hung step is warned of within 10x the observed step time, then killed") {
+TEST_CASE("under elastic-run without --step-timeout, a hung step is warned of at the deadline its observed steps set, then killed") {
   elastic::test::temp_dir dir;
   const char* id = "auto-hang";
   // 40 ms steps +-50 %, checkpoints every 25 steps; step 120 hangs. No restarts: the kill ends it.
@@ -197,14 +198,21 @@ TEST_CASE("under elastic-run without --step-timeout, a hung step is warned of wi
   INFO(updates.back());
   INFO(kills.front());
   CHECK(kills.front().find("\"scope\":\"step\"") != std::string::npos);
-  // It was warned of within 10x the step time the loop had observed, and killed at 10x that
-  // warning or the floor, whichever is later; its log says so before the kill.
+  // It was warned of at the deadline the observed steps set (README: max(5 x p99, 2 x max), at
+  // least 100 ms; an update is logged when it moves more than 10 %), and killed at 10x that
+  // warning or the floor, whichever is later; its log says so before the kill. How far p99 is
+  // from the median depends on the machine's load, so the warning is not compared with p50.
   const auto warnings = elastic::test::events_named(events, "watchdog_warning");
   REQUIRE(warnings.size() == 1);
   const double p50 = number(updates.back(), "p50_ms"), warn = number(warnings.front(), "warn_ms");
+  const double p99 = number(updates.back(), "p99_ms"), slowest = number(updates.back(), "max_ms");
+  const double in_force = number(updates.back(), "step_timeout_ms");
   const double limit = number(kills.front(), "limit_ms");
   CHECK(p50 >= 20);
-  CHECK(warn <= 10 * p50);
+  CHECK(in_force >= 0.99 * std::max({5 * p99, 2 * slowest, 100.0}));
+  CHECK(in_force <= 1.01 * std::max({5 * p99, 2 * slowest, 100.0}));
+  CHECK(warn >= 0.89 * in_force);
+  CHECK(warn <= 1.12 * in_force + 1);
   CHECK(limit >= 2000);
   CHECK(limit >= 9.9 * warn);
   CHECK(limit <= std::max(2000.0, 10 * warn) + 50);
