@@ -496,17 +496,17 @@ std::string membership_events(const std::string& path) {
   return out;
 }
 
-/// Why a run of lose_device_slices missed its first round (empty: all 4 met in it); `members`
-/// gets the round's members in rank order.
-std::string first_round_missed(const std::string& events, std::vector<std::string>& members) {
+/// Why a run of lose_device_slices missed its first round (empty: all 4 met in it), from its
+/// `rendezvous_round_closed` events; `members` gets the round's members in rank order.
+std::string first_round_missed(const std::vector<std::string>& rounds, std::vector<std::string>& members) {
   members.clear();
-  for (const auto& e : elastic::test::events_named(events, "rendezvous_round_closed")) {
+  for (const auto& e : rounds) {
     if (e.find("\"round\":1,") == std::string::npos) continue;
     if (e.find("\"world_size\":4,") == std::string::npos) return "the first round closed without all 4: " + e;
     const auto at = e.find("\"members\":\"");
     if (at == std::string::npos) return "no members in " + e;
     std::istringstream list(e.substr(at + 11, e.find('"', at + 11) - at - 11));
-    members.clear();
+    members.clear();  // every member logs the round: the last one's list stands
     for (std::string id; std::getline(list, id, ',');) members.push_back(id);
   }
   return members.empty() ? "no first round" : std::string();
@@ -519,10 +519,11 @@ std::string first_round_missed(const std::string& events, std::vector<std::strin
 /// images may cover a lost slice; a replica still on the wire at the kill leaves only the disk.
 /// Both are right answers to another question.
 std::string premise_missed(const std::string& events, const std::vector<int>& die, bool replicas) {
+  const auto rounds = elastic::test::events_named(events, "rendezvous_round_closed");
   std::vector<std::string> members;
-  if (auto missed = first_round_missed(events, members); !missed.empty()) return missed;
+  if (auto missed = first_round_missed(rounds, members); !missed.empty()) return missed;
   const std::string smaller = "\"world_size\":" + std::to_string(4 - die.size()) + ",";
-  for (const auto& e : elastic::test::events_named(events, "rendezvous_round_closed")) {
+  for (const auto& e : rounds) {
     if (e.find("\"round\":2,") != std::string::npos && e.find(smaller) == std::string::npos) {
       return "the second round was not the survivors': " + e;
     }
@@ -570,7 +571,8 @@ void lose_device_slices(const std::string& run, int replicas, const std::vector<
     };
     REQUIRE(f.wait_until(first_round, 60s));
     std::vector<std::string> members;
-    if (const auto missed = first_round_missed(s.events, members); !missed.empty()) {
+    if (const auto missed = first_round_missed(elastic::test::events_named(s.events, "rendezvous_round_closed"), members);
+        !missed.empty()) {
       std::printf("%s: attempt %d: %s: again\n", run.c_str(), attempt, missed.c_str());
       REQUIRE(attempt < 3);
       continue;

@@ -85,12 +85,12 @@ check_resumes() {
   local job=$1 logs=$2 stops starts
   stops=$(grep -rh "^preempted (checkpoint written) at step" "$logs" | awk '{print $6}' | tr -d ':' | sort -n | uniq)
   starts=$(grep -rh "^training an MLP .* from step" "$logs" | sed 's/.* from step \([0-9]*\) of.*/\1/' | sort -n | uniq)
-  [ -n "$stops" ] || { fail "job $job: no worker wrote a final checkpoint"; }
+  [ -n "$stops" ] || fail "job $job: no worker wrote a final checkpoint"
   local s
   for s in $stops; do
-    grep -qx "$s" <<<"$starts" || { fail "job $job: stopped at step $s but no start resumed from it (starts: $starts)"; }
+    grep -qx "$s" <<<"$starts" || fail "job $job: stopped at step $s but no start resumed from it (starts: $starts)"
     grep -q "stopped, checkpoint step-$(printf '%012d' "$s") saved; requeueing" "$work/out-$job.txt" ||
-      { fail "job $job: step $s was not the newest committed checkpoint when the job stopped"; }
+      fail "job $job: step $s was not the newest committed checkpoint when the job stopped"
   done
   echo "job $job: stopped at steps $(tr "\n" " " <<<"$stops"), resumed from $(tr "\n" " " <<<"$starts")"
 }
@@ -113,7 +113,7 @@ for _ in $(seq 1 600); do
   compgen -G "$work/cancel/ckpt/step-*" >/dev/null && break
   sleep 0.1
 done
-compgen -G "$work/cancel/ckpt/step-*" >/dev/null || { fail "job $job committed no checkpoint in 60 s"; }
+compgen -G "$work/cancel/ckpt/step-*" >/dev/null || fail "job $job committed no checkpoint in 60 s"
 scancel --signal=TERM "$job"
 wait_done "$job" 300
 echo "job $job: $(summary "$job")"
