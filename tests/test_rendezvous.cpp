@@ -266,6 +266,43 @@ TEST_CASE("a participant that leaves done is a departure on purpose, one that le
   CHECK(ch.left == std::vector<std::string>{"b"});
 }
 
+TEST_CASE("poll() looks again whenever the view changed: each departure shows at the next poll after idle ones") {
+  // poll() derives departures and joiners from its copy of the keys only when the copy changed;
+  // here every change must still show at the very next poll, and nothing twice as an event.
+  elastic::test::temp_dir dir;
+  const auto events = elastic::event_log::to_file(dir.file("events.jsonl"));
+  scratch_store t;
+  std::optional<rdzv::rendezvous> a, b, c, d;
+  auto opts = [&](const std::string& id) {
+    auto o = options("job", 2, 4, id);
+    o.events = events;
+    return o;
+  };
+  a.emplace(t.s, opts("a"));
+  b.emplace(t.s, opts("b"));
+  c.emplace(t.s, opts("c"));
+  d.emplace(t.s, opts("d"));
+  REQUIRE(on_threads(4, [&](int i) { (i == 0 ? a : i == 1 ? b : i == 2 ? c : d)->join(); }).empty());
+  for (int i = 0; i < 5; ++i) CHECK_FALSE(a->poll().any());
+  c->leave(true);
+  auto ch = a->poll();
+  CHECK(ch.departed == std::vector<std::string>{"c"});
+  CHECK(ch.left == std::vector<std::string>{"c"});
+  for (int i = 0; i < 3; ++i) CHECK(a->poll().departed == std::vector<std::string>{"c"});
+  d->leave();  // its lease revoked: its heartbeat key goes, a death
+  ch = a->poll();
+  CHECK(ch.departed == std::vector<std::string>{"c", "d"});
+  CHECK(ch.left == std::vector<std::string>{"c"});
+  b.reset();
+  ch = a->poll();
+  CHECK(ch.departed == std::vector<std::string>{"b", "c", "d"});
+  CHECK(ch.left == std::vector<std::string>{"c"});
+  CHECK_FALSE(ch.round_advanced);
+  CHECK(a->poll().departed == ch.departed);
+  const auto departures = elastic::test::events_named(dir.file("events.jsonl"), "rendezvous_departure");
+  CHECK(departures.size() == 3);
+}
+
 TEST_CASE("a participant that leaves is a departure at the others' next poll, with an event") {
   elastic::test::temp_dir dir;
   const auto events = elastic::event_log::to_file(dir.file("events.jsonl"));

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
@@ -30,8 +31,9 @@ namespace elastic::inline v1::rendezvous::detail {
 /// A copy of keys, and the changes a feed brings applied to it.
 using key_copy = std::map<std::string, std::string, std::less<>>;
 
-/// Takes what `feed` has into `copy` (dropping the copy first when the feed lost its place).
-inline void take_into(key_feed& feed, key_copy& copy) {
+/// Takes what `feed` has into `copy` (dropping the copy first when the feed lost its place);
+/// whether anything came.
+inline bool take_into(key_feed& feed, key_copy& copy) {
   bool reset = false;
   auto events = feed.take(reset);
   if (reset) copy.clear();
@@ -42,6 +44,7 @@ inline void take_into(key_feed& feed, key_copy& copy) {
       copy.erase(e.key);
     }
   }
+  return reset || !events.empty();
 }
 
 class run_view {
@@ -60,14 +63,16 @@ class run_view {
     gone_ = s.watch(alive_prefix_, std::string(prefix) + "/alive0", feed_options{false, false, true});
     keys_.clear();
     ended_.clear();
+    ++version_;
     refresh();
   }
 
   /// Takes in what the feeds have (nothing asked of a pushing store; a list() of a polled one).
   void refresh() {
-    take_into(*feed_, keys_);
+    if (take_into(*feed_, keys_)) ++version_;
     bool reset = false;
     auto events = gone_->take(reset);
+    if (reset || !events.empty()) ++version_;
     for (auto& e : events) {
       if (e.previous && e.key.starts_with(alive_prefix_)) ended_.emplace(e.key.substr(alive_prefix_.size()), *e.previous);
     }
@@ -96,7 +101,13 @@ class run_view {
   }
 
   /// Takes the life `incarnation` of `id` for ended (we declared it gone ourselves).
-  void mark_ended(const std::string& id, const std::string& incarnation) { ended_.emplace(id, incarnation); }
+  void mark_ended(const std::string& id, const std::string& incarnation) {
+    if (ended_.emplace(id, incarnation).second) ++version_;
+  }
+
+  /// Counts the changes taken in (feed events, heartbeat reads, lives marked ended): what a
+  /// reader derived from the copy holds while this stays the same.
+  [[nodiscard]] std::uint64_t version() const noexcept { return version_; }
 
   /// Reads the heartbeat keys (one list) and takes each of `lives` without one for ended: for a
   /// reader that needs to know of lives that ended before its feeds began (a newcomer), or after
@@ -109,6 +120,7 @@ class run_view {
       const auto it = now.find(l.id);
       if (it == now.end() || it->second != l.incarnation) ended_.emplace(l.id, l.incarnation);
     }
+    ++version_;  // the lives read may have been others' than the copy took for alive
     stale_ = false;
   }
 
@@ -138,6 +150,7 @@ class run_view {
   keys keys_;
   std::set<std::pair<std::string, std::string>> ended_;  // (id, incarnation) whose heartbeat ended
   bool stale_ = false;
+  std::uint64_t version_ = 0;
 };
 
 }  // namespace elastic::inline v1::rendezvous::detail
