@@ -42,6 +42,11 @@ class key_feed {
   /// Blocks until take() may have something, for at most `timeout`; false when nothing came. A
   /// polled feed cannot tell: it sleeps a short while and returns true.
   virtual bool wait(std::chrono::milliseconds timeout) = 0;
+
+  /// A descriptor that polls readable while take() may have something, so that one thread can
+  /// wait on several feeds at once (poll(2)); -1 when the feed has none (wait() is then the only
+  /// way to wait on it). Owned by the feed; the reader only polls it.
+  [[nodiscard]] virtual int readable_fd() const noexcept { return -1; }
 };
 
 }  // namespace elastic::inline v1::rendezvous

@@ -115,6 +115,7 @@ class relay_feed final : public key_feed {
   }
 
   bool wait(std::chrono::milliseconds timeout) override { return readable(static_cast<int>(timeout.count())); }
+  [[nodiscard]] int readable_fd() const noexcept override { return fd_.get(); }
 
  private:
   bool readable(int timeout_ms) {

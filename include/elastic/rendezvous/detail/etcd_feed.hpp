@@ -7,6 +7,7 @@
 #pragma once
 
 #include <curl/curl.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -23,6 +24,7 @@
 
 #include <elastic/internal/json.hpp>
 #include <elastic/internal/curl.hpp>
+#include <elastic/internal/unique_fd.hpp>
 #include <elastic/rendezvous/detail/etcd_gateway.hpp>
 #include <elastic/rendezvous/detail/etcd_reply.hpp>
 #include <elastic/rendezvous/key_feed.hpp>
@@ -34,10 +36,12 @@ class etcd_feed final : public key_feed {
   /// Follows the etcd keys [from, to) (full keys); reports them without their first `strip`
   /// bytes (the store's namespace). Reads the range now: throws what the store's reads throw.
   etcd_feed(etcd_gateway& gateway, std::string from, std::string to, std::size_t strip, feed_options o = {})
-      : gateway_(gateway), from_(std::move(from)), to_(std::move(to)), strip_(strip), options_(o) {
+      : gateway_(gateway), from_(std::move(from)), to_(std::move(to)), strip_(strip), options_(o),
+        ready_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {  // none to be had: readable_fd() says -1
     std::vector<key_event> first;
     revision_ = read_range(first);
     queue_ = std::move(first);
+    if (!queue_.empty()) ring();
     thread_ = std::jthread([this](std::stop_token st) { follow(st); });
   }
 
@@ -58,6 +62,10 @@ class etcd_feed final : public key_feed {
 
   std::vector<key_event> take(bool& reset) override {
     std::lock_guard lk(mu_);
+    if (ready_) {
+      std::uint64_t n = 0;
+      (void)!::read(ready_.get(), &n, sizeof n);  // drained with the queue: it rings again with the next event
+    }
     reset = std::exchange(reset_, false);
     return std::exchange(queue_, {});
   }
@@ -66,6 +74,8 @@ class etcd_feed final : public key_feed {
     std::unique_lock lk(mu_);
     return cv_.wait_for(lk, timeout, [&] { return !queue_.empty() || reset_; });
   }
+
+  [[nodiscard]] int readable_fd() const noexcept override { return ready_ ? ready_.get() : -1; }
 
  private:
   using json = internal::json;
@@ -115,6 +125,7 @@ class etcd_feed final : public key_feed {
       revision_ = rev;
       queue_ = std::move(fresh);
       reset_ = true;
+      ring();
       cv_.notify_all();
       return true;
     } catch (...) {
@@ -220,14 +231,24 @@ class etcd_feed final : public key_feed {
     queue_.insert(queue_.end(), std::make_move_iterator(got.begin()), std::make_move_iterator(got.end()));
     revision_ = last;
     delivered_ = true;
+    ring();
     cv_.notify_all();
     return true;
+  }
+
+  /// Makes readable_fd() readable until the next take(); with mu_ held, so that a take() never
+  /// drains a ring whose events it does not return.
+  void ring() noexcept {
+    if (!ready_) return;
+    const std::uint64_t one = 1;
+    (void)!::write(ready_.get(), &one, sizeof one);
   }
 
   etcd_gateway& gateway_;
   const std::string from_, to_;
   const std::size_t strip_;
   const feed_options options_;
+  internal::unique_fd ready_;  // an eventfd, readable while events wait for take()
 
   std::mutex mu_;
   std::condition_variable cv_;

@@ -11,6 +11,9 @@
 // nothing until a key changes.
 #pragma once
 
+#include <poll.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -82,9 +85,17 @@ class run_view {
     }
   }
 
-  /// Waits up to `timeout` for a change (a polled feed: a short sleep), then takes it in.
+  /// Waits up to `timeout` for a change to either feed, then takes it in. Feeds that cannot be
+  /// waited on together (a polled store's) are looked at again within 50 ms, as before.
   void wait(std::chrono::milliseconds timeout) {
-    feed_->wait(timeout);
+    const int keys = feed_->readable_fd(), ends = gone_->readable_fd();
+    if (keys >= 0 && ends >= 0) {
+      pollfd p[2] = {{keys, POLLIN, 0}, {ends, POLLIN, 0}};
+      // A signal (a preemption notice) ends the wait early: the caller looks at it.
+      (void)::poll(p, 2, static_cast<int>(std::max<std::int64_t>(timeout.count(), 0)));
+    } else {
+      feed_->wait(std::min(timeout, std::chrono::milliseconds(50)));
+    }
     refresh();
   }
 
