@@ -24,6 +24,7 @@
 #include "support/errors.hpp"
 #include "support/forwarding_store.hpp"
 #include "support/process.hpp"
+#include "support/store_contract.hpp"
 #include "support/threads.hpp"
 
 using namespace std::chrono_literals;
@@ -227,6 +228,12 @@ TEST_CASE("workers following the same range share one watch of the store, and a 
   fb.reset();
   fl.reset();
   CHECK(within(2s, [&] { return t.relay->watches() == 1; }));
+}
+
+TEST_CASE("a relayed watch reports what the store's own does, and its socket polls readable while events wait") {
+  relayed t;
+  auto c = t.client();
+  elastic::test::check_feed_behaviour(*c);
 }
 
 TEST_CASE("participants behind one relay form rounds and see a departure, as on the store itself") {

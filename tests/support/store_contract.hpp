@@ -1,6 +1,8 @@
 // What every store must do, checked the same way for each backend.
 #pragma once
 
+#include <poll.h>
+
 #include <algorithm>
 #include <chrono>
 #include <exception>
@@ -185,6 +187,23 @@ inline void check_feed_behaviour(elastic::rendezvous::store& s) {
   CHECK(got[0].previous == "3");
   CHECK(got[1].key == "feed/d");
   CHECK(got[1].previous == "4");
+
+  // A feed that can be waited on beside others (key_feed::readable_fd) polls readable while
+  // events wait for take(), and not once they are taken.
+  m = follow_feed(*feed, m, [](const mirror& x) { return x == mirror{{"feed/a", "uno"}}; }, 5s);
+  REQUIRE(m == mirror{{"feed/a", "uno"}});
+  if (const int fd = feed->readable_fd(); fd >= 0) {
+    auto readable = [fd](std::chrono::milliseconds within) {
+      pollfd p{fd, POLLIN, 0};
+      return ::poll(&p, 1, static_cast<int>(within.count())) == 1;
+    };
+    CHECK_FALSE(readable(0ms));
+    s.set("feed/e", "5");
+    CHECK(readable(5s));
+    m = follow_feed(*feed, m, [](const mirror& x) { return x.contains("feed/e"); }, 5s);
+    CHECK(m.contains("feed/e"));
+    CHECK_FALSE(readable(0ms));
+  }
 }
 
 }  // namespace elastic::test
