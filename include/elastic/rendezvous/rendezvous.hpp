@@ -594,8 +594,7 @@ class rendezvous {
   bool is_alive(const detail::member& m) const { return view_.alive(m.id, m.incarnation); }
 
   /// How long a wait on the view may last: until `deadline`, and at most 250 ms without a look
-  /// at a preemption notice (one that another thread took does not end the wait). A view that
-  /// cannot wait on its feeds together looks again within 50 ms (run_view::wait). At 1,024
+  /// at a preemption notice (one that another thread took does not end the wait). At 1,024
   /// participants on one machine, 50 ms turns were 20,000 wake-ups a second while a round formed.
   static std::chrono::milliseconds look_until(clock::time_point deadline) {
     const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - clock::now());

@@ -41,7 +41,7 @@ class etcd_feed final : public key_feed {
     std::vector<key_event> first;
     revision_ = read_range(first);
     queue_ = std::move(first);
-    if (!queue_.empty()) ring();
+    if (!queue_.empty()) announce();
     thread_ = std::jthread([this](std::stop_token st) { follow(st); });
   }
 
@@ -125,8 +125,7 @@ class etcd_feed final : public key_feed {
       revision_ = rev;
       queue_ = std::move(fresh);
       reset_ = true;
-      ring();
-      cv_.notify_all();
+      announce();
       return true;
     } catch (...) {
       compacted_ = true;
@@ -231,17 +230,19 @@ class etcd_feed final : public key_feed {
     queue_.insert(queue_.end(), std::make_move_iterator(got.begin()), std::make_move_iterator(got.end()));
     revision_ = last;
     delivered_ = true;
-    ring();
-    cv_.notify_all();
+    announce();
     return true;
   }
 
-  /// Makes readable_fd() readable until the next take(); with mu_ held, so that a take() never
-  /// drains a ring whose events it does not return.
-  void ring() noexcept {
-    if (!ready_) return;
-    const std::uint64_t one = 1;
-    (void)!::write(ready_.get(), &one, sizeof one);
+  /// Tells readers that events wait: wait() returns, and readable_fd() polls readable until the
+  /// next take(). With mu_ held, so that a take() never drains a ring whose events it does not
+  /// return.
+  void announce() noexcept {
+    if (ready_) {
+      const std::uint64_t one = 1;
+      (void)!::write(ready_.get(), &one, sizeof one);
+    }
+    cv_.notify_all();
   }
 
   etcd_gateway& gateway_;

@@ -86,7 +86,7 @@ class run_view {
   }
 
   /// Waits up to `timeout` for a change to either feed, then takes it in. Feeds that cannot be
-  /// waited on together (a polled store's) are looked at again within 50 ms, as before.
+  /// waited on together are polled ones (a shm:// store's), whose wait() is a look every 2 ms.
   void wait(std::chrono::milliseconds timeout) {
     const int keys = feed_->readable_fd(), ends = gone_->readable_fd();
     if (keys >= 0 && ends >= 0) {
@@ -94,7 +94,7 @@ class run_view {
       // A signal (a preemption notice) ends the wait early: the caller looks at it.
       (void)::poll(p, 2, static_cast<int>(std::max<std::int64_t>(timeout.count(), 0)));
     } else {
-      feed_->wait(std::min(timeout, std::chrono::milliseconds(50)));
+      feed_->wait(timeout);
     }
     refresh();
   }
