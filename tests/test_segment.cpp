@@ -8,6 +8,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -58,6 +59,28 @@ struct segment_cleanup {
   ~segment_cleanup() { ::unlink(shm_path(name).c_str()); }
 };
 
+/// Keeps /dev/shm's object for segment `name` mapped by this process (no access), so that a
+/// watchdog starting meanwhile in another test (ctest runs them side by side) leaves it alone: a
+/// segment these tests hold between two steps, unmapped and unlocked, is exactly the stale
+/// object a starting watchdog sweeps once it is 2 s old, and a slow machine gets there.
+class held_mapping {
+ public:
+  explicit held_mapping(const std::string& name) {
+    const int fd = ::open(shm_path(name).c_str(), O_RDONLY | O_CLOEXEC);
+    REQUIRE(fd >= 0);
+    addr_ = ::mmap(nullptr, length, PROT_NONE, MAP_SHARED, fd, 0);
+    ::close(fd);
+    REQUIRE(addr_ != MAP_FAILED);
+  }
+  held_mapping(const held_mapping&) = delete;
+  held_mapping& operator=(const held_mapping&) = delete;
+  ~held_mapping() { ::munmap(addr_, length); }
+
+ private:
+  static constexpr std::size_t length = 4096;
+  void* addr_ = nullptr;
+};
+
 }  // namespace
 
 TEST_CASE("segment names with bad characters are refused") {
@@ -95,6 +118,7 @@ TEST_CASE("a segment of another layout version is refused and left untouched") {
   const std::string name = elastic::test::unique_name("version");
   segment_cleanup c{name};
   { elastic::timer::watchdog w(quiet(name)); }
+  const held_mapping held(name);
   {
     const int fd = ::open(shm_path(name).c_str(), O_RDWR);
     REQUIRE(fd >= 0);
@@ -115,6 +139,7 @@ TEST_CASE("a file that is not a watchdog segment is refused and left untouched")
   std::vector<char> junk(4096);
   for (std::size_t i = 0; i < junk.size(); ++i) junk[i] = static_cast<char>(i * 7 + 1);
   write_all(shm_path(name), junk);
+  const held_mapping held(name);
   expect_error([&] { elastic::timer::watchdog w(quiet(name)); }, elastic::errc::corrupt, "not an elastic watchdog segment");
   expect_error([&] { elastic::timer::client::attach(name); }, elastic::errc::corrupt, "bad magic");
   CHECK(read_all(shm_path(name)) == junk);
@@ -129,6 +154,7 @@ TEST_CASE("a truncated segment is refused") {
   const std::string name = elastic::test::unique_name("truncated");
   segment_cleanup c{name};
   { elastic::timer::watchdog w(quiet(name)); }
+  const held_mapping held(name);
   REQUIRE(::truncate(shm_path(name).c_str(), 64 * 1024) == 0);
   expect_error([&] { elastic::timer::watchdog w(quiet(name)); }, elastic::errc::corrupt, "inconsistent header");
   expect_error([&] { elastic::timer::client::attach(name); }, elastic::errc::corrupt, "inconsistent header");
@@ -142,6 +168,7 @@ TEST_CASE("a segment owned by another user is refused") {
   const std::string name = elastic::test::unique_name("owner");
   segment_cleanup c{name};
   { elastic::timer::watchdog w(quiet(name)); }
+  const held_mapping held(name);
   REQUIRE(::chown(shm_path(name).c_str(), 65534, 65534) == 0);
   const auto before = read_all(shm_path(name));
   expect_error([&] { elastic::timer::watchdog w(quiet(name)); }, elastic::errc::owner_mismatch, "belongs to uid 65534");
@@ -166,6 +193,7 @@ TEST_CASE("an all-zero segment left by a watchdog that died while creating it is
   const std::string name = elastic::test::unique_name("zero");
   segment_cleanup c{name};
   write_all(shm_path(name), std::vector<char>(8192, 0));
+  const held_mapping held(name);
   elastic::timer::watchdog w(quiet(name));
   CHECK_FALSE(w.adopted());
   CHECK(w.table().slot_count() == td::default_slot_count);
@@ -183,8 +211,10 @@ TEST_CASE("a stale segment left by a crashed job is adopted and its dead slots f
   segment_cleanup c{name};
   elastic::test::temp_dir dir;
   const std::string events = dir.file("events.jsonl");
+  std::optional<held_mapping> held;
   {
     elastic::timer::watchdog old(quiet(name));
+    held.emplace(name);
     auto w = elastic::test::child_process::spawn({ELASTIC_TEST_WORKER, "hang", name, "60000"});
     REQUIRE(w.read_line() == "entered");
     w.kill(SIGKILL);
