@@ -162,6 +162,11 @@ def trial(monitor_interval, index, timeout_s, backend):
         if backend == "nccl":
             env.setdefault("NCCL_SOCKET_IFNAME", "lo")
             env.setdefault("NCCL_IB_DISABLE", "1")
+            # Workers that share the launcher's rendezvous store (torch's default since 2.5) may
+            # read the previous attempt's NCCL unique id after a restart and connect to a dead
+            # root ("socketPollConnect ... Connection refused": pytorch/pytorch#135712, #167288);
+            # torch's own workaround, which a user restarting NCCL jobs under torchrun needs.
+            env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
         log_path = os.path.join(tmp, "torchrun.log")
         with open(log_path, "w") as log:
             # Own session: every worker is in torchrun's process group, killed with it on failure.
