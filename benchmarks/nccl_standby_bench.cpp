@@ -255,6 +255,9 @@ class rank_process {
       init_ms.push_back(ms_since(t0));
       step(c);
       first_ms.push_back(ms_since(t0));
+      // A rank whose step is done may still owe its peers bytes (NCCL's proxy sends them after
+      // the kernel ends): aborting before they all finished cut their sockets (seen on the H200).
+      barrier(fmt::format("fresh{}-done", rep), without(world - 1));
       const auto t1 = clock_type::now();
       c.abort();
       abort_ms.push_back(ms_since(t1));
@@ -412,6 +415,7 @@ class rank_process {
     comm::nccl_communicator fresh(shared_id("reinit", me == 0), me, world - 1, device, timeout_);
     step(fresh);
     const double fresh_ms = ms_since(t0);
+    barrier("reinit-done", survivors);  // no communicator torn down under a peer's last step
 
     out_["dead"] = d;
     out_["kill_loop_steps"] = static_cast<std::int64_t>(steps);
