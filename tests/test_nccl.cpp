@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include <elastic/comm/detail/nccl_warm_up.hpp>
 #include <elastic/comm/nccl.hpp>
 
 #include <dirent.h>
@@ -363,4 +364,37 @@ TEST_CASE("the bootstrap root of an id whose communicator failed is released, no
   const auto until = std::chrono::steady_clock::now() + 3s;
   while (bootstrap_roots() != before && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(10ms);
   CHECK(bootstrap_roots() == before);
+}
+
+TEST_CASE("a warm-up loads NCCL on a thread of its own beside the round's init, fails quietly on a device that is "
+          "not there, and a factory makes one only with ELASTIC_NCCL_WARM_UP=1",
+          "[nccl]") {
+  require_gpu();
+  const auto wait_finished = [](const comm::detail::nccl_warm_up& w) {
+    const auto until = std::chrono::steady_clock::now() + 60s;
+    while (!w.finished() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(5ms);
+    return w.finished();
+  };
+  {
+    comm::detail::nccl_warm_up w(0);
+    comm::nccl_communicator c(comm::nccl_unique_id(), 0, 1, 0, 20s);  // the round's, meanwhile
+    check_identity(c, ramp<float>(1000));
+    CHECK(wait_finished(w));
+    CHECK(c.ok());
+  }
+  {
+    comm::detail::nccl_warm_up nowhere(4096);  // its communicator cannot be made: nothing leaves the thread
+    CHECK(wait_finished(nowhere));
+  }
+  ::unsetenv("ELASTIC_NCCL_WARM_UP");
+  CHECK_FALSE(comm::detail::nccl_warm_up::enabled());  // off unless asked for
+  ::setenv("ELASTIC_NCCL_WARM_UP", "0", 1);
+  CHECK_FALSE(comm::detail::nccl_warm_up::enabled());
+  ::setenv("ELASTIC_NCCL_WARM_UP", "1", 1);
+  CHECK(comm::detail::nccl_warm_up::enabled());
+  ::setenv("ELASTIC_NCCL_WARM_UP", "yes", 1);
+  const auto e = error_of([] { (void)comm::detail::nccl_warm_up::enabled(); });
+  CHECK(e.code() == errc::invalid_argument);
+  CHECK(std::string(e.what()).find("ELASTIC_NCCL_WARM_UP") != std::string::npos);
+  ::unsetenv("ELASTIC_NCCL_WARM_UP");
 }

@@ -28,6 +28,7 @@
 
 #include <elastic/comm/detail/nccl_rebuild.hpp>
 #include <elastic/comm/detail/nccl_standby.hpp>
+#include <elastic/comm/detail/nccl_warm_up.hpp>
 #include <elastic/comm/elastic_group.hpp>
 #include <elastic/comm/nccl.hpp>
 #include <elastic/comm/rebuild.hpp>
@@ -65,12 +66,16 @@ struct nccl_standby {
 /// Each round's communicator on CUDA device `device`, its collectives on `stream` (nullptr: a
 /// stream of its own, ordered after the legacy default stream) and bounded by `timeout`, which
 /// also bounds each step of a rebuild. One factory per group: its standbys are that group's.
+/// With ELASTIC_NCCL_WARM_UP=1, making one starts loading NCCL's device code on a thread of its
+/// own, so that the first round's init does not wait for it (detail/nccl_warm_up.hpp: what it
+/// saves, and why it is off by default).
 class nccl_factory {
  public:
   nccl_factory(int device, std::chrono::milliseconds timeout, cudaStream_t stream = nullptr, nccl_options options = {},
                nccl_standby standby = {})
       : s_{device, timeout, stream, options},
-        standbys_(std::make_shared<detail::nccl_standbys>(standby.resolved())) {}
+        standbys_(std::make_shared<detail::nccl_standbys>(standby.resolved())),
+        warm_up_(detail::nccl_warm_up::enabled() ? std::make_shared<detail::nccl_warm_up>(device) : nullptr) {}
 
   /// A fresh communicator for a round whose bootstrap is an nccl_unique_id() (for groups built
   /// with a bootstrap_fn of one's own and this factory as a plain communicator_factory).
@@ -102,6 +107,7 @@ class nccl_factory {
  private:
   detail::nccl_settings s_;
   std::shared_ptr<detail::nccl_standbys> standbys_;  // shared by the copies the group keeps
+  std::shared_ptr<detail::nccl_warm_up> warm_up_;     // likewise; null when turned off
 };
 
 static_assert(communicator_rebuilder<nccl_factory, nccl_communicator>);
