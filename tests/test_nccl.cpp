@@ -367,7 +367,7 @@ TEST_CASE("the bootstrap root of an id whose communicator failed is released, no
 }
 
 TEST_CASE("a warm-up loads NCCL on a thread of its own beside the round's init, fails quietly on a device that is "
-          "not there, and a factory makes one only with ELASTIC_NCCL_WARM_UP=1",
+          "not there, and is asked for by ELASTIC_NCCL_WARM_UP=1 alone",
           "[nccl]") {
   require_gpu();
   const auto wait_finished = [](const comm::detail::nccl_warm_up& w) {
