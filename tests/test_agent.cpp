@@ -34,6 +34,7 @@
 #include "agent/options.hpp"  // tools/agent: the parser, tested as a function too
 #include "agent/worker_environment.hpp"
 #include "support/catch.hpp"
+#include "support/eventually.hpp"
 #include "support/other_user.hpp"
 #include "support/planted_shm.hpp"
 #include "support/process.hpp"
@@ -48,6 +49,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using elastic::test::child_process;
+using elastic::test::eventually;
 using elastic::test::temp_dir;
 
 using elastic::test::slurp;
@@ -141,15 +143,6 @@ bool wait_for_file(const std::string& path, std::chrono::milliseconds timeout) {
   return true;
 }
 
-/// Polls `done` every 5 ms until it holds or `timeout` passes; its last answer.
-bool eventually(const std::function<bool()>& done, std::chrono::milliseconds timeout) {
-  const auto until = std::chrono::steady_clock::now() + timeout;
-  while (!done()) {
-    if (std::chrono::steady_clock::now() >= until) return done();
-    std::this_thread::sleep_for(5ms);
-  }
-  return true;
-}
 
 pid_t read_pid(const std::string& path) { return static_cast<pid_t>(std::stol(slurp(path))); }
 

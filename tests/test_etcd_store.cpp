@@ -23,6 +23,7 @@
 
 #include "support/catch.hpp"
 #include "support/errors.hpp"
+#include "support/eventually.hpp"
 #include "support/etcd_server.hpp"
 #include "support/process.hpp"
 #include "support/store_contract.hpp"
@@ -34,6 +35,7 @@
 using namespace std::chrono_literals;
 using elastic::errc;
 using elastic::test::error_of;
+using elastic::test::eventually;
 using elastic::test::etcd_server;
 using elastic::test::fork_child;
 namespace rdzv = elastic::rendezvous;
@@ -61,16 +63,6 @@ int exit_code_of(pid_t pid) {
   return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
-/// Polls `f` every 50 ms until it is true or `timeout` passes; returns its last value.
-template <class F>
-bool eventually(F&& f, std::chrono::milliseconds timeout) {
-  const auto until = clock_type::now() + timeout;
-  for (;;) {
-    if (f()) return true;
-    if (clock_type::now() >= until) return false;
-    std::this_thread::sleep_for(50ms);
-  }
-}
 
 /// An HTTP server on 127.0.0.1 that answers every request with `reply`: a stand-in for a port
 /// where something other than etcd listens.
@@ -389,7 +381,7 @@ TEST_CASE("leased keys vanish when their owner stops heartbeating") {
     CHECK(s.get("alive/0"));
   }
   const auto stopped = clock_type::now();
-  CHECK(eventually([&] { return !s.get("alive/0"); }, 5s));
+  CHECK(eventually([&] { return !s.get("alive/0"); }, 5s, 50ms));
   CHECK(clock_type::now() - stopped >= 500ms);
   const auto e = error_of([&] { s.keep_alive(lease); });
   CHECK(e.code() == errc::not_found);
@@ -423,7 +415,7 @@ TEST_CASE("a lease of a process that was SIGKILLed expires and its keys go") {
   ::waitpid(pid, &st, 0);
   REQUIRE(WIFSIGNALED(st));
   CHECK(s.get("member/7") == "here");
-  CHECK(eventually([&] { return !s.get("member/7"); }, 5s));
+  CHECK(eventually([&] { return !s.get("member/7"); }, 5s, 50ms));
 }
 
 TEST_CASE("a call made while etcd is down succeeds once etcd is back within unavailable_timeout") {
@@ -483,7 +475,7 @@ TEST_CASE("a wait spanning an etcd outage returns when the keys appear after it"
     etcd.restart();
     rdzv::etcd_store other(etcd.url(), test_options());
     other.set("round/1/ready", "yes");
-    CHECK(eventually([&] { return done.load(); }, 10s));
+    CHECK(eventually([&] { return done.load(); }, 10s, 50ms));
   }
   INFO(failure);
   CHECK(failure.empty());

@@ -29,6 +29,7 @@
 
 #include "support/catch.hpp"
 #include "support/errors.hpp"
+#include "support/eventually.hpp"
 #include "support/other_user.hpp"
 
 using namespace std::chrono_literals;
@@ -371,9 +372,7 @@ TEST_CASE("a warm-up loads NCCL on a thread of its own beside the round's init, 
           "[nccl]") {
   require_gpu();
   const auto wait_finished = [](const comm::detail::nccl_warm_up& w) {
-    const auto until = std::chrono::steady_clock::now() + 60s;
-    while (!w.finished() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(5ms);
-    return w.finished();
+    return elastic::test::eventually([&] { return w.finished(); }, 60s);
   };
   {
     comm::detail::nccl_warm_up w(0);

@@ -21,11 +21,13 @@
 #include <elastic/internal/tcp.hpp>
 
 #include "support/catch.hpp"
+#include "support/eventually.hpp"
 #include "support/process.hpp"
 
 namespace {
 
 using namespace std::chrono_literals;
+using elastic::test::eventually;
 namespace detail = elastic::comm::detail;
 namespace ck = elastic::checkpoint;
 
@@ -58,15 +60,6 @@ struct staged {
   }
   ck::staged_snapshot at(std::uint64_t step) const { return {step, entries}; }
 };
-
-bool eventually(const std::function<bool()>& f, std::chrono::milliseconds limit = 10s) {
-  const auto until = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < until) {
-    if (f()) return true;
-    std::this_thread::sleep_for(5ms);
-  }
-  return f();
-}
 
 std::shared_ptr<const detail::memory_image> find(const detail::peer_replicas& r, detail::image_key k) {
   for (const auto& i : r.images())

@@ -7,22 +7,11 @@
 #include <elastic/internal/periodic_thread.hpp>
 
 #include "support/catch.hpp"
+#include "support/eventually.hpp"
 
 using namespace std::chrono_literals;
 using elastic::internal::periodic_thread;
-
-namespace {
-// Waits (bounded) until `pred` holds.
-template <class Pred>
-bool eventually(Pred pred, std::chrono::milliseconds limit = 10s) {
-  const auto until = std::chrono::steady_clock::now() + limit;
-  while (!pred()) {
-    if (std::chrono::steady_clock::now() > until) return false;
-    std::this_thread::sleep_for(1ms);
-  }
-  return true;
-}
-}  // namespace
+using elastic::test::eventually;
 
 TEST_CASE("periodic_thread ticks repeatedly and stops with its owner") {
   std::atomic<int> ticks{0};
@@ -32,7 +21,7 @@ TEST_CASE("periodic_thread ticks repeatedly and stops with its owner") {
       return true;
     });
     CHECK(t.started());
-    CHECK(eventually([&] { return ticks.load() >= 3; }));
+    CHECK(eventually([&] { return ticks.load() >= 3; }, 10s, 1ms));  // ticks are a millisecond apart
   }
   const int after = ticks.load();
   std::this_thread::sleep_for(20ms);
@@ -46,9 +35,9 @@ TEST_CASE("periodic_thread wakes early when asked, long before its interval") {
     return true;
   });
   t.wake();
-  CHECK(eventually([&] { return ticks.load() == 1; }));
+  CHECK(eventually([&] { return ticks.load() == 1; }, 10s, 1ms));  // ticks are a millisecond apart
   t.wake();
-  CHECK(eventually([&] { return ticks.load() == 2; }));
+  CHECK(eventually([&] { return ticks.load() == 2; }, 10s, 1ms));  // ticks are a millisecond apart
   t.stop();  // an hour-long interval still stops at once
   CHECK_FALSE(t.started());
 }
@@ -58,7 +47,7 @@ TEST_CASE("periodic_thread ends when its tick returns false, and survives a move
   periodic_thread t(1ms, [&] { return ++ticks < 2; });
   periodic_thread moved = std::move(t);
   CHECK_FALSE(t.started());
-  CHECK(eventually([&] { return ticks.load() == 2; }));
+  CHECK(eventually([&] { return ticks.load() == 2; }, 10s, 1ms));  // ticks are a millisecond apart
   std::this_thread::sleep_for(20ms);
   CHECK(ticks.load() == 2);
   moved.wake();  // waking an ended thread is harmless

@@ -22,6 +22,7 @@
 #include "agent/store_relay.hpp"
 #include "support/catch.hpp"
 #include "support/errors.hpp"
+#include "support/eventually.hpp"
 #include "support/forwarding_store.hpp"
 #include "support/process.hpp"
 #include "support/store_contract.hpp"
@@ -30,6 +31,7 @@
 using namespace std::chrono_literals;
 using elastic::errc;
 using elastic::test::error_of;
+using elastic::test::eventually;
 namespace rdzv = elastic::rendezvous;
 
 namespace {
@@ -53,17 +55,6 @@ struct relayed {
   }
   [[nodiscard]] std::unique_ptr<rdzv::store> client() const { return rdzv::open_store(relay->url()); }
 };
-
-/// True once `f` holds, polling for at most `limit`.
-template <class F>
-bool within(std::chrono::milliseconds limit, F f) {
-  const auto until = clock_type::now() + limit;
-  while (!f()) {
-    if (clock_type::now() >= until) return false;
-    std::this_thread::sleep_for(5ms);
-  }
-  return true;
-}
 
 }  // namespace
 
@@ -152,7 +143,7 @@ TEST_CASE("a worker's keys go the moment its last connection closes: a client dr
     a.reset();
     CHECK(t.upstream->get("/d/a") == "alive");  // the watch is still open
     feed.reset();
-    CHECK(within(2s, [&] { return !t.upstream->get("/d/a"); }));
+    CHECK(eventually([&] { return !t.upstream->get("/d/a"); }, 2s));
   }
   SECTION("a real participant SIGKILLed: the others see the departure at once, its 30 s lease notwithstanding") {
     std::vector<elastic::test::child_process> ps;
@@ -193,24 +184,24 @@ TEST_CASE("workers following the same range share one watch of the store, and a 
   CHECK(t.relay->watches() == 2);  // other options, another watch
   rdzv::detail::key_copy ma, mb;
   auto drain = [](rdzv::key_feed& f, rdzv::detail::key_copy& m) { rdzv::detail::take_into(f, m); };
-  CHECK(within(2s, [&] {
+  CHECK(eventually([&] {
     drain(*fa, ma);
     drain(*fb, mb);
     return ma.size() == 1 && mb.size() == 1;
-  }));
+  }, 2s));
   t.upstream->set("/w/y", "2");
   t.upstream->erase("/w/x");
-  CHECK(within(2s, [&] {
+  CHECK(eventually([&] {
     drain(*fa, ma);
     drain(*fb, mb);
     return ma == rdzv::detail::key_copy{{"/w/y", "2"}} && mb == ma;
-  }));
+  }, 2s));
   std::vector<rdzv::key_event> seen;
-  CHECK(within(2s, [&] {
+  CHECK(eventually([&] {
     bool reset = false;
     for (auto& e : erasures->take(reset)) seen.push_back(std::move(e));
     return !seen.empty();
-  }));
+  }, 2s));
   REQUIRE(seen.size() == 1);
   CHECK(seen[0].key == "/w/x");
   CHECK_FALSE(seen[0].value);
@@ -219,15 +210,15 @@ TEST_CASE("workers following the same range share one watch of the store, and a 
   auto late = t.client();
   auto fl = late->watch("/w/", "/w0");
   rdzv::detail::key_copy ml;
-  CHECK(within(2s, [&] {
+  CHECK(eventually([&] {
     drain(*fl, ml);
     return ml == rdzv::detail::key_copy{{"/w/y", "2"}};
-  }));
+  }, 2s));
   CHECK(t.relay->watches() == 2);
   fa.reset();
   fb.reset();
   fl.reset();
-  CHECK(within(2s, [&] { return t.relay->watches() == 1; }));
+  CHECK(eventually([&] { return t.relay->watches() == 1; }, 2s));
 }
 
 TEST_CASE("a relayed watch reports what the store's own does, and its socket polls readable while events wait") {
@@ -256,10 +247,10 @@ TEST_CASE("participants behind one relay form rounds and see a departure, as on 
   for (auto& r : rs) CHECK(r->current().world_size == 3);
   // The run's keys and its heartbeat erasures, for all three (the closer's watch of the joins
   // ends with the round).
-  CHECK(within(2s, [&] { return t.relay->watches() == 2; }));
+  CHECK(eventually([&] { return t.relay->watches() == 2; }, 2s));
   rs[2].reset();
   stores[2].reset();
-  CHECK(within(5s, [&] { return rs[0]->poll().departed == std::vector<std::string>{"p2"}; }));
+  CHECK(eventually([&] { return rs[0]->poll().departed == std::vector<std::string>{"p2"}; }, 5s));
 }
 
 TEST_CASE("a relay that is gone is errc::unavailable, and a relay URL is checked") {
