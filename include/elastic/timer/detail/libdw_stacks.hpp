@@ -125,19 +125,40 @@ class libdw_process {
     // Only a line of a compile unit that holds the address: for code without debug info (crt1's
     // _start) libdw would hand back the nearest line of some other unit.
     Dwarf_Addr bias = 0;
-    Dwarf_Die* unit = dwfl_module_addrdie(m, lookup, &bias);
-    if (unit == nullptr || dwarf_haspc(unit, lookup - bias) != 1) return;
+    Dwarf_Die* unit = unit_at(m, lookup, bias);
+    if (unit == nullptr) return;
+    int lineno = 0;
+    const char* file = nullptr;
     if (Dwfl_Line* line = dwfl_module_getsrc(m, lookup)) {
-      int lineno = 0;
-      if (const char* file = dwfl_lineinfo(line, nullptr, &lineno, nullptr, nullptr, nullptr)) {
-        named.file = file;
-        named.line = lineno;
-      }
+      file = dwfl_lineinfo(line, nullptr, &lineno, nullptr, nullptr, nullptr);
+    } else if (Dwarf_Line* line = dwarf_getsrc_die(unit, lookup - bias)) {  // the unit found by walking
+      file = dwarf_linesrc(line, nullptr, nullptr);
+      if (file != nullptr && dwarf_lineno(line, &lineno) != 0) file = nullptr;
+    }
+    if (file != nullptr) {
+      named.file = file;
+      named.line = lineno;
     }
     add_inlined(*unit, lookup - bias, out);
   }
 
  private:
+  /// The compile unit of `m` that holds `address` (and the module's bias), or nothing for code
+  /// without debug information (libdw's lookup may hand back a unit nearby: each is checked).
+  /// libdw's lookup goes by .debug_aranges; for a program compiled by Clang 14 (DWARF 5, or no
+  /// .debug_aranges) elfutils 0.188 finds no unit, and the units are walked instead: a dump is
+  /// taken once per hang, and a module holds at most some thousands of them.
+  static Dwarf_Die* unit_at(Dwfl_Module* m, Dwarf_Addr address, Dwarf_Addr& bias) {
+    if (Dwarf_Die* unit = dwfl_module_addrdie(m, address, &bias); unit != nullptr && dwarf_haspc(unit, address - bias) == 1) {
+      return unit;
+    }
+    for (Dwarf_Die* unit = dwfl_module_nextcu(m, nullptr, &bias); unit != nullptr;
+         unit = dwfl_module_nextcu(m, unit, &bias)) {
+      if (dwarf_haspc(unit, address - bias) == 1) return unit;
+    }
+    return nullptr;
+  }
+
   /// The scopes (innermost first) at `address` of `unit`: for each function inlined there, the
   /// frame at out.back() is inside it and gets its name, and its caller follows, at the call's
   /// line; the last caller keeps the symbol of the function all of them were inlined into.
