@@ -699,7 +699,8 @@ TEST_CASE("would-be closers racing close a round exactly once and everyone agree
       const int n = static_cast<int>(min);
       racing_store racing(t.s, n);
       std::vector<rdzv::round_info> got(n);
-      auto errors = on_threads(n, [&](int i) {
+      // Copies: Clang before 16 cannot capture a structured binding (the ASan build is Clang).
+      auto errors = on_threads(n, [&, min = min, max = max, last_call = last_call](int i) {
         auto o = options("race", min, max, "p" + std::to_string(i));
         o.last_call_timeout = std::chrono::milliseconds(last_call);
         rdzv::rendezvous rv(racing, o);
