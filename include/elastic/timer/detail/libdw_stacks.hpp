@@ -127,17 +127,13 @@ class libdw_process {
     Dwarf_Addr bias = 0;
     Dwarf_Die* unit = unit_at(m, lookup, bias);
     if (unit == nullptr) return;
-    int lineno = 0;
-    const char* file = nullptr;
-    if (Dwfl_Line* line = dwfl_module_getsrc(m, lookup)) {
-      file = dwfl_lineinfo(line, nullptr, &lineno, nullptr, nullptr, nullptr);
-    } else if (Dwarf_Line* line = dwarf_getsrc_die(unit, lookup - bias)) {  // the unit found by walking
-      file = dwarf_linesrc(line, nullptr, nullptr);
-      if (file != nullptr && dwarf_lineno(line, &lineno) != 0) file = nullptr;
-    }
-    if (file != nullptr) {
-      named.file = file;
-      named.line = lineno;
+    // From the unit in hand (dwfl_module_getsrc would look it up again, and not find Clang's).
+    if (Dwarf_Line* line = dwarf_getsrc_die(unit, lookup - bias)) {
+      int lineno = 0;
+      if (const char* file = dwarf_linesrc(line, nullptr, nullptr); file != nullptr && dwarf_lineno(line, &lineno) == 0) {
+        named.file = file;
+        named.line = lineno;
+      }
     }
     add_inlined(*unit, lookup - bias, out);
   }
