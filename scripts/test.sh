@@ -18,8 +18,10 @@ gpu_exclude="gpu"
 command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1 && gpu_exclude=""
 [ "${1:-}" = "--fast" ] && configs=("default")
 
-# settings CONFIG: dir, the cmake arguments, the labels and names of the tests it leaves out.
+# settings CONFIG: dir, the compiler (empty: CMake's default), the cmake arguments, the labels
+# and names of the tests it leaves out.
 settings() {
+  compiler=""
   case "$1" in
     # Line tables (-g1) rather than full debug information (-g) in every build: all that stack
     # dumps and sanitizer reports read (function names, file:line), and elastic_run.cpp at -O2
@@ -35,8 +37,8 @@ settings() {
     # library is built by a second compiler in every run. TSan stays on GCC: there Clang took
     # 1.2x GCC's CPU (test_agent.cpp at -O1: 20.8 s against 17.4 s).
     asan) dir=build-asan exclude="packaging|gpu|slurm" skip="$sanitizer_skip"
-          args=(-DCMAKE_CXX_COMPILER=clang++
-                -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-O0 -g1" "-DELASTIC_SANITIZE=address,undefined"
+          compiler=clang++
+          args=(-DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-O0 -g1" "-DELASTIC_SANITIZE=address,undefined"
                 -DELASTIC_BUILD_BENCHMARKS=OFF) ;;
     # -O1 rather than RelWithDebInfo's -O2: ThreadSanitizer's own advice (-O1 or more), and
     # elastic_run.cpp compiles in 38 s instead of 130 s. (Until 2026-11-27 the sanitizer option's
@@ -86,7 +88,7 @@ sanitizer_skip=$(IFS='|'; echo "${sanitizer_skip_tests[*]}")
 
 build() {  # build CONFIG (each step checked: the background job calls it inside an if, where set -e is off)
   settings "$1"
-  cmake -S "$root" -B "$root/$dir" -G Ninja "${args[@]}" >/dev/null || return
+  cmake -S "$root" -B "$root/$dir" -G Ninja ${compiler:+"-DCMAKE_CXX_COMPILER=$compiler"} "${args[@]}" >/dev/null || return
   cmake --build "$root/$dir" -j "$(jobs)" || return
   if [ "$1" = asan ]; then build_torch_asan || return; fi
 }
@@ -96,9 +98,8 @@ build() {  # build CONFIG (each step checked: the background job calls it inside
 # that test and what it runs are built; nothing where Torch is not installed.
 torch_asan_dir="$root/build-asan-torch"
 build_torch_asan() {
-  settings asan
-  local gcc_args=("${args[@]:1}")  # the asan settings without the Clang compiler
-  cmake -S "$root" -B "$torch_asan_dir" -G Ninja "${gcc_args[@]}" >/dev/null || return
+  settings asan  # its arguments, with CMake's default compiler (GCC) instead of its own
+  cmake -S "$root" -B "$torch_asan_dir" -G Ninja "${args[@]}" >/dev/null || return
   if ninja -C "$torch_asan_dir" -t targets all | grep '^test_torch:' >/dev/null; then  # not -q: pipefail and SIGPIPE
     cmake --build "$torch_asan_dir" -j "$(jobs)" --target test_torch || return
   fi
