@@ -471,12 +471,20 @@ class rendezvous {
     }
     for (const auto& p : silent) {
       if (!is_alive({p.id, p.incarnation})) continue;
-      store_.set(prefix_ + "/gone/" + p.id, p.incarnation);
-      view_.mark_ended(p.id, p.incarnation);
       events_.emit("rendezvous_peer_gone", {{"participant", opts_.participant_id},
                                             {"peer", p.id},
                                             {"round", current_.round},
                                             {"silent_ms", opts_.peer_silence_timeout.count()}});
+      unwritten_gone_.push_back({p.id, p.incarnation});
+    }
+    // The beacon reports a silence once: a write that failed (a store slow to answer, whose
+    // write may still have landed) is tried again at the next poll, or the freeze would wait
+    // for the lease. The first failure is thrown, as any store error of poll() is.
+    while (!unwritten_gone_.empty()) {
+      const auto m = unwritten_gone_.front();
+      if (is_alive(m)) store_.set(prefix_ + "/gone/" + m.id, m.incarnation);
+      view_.mark_ended(m.id, m.incarnation);
+      unwritten_gone_.erase(unwritten_gone_.begin());
     }
   }
 
@@ -974,6 +982,7 @@ class rendezvous {
   };
   std::vector<parsed_outcome> outcomes_;  // read_outcome()'s, the two newest
   std::unique_ptr<detail::peer_beacon> beacon_;  // peer heartbeats (stores that span hosts)
+  std::vector<detail::member> unwritten_gone_;     // silent peers whose P/gone write has yet to succeed
   std::jthread collector_;       // collect_garbage()'s erasures, off the leader's way
   detail::lease_keeper keeper_;  // last: its thread stops before the members it uses go away
 };
