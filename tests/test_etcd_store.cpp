@@ -202,6 +202,74 @@ TEST_CASE("a watch asks etcd nothing while its range is quiet and loses nothing 
   feed.reset();
 }
 
+TEST_CASE("a watch opened while its range is written misses nothing and replays nothing") {
+  // The feed watches from "now" and reads the range at the revision etcd says the watch began
+  // after: a write between the two must come exactly once, by one way or the other.
+  etcd_server etcd;
+  rdzv::etcd_store s(etcd.url(), test_options(30s));
+  rdzv::etcd_store writer_store(etcd.url(), test_options(30s));
+  constexpr int writes = 300;
+  std::atomic<bool> done{false};
+  std::jthread writer([&] {
+    for (int i = 1; i <= writes; ++i) {
+      writer_store.set("w/count", std::to_string(i));
+      writer_store.set("w/k" + std::to_string(i), "v");
+      if (i > 5) writer_store.erase("w/k" + std::to_string(i - 5));
+    }
+    done = true;
+  });
+  // Feeds opened at moments spread over the writes (each stays open), then each followed to
+  // the end.
+  std::vector<std::unique_ptr<rdzv::key_feed>> feeds;
+  while (!done && feeds.size() < 40) {
+    feeds.push_back(s.watch("w/", "w0"));
+    std::this_thread::sleep_for(5ms);
+  }
+  writer.join();
+  feeds.push_back(s.watch("w/", "w0"));  // and one after the last write
+  elastic::test::feed_copy now;
+  for (auto& [k, v] : s.list("w/")) now.insert_or_assign(k, v);
+  for (std::size_t i = 0; i < feeds.size(); ++i) {
+    elastic::test::feed_copy m;
+    long last = 0;  // the counter as this feed reported it: it only ever goes up
+    const auto until = clock_type::now() + 20s;
+    while (last != writes) {
+      bool reset = false;
+      for (auto& e : feeds[i]->take(reset)) {
+        REQUIRE_FALSE(reset);
+        if (!e.value) {
+          m.erase(e.key);
+          continue;
+        }
+        if (e.key == "w/count") {
+          const long at = std::stol(*e.value);
+          INFO("feed " << i << " of " << feeds.size() << ": w/count went from " << last << " to " << at);
+          CHECK(at > last);
+          last = at;
+        }
+        m.insert_or_assign(e.key, *e.value);
+      }
+      REQUIRE(clock_type::now() < until);
+      if (last != writes) feeds[i]->wait(50ms);
+    }
+    INFO("feed " << i << " of " << feeds.size());
+    CHECK(m == now);  // every change in, none twice: the copy is what the store holds
+  }
+  CHECK(feeds.size() >= 3);
+}
+
+TEST_CASE("a watch on an etcd that is down fails as a read does, naming the endpoint") {
+  etcd_server etcd;
+  rdzv::etcd_store s(etcd.url(), test_options(1s));
+  etcd.kill();
+  const auto t0 = clock_type::now();
+  const auto e = error_of([&] { auto feed = s.watch("w/", "w0"); });
+  CHECK(clock_type::now() - t0 < 10s);
+  CHECK(e.code() == errc::unavailable);
+  INFO(e.what());
+  CHECK(contains(e.what(), etcd.endpoint()));
+}
+
 TEST_CASE("set, get, erase, list and compare_set behave like a map") {
   etcd_server etcd;
   rdzv::etcd_store s(etcd.url(), test_options());

@@ -1,9 +1,20 @@
-// etcd_store's key feed: one range read, then one /v3/watch stream from the revision after it,
-// held open on a thread of the feed's own. While nothing changes in the range the feed asks
-// etcd nothing (the stream is idle); a change reaches the reader as one event. A stream that
-// breaks (etcd restarted, the connection dropped) is opened again from the revision after the
-// last event delivered, so nothing is lost; when etcd compacted that history away, the feed
-// starts over from a fresh read and says so (take()'s `reset`).
+// etcd_store's key feed: one /v3/watch stream, held open on a thread of the feed's own, and the
+// range's contents read at the revision the watch began after. While nothing changes in the
+// range the feed asks etcd nothing (the stream is idle); a change reaches the reader as one
+// event. A stream that breaks (etcd restarted, the connection dropped) is opened again from the
+// revision after the last event delivered, so nothing is lost; when etcd compacted that history
+// away, the feed starts over from a fresh read and says so (take()'s `reset`).
+//
+// The watch comes first, from "now" (no start revision), and the range is read at the revision
+// etcd names in its answer; events up to that revision are the read's, and the stream's copies
+// of them are dropped (etcd 3.4's answer may name a revision the watch already delivers: seen
+// when the range was written to while the watch was being created). etcd serves a watch that
+// starts at a past revision (what a read followed by a watch from the revision after it asks
+// for whenever anything was written in between) from its unsynced set, which a loop catches up
+// every 100 ms: that was the lag between a round's last join and its closer seeing it (16
+// participants, 2026-12-07: 50 ms of the 110 ms a first round took). A watch that is not created
+// within etcd_options::request_timeout (etcd away) falls back to the read-then-watch order,
+// whose read says what is wrong.
 #pragma once
 
 #include <curl/curl.h>
@@ -38,27 +49,45 @@ class etcd_feed final : public key_feed {
   etcd_feed(etcd_gateway& gateway, std::string from, std::string to, std::size_t strip, feed_options o = {})
       : gateway_(gateway), from_(std::move(from)), to_(std::move(to)), strip_(strip), options_(o),
         ready_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {  // none to be had: readable_fd() says -1
-    std::vector<key_event> first;
-    revision_ = read_range(first);
-    queue_ = std::move(first);
-    if (!queue_.empty()) announce();
     thread_ = std::jthread([this](std::stop_token st) { follow(st); });
+    std::int64_t began = 0;
+    {
+      std::unique_lock lk(mu_);
+      cv_.wait_for(lk, gateway_.options().request_timeout, [&] { return origin_ || first_failed_; });
+      if (origin_) began = read_through_;  // not revision_: events after it may have come already
+    }
+    if (began == 0) {
+      // The watch did not begin: read first (its errors name what is wrong), then watch from the
+      // revision after the read, as a reopened stream does.
+      stop();
+      std::vector<key_event> first;
+      revision_ = read_range(first);
+      read_through_ = revision_;
+      origin_ = true;
+      stopping_ = false;
+      queue_ = std::move(first);
+      if (!queue_.empty()) announce();
+      thread_ = std::jthread([this](std::stop_token st) { follow(st); });
+      return;
+    }
+    if (!options_.snapshot) return;
+    std::vector<key_event> first;
+    try {
+      read_range(first, began);
+    } catch (...) {
+      stop();
+      throw;
+    }
+    // Events after `began` may have come already: the contents go before them.
+    std::lock_guard lk(mu_);
+    queue_.insert(queue_.begin(), std::make_move_iterator(first.begin()), std::make_move_iterator(first.end()));
+    if (!queue_.empty()) announce();
   }
 
   etcd_feed(const etcd_feed&) = delete;
   etcd_feed& operator=(const etcd_feed&) = delete;
 
-  ~etcd_feed() override {
-    thread_.request_stop();
-    {
-      // A stream blocked in recv() wakes when its socket is shut down under it.
-      std::lock_guard lk(mu_);
-      stopping_ = true;
-      if (socket_ != CURL_SOCKET_BAD) ::shutdown(socket_, SHUT_RDWR);
-      cv_.notify_all();
-    }
-    if (thread_.joinable()) thread_.join();
-  }
+  ~etcd_feed() override { stop(); }
 
   std::vector<key_event> take(bool& reset) override {
     std::lock_guard lk(mu_);
@@ -81,12 +110,26 @@ class etcd_feed final : public key_feed {
   using json = internal::json;
   using clock = std::chrono::steady_clock;
 
-  /// The range as it is now, as puts (none without feed_options::snapshot: then only the
-  /// revision is read); returns the revision it was read at.
-  std::int64_t read_range(std::vector<key_event>& out) {
+  /// Ends the feed's thread (a stream blocked in recv() wakes when its socket is shut down
+  /// under it).
+  void stop() noexcept {
+    thread_.request_stop();
+    {
+      std::lock_guard lk(mu_);
+      stopping_ = true;
+      if (socket_ != CURL_SOCKET_BAD) ::shutdown(socket_, SHUT_RDWR);
+      cv_.notify_all();
+    }
+    if (thread_.joinable()) thread_.join();
+  }
+
+  /// The range as it is now, or at revision `at` (0: now), as puts (none without
+  /// feed_options::snapshot: then only the revision is read); returns the revision it was read at.
+  std::int64_t read_range(std::vector<key_event>& out, std::int64_t at = 0) {
     json body;
     body["key"] = base64_encode(from_);
     body["range_end"] = base64_encode(to_);
+    if (at > 0) body["revision"] = std::to_string(at);
     if (!options_.snapshot) body["count_only"] = true;
     return gateway_.request("/v3/kv/range", body, [&](const json& r) {
       if (const auto* kvs = r.find("kvs")) {
@@ -104,6 +147,14 @@ class etcd_feed final : public key_feed {
     while (!st.stop_requested()) {
       const bool delivered = stream(st);
       if (st.stop_requested()) return;
+      {
+        std::lock_guard lk(mu_);
+        if (!origin_) {
+          first_failed_ = true;  // the constructor reads first instead, and starts a thread anew
+          cv_.notify_all();
+          return;
+        }
+      }
       if (compacted_) {
         compacted_ = false;
         if (!resync()) continue;
@@ -138,7 +189,11 @@ class etcd_feed final : public key_feed {
     json create;
     create["key"] = base64_encode(from_);
     create["range_end"] = base64_encode(to_);
-    create["start_revision"] = std::to_string(revision_ + 1);
+    {
+      std::lock_guard lk(mu_);
+      // The first stream starts from now, and etcd's answer says which revision that is.
+      if (origin_) create["start_revision"] = std::to_string(revision_ + 1);
+    }
     if (!options_.puts) create["filters"].push_back("NOPUT");
     if (options_.previous) create["prev_kv"] = true;
     json body;
@@ -210,6 +265,15 @@ class etcd_feed final : public key_feed {
       compacted_ = int_field(*r, "compact_revision") > 0;
       return false;
     }
+    if (const auto* c = r->find("created"); c && c->is_bool() && c->as_bool()) {
+      std::lock_guard lk(mu_);
+      if (!origin_) {
+        revision_ = int_field(r->at("header"), "revision");
+        read_through_ = revision_;
+        origin_ = true;
+        cv_.notify_all();
+      }
+    }
     const auto* events = r->find("events");
     if (!events || events->size() == 0) return true;  // "created", or a progress notice
     std::vector<key_event> got;
@@ -219,13 +283,15 @@ class etcd_feed final : public key_feed {
       const auto* type = e.find("type");
       const bool erased = type && type->as_string() == "DELETE";
       std::string key = bytes_field(kv, "key");
-      if (key.size() < strip_) continue;
+      const std::int64_t at = int_field(kv, "mod_revision");
+      if (key.size() < strip_ || at <= read_through_) continue;
       std::optional<std::string> previous;
       if (const auto* p = e.find("prev_kv"); erased && p && options_.previous) previous = bytes_field(*p, "value");
       got.push_back({key.substr(strip_), erased ? std::nullopt : std::optional(bytes_field(kv, "value")),
                      std::move(previous)});
-      last = std::max(last, int_field(kv, "mod_revision"));
+      last = std::max(last, at);
     }
+    if (got.empty()) return true;  // only what the first read had
     std::lock_guard lk(mu_);
     queue_.insert(queue_.end(), std::make_move_iterator(got.begin()), std::make_move_iterator(got.end()));
     revision_ = last;
@@ -258,6 +324,9 @@ class etcd_feed final : public key_feed {
   std::int64_t revision_ = 0;          // the last revision delivered (mu_ for writes off-thread)
   curl_socket_t socket_ = CURL_SOCKET_BAD;  // the stream's socket, for the destructor (mu_)
   bool stopping_ = false;                   // the destructor began (mu_)
+  bool origin_ = false;        // revision_ says where the feed stands (mu_): the first stream began, or a read
+  bool first_failed_ = false;  // the first stream ended before etcd created its watch (mu_)
+  std::int64_t read_through_ = 0;  // the revision the first read is at: events up to it are its (mu_ to write)
 
   // The feed thread's own.
   std::string buffer_;
