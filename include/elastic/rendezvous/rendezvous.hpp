@@ -655,9 +655,15 @@ class rendezvous {
           // exactly one write; the others read its list.
           std::map<std::string, std::string, std::less<>> addresses;
           for (const auto& j : joins) addresses.emplace(j.who.id, j.address);
-          store_.compare_set(key_of("closed", r), std::nullopt,
-                             detail::format_members(
-                                 detail::rank_order(joins, r, static_cast<std::size_t>(opts_.max_ranks)), addresses));
+          const std::string key = key_of("closed", r);
+          std::string value = detail::format_members(
+              detail::rank_order(joins, r, static_cast<std::size_t>(opts_.max_ranks)), addresses);
+          std::optional<std::string> actual;
+          if (store_.compare_set(key, std::nullopt, value, 0, &actual)) {
+            view_.learn(key, std::move(value));
+          } else if (actual) {
+            view_.learn(key, std::move(*actual));
+          }
           continue;
         }
       }
@@ -793,10 +799,12 @@ class rendezvous {
                           r, opts_.run_id, joined, opts_.min_ranks, opts_.join_timeout.count(), other_runs_hint());
     // Abandoning is decided by the store as closing is: either everyone gets members, or
     // everyone stops with the same reason.
-    if (store_.compare_set(key_of("closed", r), std::nullopt, "abandoned\n" + why)) {
+    std::optional<std::string> actual;
+    if (store_.compare_set(key_of("closed", r), std::nullopt, "abandoned\n" + why, 0, &actual)) {
       store_.erase(mine);
       throw error(errc::timeout, why);
     }
+    if (actual) view_.learn(key_of("closed", r), std::move(*actual));
   }
 
   /// Round r is closed without us: refuse when it is full of live members, else wait (as a
