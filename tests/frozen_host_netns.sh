@@ -13,55 +13,8 @@ run="$1" worker="$2" etcd="$3"
 
 tag="efz$(( $$ % 100000 ))"
 net="10.232.$(( $$ % 250 ))"
-work="$(mktemp -d)"
-# etcd's peer port on this run's own bridge address: a port on loopback picked from the pid could
-# be one another test holds (TSan run, 2026-11-27: "bind: address already in use").
-peer="$net.1:2380"
-pids=()
 hosts=(a b c)
-cleanup() {
-  for p in "${pids[@]}"; do kill -CONT "$p" 2>/dev/null || true; kill -KILL "$p" 2>/dev/null || true; done
-  pkill -KILL -f "$work/ckpt" 2>/dev/null || true
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  for h in "${hosts[@]}"; do ip netns del "$tag$h" 2>/dev/null || true; done
-  ip link del "${tag}br" 2>/dev/null || true
-  [ -n "${KEEP_LOGS:-}" ] && cp -r "$work" "$KEEP_LOGS" 2>/dev/null; rm -rf "$work"
-}
-trap cleanup EXIT
-
-if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null; then
-  echo "skipped: network namespaces need root and iproute2"; exit 77
-fi
-if ! ip link add "${tag}br" type bridge 2>"$work/err"; then
-  echo "skipped: cannot make a bridge: $(cat "$work/err")"; exit 77
-fi
-ip addr add "$net.1/24" dev "${tag}br"
-ip link set "${tag}br" up
-i=2
-for h in "${hosts[@]}"; do
-  ip netns add "$tag$h" 2>"$work/err" || { echo "skipped: cannot make network namespaces: $(cat "$work/err")"; exit 77; }
-  ip link add "${tag}v$h" type veth peer name "${tag}p$h"
-  ip link set "${tag}p$h" netns "$tag$h"
-  ip link set "${tag}v$h" master "${tag}br"
-  ip link set "${tag}v$h" up
-  ip -n "$tag$h" addr add "$net.$i/24" dev "${tag}p$h"
-  ip -n "$tag$h" link set "${tag}p$h" up
-  ip -n "$tag$h" link set lo up
-  i=$((i + 1))
-done
-
-"$etcd" --name frozen --data-dir "$work/etcd" \
-  --listen-client-urls "http://$net.1:2379" --advertise-client-urls "http://$net.1:2379" \
-  --listen-peer-urls "http://$peer" --initial-advertise-peer-urls "http://$peer" \
-  --initial-cluster "frozen=http://$peer" >"$work/etcd.log" 2>&1 &
-pids+=($!)
-for n in $(seq 1 100); do
-  curl -fsS -m 1 "http://$net.1:2379/health" >/dev/null 2>&1 && break
-  [ "$n" = 100 ] && { echo "etcd did not come up:"; tail -20 "$work/etcd.log"; exit 1; }
-  sleep 0.1
-done
-
-url="etcd://$net.1:2379"
+. "$(dirname "${BASH_SOURCE[0]}")/support/bridge_netns.sh"
 declare -A launcher
 for h in "${hosts[@]}"; do
   extra=()
