@@ -53,8 +53,8 @@ class etcd_feed final : public key_feed {
     std::int64_t began = 0;
     {
       std::unique_lock lk(mu_);
-      cv_.wait_for(lk, gateway_.options().request_timeout, [&] { return origin_ || first_failed_; });
-      if (origin_) began = read_through_;  // not revision_: events after it may have come already
+      cv_.wait_for(lk, gateway_.options().request_timeout, [&] { return read_through_ > 0 || first_failed_; });
+      began = read_through_;  // not revision_: events after it may have come already
     }
     if (began == 0) {
       // The watch did not begin: read first (its errors name what is wrong), then watch from the
@@ -63,7 +63,6 @@ class etcd_feed final : public key_feed {
       std::vector<key_event> first;
       revision_ = read_range(first);
       read_through_ = revision_;
-      origin_ = true;
       stopping_ = false;
       queue_ = std::move(first);
       if (!queue_.empty()) announce();
@@ -149,7 +148,7 @@ class etcd_feed final : public key_feed {
       if (st.stop_requested()) return;
       {
         std::lock_guard lk(mu_);
-        if (!origin_) {
+        if (read_through_ == 0) {
           first_failed_ = true;  // the constructor reads first instead, and starts a thread anew
           cv_.notify_all();
           return;
@@ -192,7 +191,7 @@ class etcd_feed final : public key_feed {
     {
       std::lock_guard lk(mu_);
       // The first stream starts from now, and etcd's answer says which revision that is.
-      if (origin_) create["start_revision"] = std::to_string(revision_ + 1);
+      if (read_through_ > 0) create["start_revision"] = std::to_string(revision_ + 1);
     }
     if (!options_.puts) create["filters"].push_back("NOPUT");
     if (options_.previous) create["prev_kv"] = true;
@@ -267,10 +266,9 @@ class etcd_feed final : public key_feed {
     }
     if (const auto* c = r->find("created"); c && c->is_bool() && c->as_bool()) {
       std::lock_guard lk(mu_);
-      if (!origin_) {
+      if (read_through_ == 0) {
         revision_ = int_field(r->at("header"), "revision");
         read_through_ = revision_;
-        origin_ = true;
         cv_.notify_all();
       }
     }
@@ -324,9 +322,10 @@ class etcd_feed final : public key_feed {
   std::int64_t revision_ = 0;          // the last revision delivered (mu_ for writes off-thread)
   curl_socket_t socket_ = CURL_SOCKET_BAD;  // the stream's socket, for the destructor (mu_)
   bool stopping_ = false;                   // the destructor began (mu_)
-  bool origin_ = false;        // revision_ says where the feed stands (mu_): the first stream began, or a read
+  // The revision the first read is at, events up to it being its own; 0 (etcd's revisions start
+  // at 1) until the first stream began or a read came first (mu_ to write).
+  std::int64_t read_through_ = 0;
   bool first_failed_ = false;  // the first stream ended before etcd created its watch (mu_)
-  std::int64_t read_through_ = 0;  // the revision the first read is at: events up to it are its (mu_ to write)
 
   // The feed thread's own.
   std::string buffer_;
