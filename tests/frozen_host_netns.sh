@@ -15,6 +15,7 @@ tag="efz$(( $$ % 100000 ))"
 net="10.232.$(( $$ % 250 ))"
 hosts=(a b c)
 . "$(dirname "${BASH_SOURCE[0]}")/support/bridge_netns.sh"
+. "$(dirname "${BASH_SOURCE[0]}")/support/wait_launcher.sh"
 declare -A launcher
 for h in "${hosts[@]}"; do
   extra=()
@@ -36,11 +37,7 @@ stopped=$(rank_log c | grep -m1 "^stopping" | grep -o "t=[0-9]*" | cut -d= -f2)
 
 status=0
 for h in a b; do
-  p="${launcher[$h]}"
-  for _ in $(seq 1 900); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-  if kill -0 "$p" 2>/dev/null; then echo "elastic-run on host $h still running 90 s after the freeze"; status=1; continue; fi
-  set +e; wait "$p"; code=$?; set -e
-  [ "$code" = 0 ] || { echo "elastic-run on host $h exited $code"; status=1; }
+  wait_launcher "${launcher[$h]}" 90 "elastic-run on host $h (frozen host c)" || status=1
 done
 for h in a b; do
   echo "--- host $h"

@@ -18,6 +18,7 @@ net="10.233.$(( $$ % 250 ))"
 hosts=()
 for i in $(seq 1 "$nhosts"); do hosts+=("h$i"); done
 . "$(dirname "${BASH_SOURCE[0]}")/support/bridge_netns.sh"
+. "$(dirname "${BASH_SOURCE[0]}")/support/wait_launcher.sh"
 
 # Enough steps that the group still trains through the window (100 ms of sleep each).
 steps=$(( (window + 8) * 10 ))
@@ -69,11 +70,7 @@ rate=$(calc %.2f "($after - $before) / ($t1 - $t0)")
 
 status=0
 for h in "${hosts[@]}"; do
-  p="${launcher[$h]}"
-  for _ in $(seq 1 1800); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-  if kill -0 "$p" 2>/dev/null; then echo "elastic-run on host $h still running 180 s after the window"; status=1; continue; fi
-  set +e; wait "$p"; code=$?; set -e
-  [ "$code" = 0 ] || { echo "elastic-run on host $h exited $code"; status=1; }
+  wait_launcher "${launcher[$h]}" 180 "elastic-run on host $h" || status=1
 done
 [ "$status" = 0 ] || { show_failure; exit 1; }
 finished=$(rank_logs | grep -c "^final .*reason=finished" || true)

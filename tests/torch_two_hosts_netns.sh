@@ -15,6 +15,7 @@ export PYTHONPATH="$src/python${PYTHONPATH:+:$PYTHONPATH}"
 
 tag="elt$$" net="10.232.$(( $$ % 250 ))"
 . "$(dirname "${BASH_SOURCE[0]}")/support/two_netns.sh"
+. "$(dirname "${BASH_SOURCE[0]}")/support/wait_launcher.sh"
 
 script="$src/examples/python/ddp_train.py"
 # start RUN_ID: one elastic-run per namespace, the checkpoint shared (as /shared/ckpt would be).
@@ -36,10 +37,8 @@ fail() {
 }
 finish() {  # both launchers exit 0 within 120 s
   for p in "${hosts[@]}"; do
-    for _ in $(seq 1 1200); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-    kill -0 "$p" 2>/dev/null && fail "an elastic-run still runs after 120 s"
-    set +e; wait "$p"; code=$?; set -e
-    [ "$code" = 0 ] || fail "an elastic-run exited $code"
+    # Not in $(...): a subshell cannot wait for this shell's children.
+    wait_launcher "$p" 120 "an elastic-run" || fail "an elastic-run did not end with 0 (above)"
   done
 }
 weights() { grep -h "done at step .*, weights" "$work"/logs-*/"$1"/rank-*.log | awk '{print $NF}' | sort -u; }

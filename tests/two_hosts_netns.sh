@@ -11,6 +11,7 @@ run="$1" worker="$2" etcd="$3"
 
 tag="elx$$" net="10.231.$(( $$ % 250 ))"
 . "$(dirname "${BASH_SOURCE[0]}")/support/two_netns.sh"
+. "$(dirname "${BASH_SOURCE[0]}")/support/wait_launcher.sh"
 
 for ns in "$a" "$b"; do
   # The checkpoint directory is shared, as /shared/ckpt would be on two real hosts.
@@ -21,11 +22,7 @@ for ns in "$a" "$b"; do
 done
 status=0
 for i in 1 2; do
-  p="${pids[$i]}"
-  for _ in $(seq 1 1200); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-  if kill -0 "$p" 2>/dev/null; then echo "elastic-run $i still running after 120 s"; status=1; continue; fi
-  set +e; wait "$p"; code=$?; set -e
-  [ "$code" = 0 ] || { echo "elastic-run $i exited $code"; status=1; }
+  wait_launcher "${pids[$i]}" 120 "elastic-run $i" || status=1
 done
 
 log() { cat "$work/logs-$1/twonets/rank-0.log" 2>/dev/null || true; }
