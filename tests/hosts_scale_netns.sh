@@ -4,8 +4,11 @@
 # joined, etcd's own count of requests (/metrics, grpc_server_started_total) is read over a
 # window of training with nothing changing: the store load of a formed group must not grow with
 # its ranks (issue 28). It fails above 1 request/s per host; each rank polling the store, or
-# holding a lease of its own, would ask several per rank. Prints the rate and how long the group
-# took to form from the launch. Exits 77 (skipped) without root or iproute2.
+# holding a lease of its own, would ask several per rank. The workers use the examples' short
+# heartbeat (every 200 ms, dead after 2 s): it must not cost the store more per host than the
+# library's default (a host's lease lives at least 15 s, the peer heartbeats noticing a vanished
+# host first). Prints the rate and how long the group took to form from the launch. Exits 77
+# (skipped) without root or iproute2.
 #   tests/hosts_scale_netns.sh ELASTIC_RUN GROUP_WORKER ETCD_SERVER [HOSTS [WORKERS_PER_HOST]]
 #   (KEEP_LOGS=DIR keeps the logs; WINDOW_S=5 the idle window.)
 set -euo pipefail
@@ -27,7 +30,7 @@ declare -A launcher
 for h in "${hosts[@]}"; do
   ip netns exec "$tag$h" "$run" --run-id scale --nproc-per-node "$per" --nnodes "$nhosts:$nhosts" --rdzv "$url" \
     --quiet --log-dir "$work/logs-$h" -- "$worker" --run-id scale --min "$world" --max "$world" --steps "$steps" \
-    --step-sleep-ms 100 --hb-interval-ms 5000 --hb-timeout-ms 30000 --dir "$work/ckpt" --dim 64 \
+    --step-sleep-ms 100 --hb-interval-ms 200 --hb-timeout-ms 2000 --dir "$work/ckpt" --dim 64 \
     >"$work/launcher-$h.log" 2>&1 &
   pids+=($!)
   launcher[$h]=$!

@@ -133,6 +133,72 @@ TEST_CASE("a worker that stops renewing its lease, its connections open (frozen)
   CHECK(error_of([&] { a->keep_alive(la); }).code() == errc::not_found);
 }
 
+namespace {
+
+/// A shm store that records the leases asked of it and counts their renewals.
+class counting_leases final : public elastic::test::forwarding_store {
+ public:
+  using forwarding_store::forwarding_store;
+  lease_id grant(std::chrono::milliseconds ttl) override {
+    granted_ttl = ttl.count();
+    return forwarding_store::grant(ttl);
+  }
+  void keep_alive(lease_id l) override {
+    ++renewals;
+    forwarding_store::keep_alive(l);
+  }
+  std::atomic<std::int64_t> granted_ttl{0};
+  std::atomic<int> renewals{0};
+};
+
+/// A shm store's name, the store removed when the test ends however it ends.
+struct shm_name {
+  std::string name = elastic::test::unique_name("floor");
+  ~shm_name() { rdzv::shm_store::remove(name); }
+};
+
+}  // namespace
+
+TEST_CASE("a host's lease on the store lives at least 15 s whatever its workers' heartbeats, each worker's its own") {
+  // Workers beating every 50 ms with a 400 ms time to live would have had the store renew the
+  // host's lease every 66 ms (15 times a second per host); the peer heartbeats notice a host
+  // that vanished, and the lease is their backstop.
+  const shm_name n1, n2;
+  rdzv::shm_store shm(n1.name);
+  elastic::test::temp_dir dir;
+  auto up = std::make_unique<counting_leases>(shm);
+  auto& counts = *up;
+  std::optional<elastic::agent::store_relay> relay;
+  relay.emplace(std::move(up), dir.file("store.sock"));
+  auto a = rdzv::open_store(relay->url()), b = rdzv::open_store(relay->url());
+  const auto la = a->grant(400ms), lb = b->grant(400ms);
+  a->set("/h/a", "a", la);
+  b->set("/h/b", "b", lb);
+  const auto until = clock_type::now() + 1500ms;
+  while (clock_type::now() < until) {
+    b->keep_alive(lb);  // b lives; a is frozen
+    std::this_thread::sleep_for(50ms);
+  }
+  CHECK(counts.granted_ttl.load() == 15000);
+  CHECK(counts.renewals.load() == 0);  // the first renewal is 2.5 s in
+  // a's lease still ends at its own 400 ms, not the host's.
+  CHECK_FALSE(shm.get("/h/a"));
+  CHECK(shm.get("/h/b") == "b");
+  // A worker asking for longer than the floor gets its own time to live on the store.
+  a.reset();
+  b.reset();
+  relay.reset();
+  rdzv::shm_store shm2(n2.name);
+  auto up2 = std::make_unique<counting_leases>(shm2);
+  auto& counts2 = *up2;
+  relay.emplace(std::move(up2), dir.file("store2.sock"));
+  auto c = rdzv::open_store(relay->url());
+  (void)c->grant(30s);
+  CHECK(counts2.granted_ttl.load() == 30000);
+  c.reset();
+  relay.reset();
+}
+
 TEST_CASE("a worker's keys go the moment its last connection closes: a client dropped, a process SIGKILLed") {
   relayed t;
   SECTION("a client object destroyed") {

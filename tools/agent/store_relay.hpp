@@ -385,22 +385,26 @@ class store_relay {
       fresh = host_lease_ == 0;
     }
     if (fresh) {
-      // The first worker's time to live is the host's: a host that freezes or vanishes loses
-      // every worker's keys when it would have lost that worker's.
-      const auto l = up_->grant(ttl);
+      // The store's lease is the host's, and lives the first worker's time to live but at least
+      // host_lease_floor: the members' peer heartbeats notice a host that froze or vanished
+      // (rendezvous_options::peer_silence_timeout, 2 s by default) and the lease is their
+      // backstop, so a host asks the store for a renewal every 2.5 s however short its workers'
+      // heartbeats (200 ms and 2 s renewed 3 times a second per host), and a store slow to
+      // answer lapses it less often. A worker's own lease keeps its time to live (sweep(), at a
+      // sixth of it).
+      const auto host_ttl = std::max(ttl, host_lease_floor);
+      const auto l = up_->grant(host_ttl);
       renewer_.reset();
       {
         std::lock_guard lk(mu_);
         host_lease_ = l;
       }
-      const auto every = std::clamp<std::chrono::milliseconds>(ttl / 6, std::chrono::milliseconds(50),
-                                                                std::chrono::milliseconds(5000));
-      {
-        std::lock_guard lk(mu_);
-        renew_every_ = every;
-      }
-      renewer_.emplace(every, [this, l] {
-        renew(l);
+      const auto renew_every = std::clamp<std::chrono::milliseconds>(host_ttl / 6, std::chrono::milliseconds(50),
+                                                                      std::chrono::milliseconds(5000));
+      const auto sweep_every = std::clamp<std::chrono::milliseconds>(ttl / 6, std::chrono::milliseconds(50), renew_every);
+      const auto sweeps_per_renewal = std::max<std::int64_t>(1, renew_every / sweep_every);
+      renewer_.emplace(sweep_every, [this, l, sweeps_per_renewal, tick = std::int64_t{0}]() mutable {
+        if (++tick % sweeps_per_renewal == 0) renew(l);
         sweep();
         return true;
       });
@@ -495,9 +499,10 @@ class store_relay {
 
   /// A run's registration (rendezvous/run_keys.hpp: <key_prefix>/.runs/<run id>) that another
   /// host holds: each worker re-creates it at every heartbeat (the workers of a host beat
-  /// together), so its failure is remembered for one renewal period, and while one worker's
+  /// together), so its failure is remembered for registration_recheck, and while one worker's
   /// try is on its way the others are given the last answer. Only the registration: it says a
-  /// run is live, and a gap of one period costs nothing; a closer's claim must see its holder
+  /// run is live (live_runs(), a hint for a participant alone under the wrong run id), and a gap
+  /// of a few seconds after its holder ended costs nothing; a closer's claim must see its holder
   /// go at once.
   std::optional<std::string> registered_elsewhere(const std::string& key) {
     if (key.find("/.runs/") == std::string::npos) return std::nullopt;
@@ -505,7 +510,7 @@ class store_relay {
     const auto it = registrations_.find(key);
     if (it == registrations_.end()) return std::nullopt;
     auto& r = it->second;
-    if (r.asking || clock::now() - r.at < renew_every_) return r.value;
+    if (r.asking || clock::now() - r.at < registration_recheck) return r.value;
     r.asking = true;  // this caller asks the store; the others meanwhile get this answer
     return std::nullopt;
   }
@@ -719,7 +724,8 @@ class store_relay {
     bool asking = false;
   };
   std::map<std::string, registration> registrations_;  // see registered_elsewhere()
-  std::chrono::milliseconds renew_every_{1000};  // the store's lease is renewed this often
+  static constexpr std::chrono::milliseconds host_lease_floor{15000};      // see grant()
+  static constexpr std::chrono::milliseconds registration_recheck{10000};  // see registered_elsewhere()
   std::map<std::string, int> clients_;
   std::optional<internal::periodic_thread> renewer_;
 
