@@ -7,12 +7,20 @@
 // poll sees any change. It uses the library's public API only (join, poll, next_round), so the
 // benchmark measures whatever rendezvous.hpp does.
 //
-//   rendezvous_participant --store=URL --run=ID --min=M --max=N --ids=A,B,... --go=FILE
+//   rendezvous_participant [--store=URL] --run=ID --min=M --max=N --ids=A,B,... --go=FILE
 //                          [--poll-ms=50] [--hb-interval-ms=500] [--hb-timeout-ms=2000]
 //                          [--last-call-ms=30000] [--join-timeout-ms=600000] [--sample-ms=250]
+//                          [--report=PREFIX]
+//
+// As elastic-run's worker (rendezvous_scale --launcher), one launcher per host: without --store it
+// takes the launcher's store relay from ELASTIC_RDZV; --ids=A,B;C,D gives each worker slot its
+// own participants (ELASTIC_LOCAL_RANK picks the group); --report=PREFIX sends the lines below to
+// the file PREFIX<local rank> instead of stdout (the launcher's console is not the driver's). A
+// restarted worker (ELASTIC_RESTART_COUNT > 0, the benchmark's SIGKILLed victim) only sleeps: a
+// participant the benchmark killed stays gone.
 //
 // It reports on stdout, one line each (CLOCK_MONOTONIC nanoseconds, comparable across processes):
-//   ready                             every store and rendezvous object is made
+//   ready PID                         every store and rendezvous object is made
 //   round ID ROUND WORLD T_NS         participant ID completed join()/next_round() at T_NS
 //   noticed ID ROUND T_NS             its poll() in ROUND saw a change at T_NS (before next_round())
 //   requests BUCKET TOTAL             HTTP requests all of this process's stores sent so far, read
@@ -21,9 +29,12 @@
 //   error ID MESSAGE                  join()/next_round() threw: that participant stops
 // Participants wait for the file --go to exist before joining (the driver's start line). The
 // process dies with its parent (PR_SET_PDEATHSIG): the driver SIGKILLs it at the end anyway.
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <atomic>
 #include <chrono>
@@ -49,11 +60,16 @@ namespace rdzv = elastic::rendezvous;
 using std::chrono::milliseconds;
 
 std::mutex out_mu;
+int out_fd = STDOUT_FILENO;  // or the --report file
 void say(const std::string& line) {
   std::lock_guard lk(out_mu);
-  std::fwrite(line.data(), 1, line.size(), stdout);
-  std::fputc('\n', stdout);
-  std::fflush(stdout);
+  const std::string whole = line + '\n';
+  for (std::size_t at = 0; at < whole.size();) {
+    const ssize_t n = ::write(out_fd, whole.data() + at, whole.size() - at);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) std::_Exit(3);  // the driver is gone: nobody to report to
+    at += static_cast<std::size_t>(n);
+  }
 }
 
 std::int64_t now_ns() {
@@ -100,7 +116,7 @@ int main(int argc, char** argv) {
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (::getppid() != parent) return 1;
 
-  std::string store_url, run_id, go, ids;
+  std::string store_url, run_id, go, ids, report;
   long long min_ranks = 0, max_ranks = 0, poll_ms = 50, hb_interval_ms = 500, hb_timeout_ms = 2000,
             last_call_ms = 30000, join_timeout_ms = 600000, sample_ms = 250;
   for (int i = 1; i < argc; ++i) {
@@ -120,6 +136,7 @@ int main(int argc, char** argv) {
     else if (key == "--run") run_id = value;
     else if (key == "--go") go = value;
     else if (key == "--ids") ids = value;
+    else if (key == "--report") report = value;
     else if (key == "--min") number(min_ranks);
     else if (key == "--max") number(max_ranks);
     else if (key == "--poll-ms") number(poll_ms);
@@ -133,9 +150,35 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  if (store_url.empty()) store_url = elastic::internal::env_string("ELASTIC_RDZV").value_or("");
   if (store_url.empty() || run_id.empty() || go.empty() || ids.empty() || max_ranks == 0) {
-    std::fprintf(stderr, "usage: rendezvous_participant --store=URL --run=ID --min=M --max=N --ids=A,B --go=FILE\n");
+    std::fprintf(stderr, "usage: rendezvous_participant [--store=URL] --run=ID --min=M --max=N --ids=A,B --go=FILE\n");
     return 2;
+  }
+  // Under elastic-run: this slot's group of ids, and nothing at all once restarted.
+  const auto local_rank = elastic::internal::parse_integer(elastic::internal::env_string("ELASTIC_LOCAL_RANK").value_or("0"));
+  if (ids.find(';') != std::string::npos) {
+    std::size_t from = 0;
+    for (long long g = 0; local_rank && g < *local_rank && from != std::string::npos; ++g) {
+      from = ids.find(';', from);
+      if (from != std::string::npos) ++from;
+    }
+    if (!local_rank || from == std::string::npos) {
+      std::fprintf(stderr, "rendezvous_participant: no group of --ids for ELASTIC_LOCAL_RANK\n");
+      return 2;
+    }
+    ids = ids.substr(from, ids.find(';', from) - from);
+  }
+  if (elastic::internal::env_string("ELASTIC_RESTART_COUNT").value_or("0") != "0") {
+    for (;;) std::this_thread::sleep_for(std::chrono::hours(1));  // the launcher ends us
+  }
+  if (!report.empty()) {
+    const std::string path = report + std::to_string(local_rank.value_or(0));
+    out_fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    if (out_fd < 0) {
+      std::fprintf(stderr, "rendezvous_participant: cannot open %s\n", path.c_str());
+      return 2;
+    }
   }
 
   std::vector<participant> ps;
@@ -175,7 +218,7 @@ int main(int argc, char** argv) {
       say(fmt::format("requests {} {}", bucket, total));
     }
   });
-  say("ready");
+  say(fmt::format("ready {}", ::getpid()));
   // The driver's start line; bounded by the driver, which SIGKILLs us when it gives up.
   while (!std::filesystem::exists(go)) std::this_thread::sleep_for(milliseconds(1));
 

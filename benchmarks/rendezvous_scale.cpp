@@ -28,7 +28,7 @@
 //   rendezvous_scale [--sizes=4,16,64,128,256,512,1024] [--cap-s=120] [--idle-s=5]
 //                    [--max-processes=64] [--hb-interval-ms=500] [--hb-timeout-ms=2000]
 //                    [--poll-ms=50] [--hosts=H] [--relays=R] [--label=TEXT] [--out=FILE]
-//                    [--participant=PATH] [--require-idle-per-participant=R]
+//                    [--participant=PATH] [--require-idle-per-participant=R] [--launcher[=PATH]]
 //
 // --require-idle-per-participant=R makes it a test (the suite runs one): exit 1 unless every size
 // formed, re-formed after both deaths, and asked etcd at most R requests/s per participant idle;
@@ -43,7 +43,16 @@
 // runs on each host), processes dealt to them in turn: one etcd client, lease and watch per range
 // per relay. The relays run in this process; their etcd requests are the client counts (the
 // peak column has only etcd's).
+//
+// --launcher (with --hosts=H, instead of --relays) runs each host as a user would: one
+// `elastic-run` per namespace (PATH, default the build's), whose workers are that host's
+// participant processes, speaking to etcd through that launcher's relay. A retired death is the
+// victim worker SIGKILLed and nothing else done by the driver: its launcher's relay erases its keys
+// when its connections close (its restart only sleeps); a silent vanish SIGSTOPs the victim worker
+// (its launcher still renews the host's lease: only the peer heartbeats can tell). The launchers
+// are separate processes, so the client counts are etcd's.
 #include <curl/curl.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -66,6 +75,7 @@
 #include <string_view>
 #include <thread>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -82,6 +92,9 @@
 
 #ifndef ELASTIC_RDZV_PARTICIPANT
 #define ELASTIC_RDZV_PARTICIPANT "rendezvous_participant"
+#endif
+#ifndef ELASTIC_RUN_PATH
+#define ELASTIC_RUN_PATH "elastic-run"
 #endif
 
 namespace {
@@ -114,6 +127,7 @@ struct settings {
   std::string label;
   std::string out;
   std::string participant = ELASTIC_RDZV_PARTICIPANT;
+  std::string launcher;  // non-empty: elastic-run, one per --hosts namespace
 };
 
 /// What one size gave; a nullopt time is "none within the cap".
@@ -123,6 +137,7 @@ struct result {
   int max_per_process = 0;
   int hosts = 0;
   int relays = 0;
+  bool launchers = false;  // each host its own elastic-run
   int failed = 0;  // participants whose join()/next_round() threw (out of the group)
   int formed = 0;  // participants with a round when the first-round wait ended
   std::optional<double> first_round_s, retired_s, silent_s;
@@ -332,9 +347,56 @@ class phase_tracer {
   std::jthread thread_;  // last: stopped before the rest goes
 };
 
+/// A file another process appends lines to, read as it grows (a participant's --report).
+class report_file {
+ public:
+  report_file() = default;
+  explicit report_file(std::string path) : path_(std::move(path)) {}
+  report_file(report_file&& o) noexcept
+      : path_(std::move(o.path_)), fd_(std::exchange(o.fd_, -1)), buffer_(std::move(o.buffer_)) {}
+  report_file& operator=(report_file&& o) noexcept {
+    if (this != &o) {
+      close();
+      path_ = std::move(o.path_);
+      fd_ = std::exchange(o.fd_, -1);
+      buffer_ = std::move(o.buffer_);
+    }
+    return *this;
+  }
+  ~report_file() { close(); }
+
+  /// The next whole line written so far, if any (the file need not exist yet).
+  std::optional<std::string> next() {
+    for (;;) {
+      if (auto nl = buffer_.find('\n'); nl != std::string::npos) {
+        std::string line = buffer_.substr(0, nl);
+        buffer_.erase(0, nl + 1);
+        return line;
+      }
+      if (fd_ < 0) fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd_ < 0) return std::nullopt;
+      char buf[4096];
+      const ssize_t n = ::read(fd_, buf, sizeof buf);
+      if (n <= 0) return std::nullopt;  // nothing more yet
+      buffer_.append(buf, static_cast<std::size_t>(n));
+    }
+  }
+
+ private:
+  void close() noexcept {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+  std::string path_;
+  int fd_ = -1;
+  std::string buffer_;
+};
+
 /// One participant process and what it said.
 struct host_proc {
-  child_process child;
+  child_process child;  // the process itself, or nothing when a launcher started it
+  report_file report;   // where it reports, when a launcher started it
+  pid_t pid = 0;        // from its "ready" line
   std::vector<std::string> ids;
   bool ready = false;
   bool gone = false;                                 // killed or stopped on purpose
@@ -358,6 +420,10 @@ class run_state {
     // In namespaces, processes are dealt to hosts in turn (the victims to hosts 0 and 1).
     const std::string url =
         hosts.count() > 0 ? fmt::format("etcd://{}:{}", hosts.gateway(), etcd.port()) : etcd.url();
+    if (!cfg.launcher.empty()) {
+      launch(groups, url, hosts, dir);
+      return;
+    }
     for (std::size_t i = 0; i < groups.size(); ++i) {
       std::string ids;
       for (const auto& id : groups[i]) ids += (ids.empty() ? "" : ",") + id;
@@ -382,6 +448,14 @@ class run_state {
       procs_.push_back(std::move(h));
     }
   }
+  run_state(const run_state&) = delete;
+  run_state& operator=(const run_state&) = delete;
+  /// Launchers are asked to stop first (SIGTERM: they stop their workers and remove what they
+  /// made in /dev/shm); what still runs 20 s later is SIGKILLed by the child_process.
+  ~run_state() {
+    for (auto& l : launchers_) l.kill(SIGTERM);
+    for (auto& l : launchers_) (void)l.wait_for(std::chrono::seconds(20));
+  }
 
   [[nodiscard]] int processes() const { return static_cast<int>(procs_.size()); }
   [[nodiscard]] int max_per_process() const {
@@ -394,9 +468,28 @@ class run_state {
   /// Reads what every process said so far (without waiting).
   void drain() {
     for (auto& p : procs_) {
-      while (auto line = p.child.read_line(milliseconds(0))) take(p, *line);
+      if (launchers_.empty()) {
+        while (auto line = p.child.read_line(milliseconds(0))) take(p, *line);
+      } else {
+        while (auto line = p.report.next()) take(p, *line);
+      }
+    }
+    for (auto& l : launchers_) {
+      while (l.read_line(milliseconds(0))) {
+      }
     }
   }
+
+  /// Sends `sig` to participant process `i` (a launcher's worker, or the driver's own child).
+  void signal(std::size_t i, int sig) {
+    auto& p = procs_[i];
+    if (!launchers_.empty()) {
+      if (p.pid > 0) ::kill(p.pid, sig);
+    } else {
+      p.child.kill(sig);
+    }
+  }
+  [[nodiscard]] bool launched() const { return !launchers_.empty(); }
 
   /// Drains until `done()` or the cap or a signal; true if done.
   template <class Done>
@@ -498,6 +591,7 @@ class run_state {
     in >> what;
     if (what == "ready") {
       p.ready = true;
+      in >> p.pid;
     } else if (what == "round") {
       std::string id;
       std::int64_t round = 0, world = 0, t = 0;
@@ -525,10 +619,47 @@ class run_state {
     }
   }
 
+  /// --launcher: one elastic-run per host namespace, whose workers are the processes dealt to that
+  /// host (each worker slot its group of ids, its own report file).
+  void launch(const std::vector<std::vector<std::string>>& groups, const std::string& url, const netns_hosts& hosts,
+              const std::string& dir) {
+    const int nh = hosts.count();
+    procs_.resize(groups.size());
+    for (int h = 0; h < nh; ++h) {
+      std::string slots;
+      int slot = 0;
+      const std::string report = fmt::format("{}/report-h{}-", dir, h);
+      for (std::size_t i = static_cast<std::size_t>(h); i < groups.size(); i += static_cast<std::size_t>(nh), ++slot) {
+        std::string ids;
+        for (const auto& id : groups[i]) ids += (ids.empty() ? "" : ",") + id;
+        slots += (slots.empty() ? "" : ";") + ids;
+        procs_[i].ids = groups[i];
+        procs_[i].report = report_file(report + std::to_string(slot));
+      }
+      if (slot == 0) continue;  // more hosts than processes
+      std::vector<std::string> argv = hosts.prefix(h);
+      // Its own messages to a log of its own (stderr); stdout is drained and dropped (--quiet:
+      // the workers' lines go to their logs, the reports to their files).
+      argv.insert(argv.end(), {"/bin/sh", "-c", fmt::format("exec \"$0\" \"$@\" 2>>{}/launcher-h{}.log", dir, h),
+                               cfg_.launcher, "--run-id", "scale-launch", "--rdzv", url, "--nproc-per-node",
+                               std::to_string(slot), "--quiet", "--no-timeline", "--log-dir",
+                               fmt::format("{}/logs-h{}", dir, h), "--grace", "2", "--", cfg_.participant,
+                               "--run=scale", fmt::format("--min={}", std::max(1, n_ - 2)), fmt::format("--max={}", n_),
+                               "--ids=" + slots, "--go=" + go_, "--report=" + report,
+                               fmt::format("--poll-ms={}", cfg_.poll_ms),
+                               fmt::format("--hb-interval-ms={}", cfg_.hb_interval_ms),
+                               fmt::format("--hb-timeout-ms={}", cfg_.hb_timeout_ms),
+                               fmt::format("--sample-ms={}", cfg_.sample_ms),
+                               fmt::format("--join-timeout-ms={}", static_cast<long long>(cfg_.cap_s * 2000))});
+      launchers_.push_back(child_process::spawn(std::move(argv)));
+    }
+  }
+
   const settings& cfg_;
   int n_;
   std::string go_;
   std::vector<host_proc> procs_;
+  std::vector<child_process> launchers_;  // --launcher: one per host; last, stopped first
   round_times first_past_;     // when each participant first got past each round
   round_times first_noticed_;  // when each participant's poll() first saw a change in each round
   std::int64_t newest_ = 0;
@@ -588,6 +719,7 @@ result measure(const settings& cfg, int n) {
   run_state run(cfg, n, etcd, hosts, dir.path(), relay_urls);
   res.hosts = hosts.count();
   res.relays = cfg.relays;
+  res.launchers = run.launched();
   // What a participant threw (a join timeout, a refusal) goes into the note on every path.
   auto done = [&]() -> result {
     res.failed = run.failed();
@@ -640,7 +772,7 @@ result measure(const settings& cfg, int n) {
       any = true;
     }
   }
-  if (any && relays.empty()) res.peak_client = peak;
+  if (any && relays.empty() && !run.launched()) res.peak_client = peak;
   double epeak = 0;
   for (std::size_t i = 1; i < etcd_samples.size(); ++i) {
     const double dt = (etcd_samples[i].first - etcd_samples[i - 1].first) / 1e9;
@@ -669,7 +801,9 @@ result measure(const settings& cfg, int n) {
     const auto cpu1 = cpu_seconds(etcd.pid());
     const auto calls1 = etcd_calls(etcd);
     const double window = (w1 - w0) / 1e9;
-    if (!relays.empty()) {
+    if (run.launched()) {
+      if (calls0 && calls1) res.idle_client = (*calls1 - *calls0) / window;  // the launchers' requests
+    } else if (!relays.empty()) {
       res.idle_client = static_cast<double>(relay_requests() - relayed0) / window;
     } else if (auto a = run.requests_at(b0), z = run.requests_at(b1); a && z) {
       res.idle_client = static_cast<double>(*z - *a) / ((b1 - b0) * cfg.sample_ms / 1000.0);
@@ -688,13 +822,15 @@ result measure(const settings& cfg, int n) {
     admin_options.unavailable_timeout = std::chrono::seconds(5);  // elastic-run retries in the background
     rdzv::etcd_store admin(etcd.url(), admin_options);
     const std::int64_t t = now_ns();
-    victim.child.kill(SIGKILL);
-    victim.child.wait_for(milliseconds(5000));
+    run.signal(0, SIGKILL);
     victim.gone = true;
-    try {
-      admin.erase(rdzv::alive_key(rdzv::rendezvous_options{}.key_prefix, "scale", victim.ids.front()));
-    } catch (const std::exception& e) {
-      res.note += fmt::format("erasing the alive key failed: {}. ", e.what());
+    if (!run.launched()) {  // under a launcher, its relay erases the keys of a worker that died
+      victim.child.wait_for(milliseconds(5000));
+      try {
+        admin.erase(rdzv::alive_key(rdzv::rendezvous_options{}.key_prefix, "scale", victim.ids.front()));
+      } catch (const std::exception& e) {
+        res.note += fmt::format("erasing the alive key failed: {}. ", e.what());
+      }
     }
     // Survivors: those alive and still in the group (one that throws meanwhile is not waited for).
     auto all_past = [&] { return run.live_participants() > 0 && run.past(round).first == run.live_participants(); };
@@ -716,7 +852,7 @@ result measure(const settings& cfg, int n) {
     const std::int64_t round = run.newest_round();
     host_proc& victim = run.proc(1);
     const std::int64_t t = now_ns();
-    victim.child.kill(SIGSTOP);
+    run.signal(1, SIGSTOP);
     victim.gone = true;
     // Survivors: those alive and still in the group (one that throws meanwhile is not waited for).
     auto all_past = [&] { return run.live_participants() > 0 && run.past(round).first == run.live_participants(); };
@@ -728,7 +864,7 @@ result measure(const settings& cfg, int n) {
     } else {
       res.note += fmt::format("silent: {} of {} re-formed. ", run.past(round).first, run.live_participants());
     }
-    victim.child.kill(SIGKILL);  // a stopped process takes SIGKILL; the destructor reaps it
+    run.signal(1, SIGKILL);  // a stopped process takes SIGKILL; the destructor (or its launcher) reaps it
   }
   return done();
 }
@@ -787,11 +923,17 @@ int main(int argc, char** argv) {
     else if (key == "--label") cfg.label = value;
     else if (key == "--out") cfg.out = value;
     else if (key == "--participant") cfg.participant = value;
+    else if (key == "--launcher") cfg.launcher = value.empty() ? std::string(ELASTIC_RUN_PATH) : value;
     else {
       std::fprintf(stderr, "rendezvous_scale: unknown argument %s (see the comment at the top of "
                            "benchmarks/rendezvous_scale.cpp)\n", argv[i]);
       return 2;
     }
+  }
+  if (!cfg.launcher.empty() && (cfg.hosts == 0 || cfg.relays > 0)) {
+    std::fprintf(stderr, "rendezvous_scale: --launcher runs one elastic-run per --hosts namespace: it needs --hosts "
+                         "and takes no --relays (each launcher is its host's relay)\n");
+    return 2;
   }
   if (cfg.hosts > 0 && cfg.require_idle > 0) {
     // As a test, a machine that cannot make network namespaces (not root, no iproute2, a
@@ -839,6 +981,7 @@ int main(int argc, char** argv) {
                                                  : fmt::format("{} procs <={} thr", r.processes, r.max_per_process);
     if (r.hosts > 0) layout += fmt::format(" {} ns", r.hosts);
     if (r.relays > 0) layout += fmt::format(" {} relays", r.relays);
+    if (r.launchers) layout += " elastic-run";
     const std::string idle =
         r.idle_client ? fmt::format("{:.0f} ({:.1f})", *r.idle_client, *r.idle_client / n) : std::string("-");
     std::printf("%6d  %-16s  %-14s  %-16s  %-16s  %-22s  %-10s  %-15s  %s\n", n, layout.c_str(),
@@ -863,12 +1006,12 @@ int main(int argc, char** argv) {
     for (std::size_t i = 0; i < results.size(); ++i) {
       const auto& r = results[i];
       out << fmt::format(
-          "{}{{\"n\":{},\"processes\":{},\"max_per_process\":{},\"hosts\":{},\"failed\":{},\"formed\":{},\"first_round_s\":{},\"first_partial_s\":{},"
+          "{}{{\"n\":{},\"processes\":{},\"max_per_process\":{},\"hosts\":{},\"relays\":{},\"elastic_run_per_host\":{},\"failed\":{},\"formed\":{},\"first_round_s\":{},\"first_partial_s\":{},"
           "\"retired_reround_s\":{},\"silent_reround_s\":{},\"retired_noticed_s\":{},\"silent_noticed_s\":{},"
           "\"idle_requests_per_s_client\":{},"
           "\"idle_requests_per_s_etcd\":{},\"peak_requests_per_s_client\":{},\"peak_requests_per_s_etcd\":{},"
           "\"etcd_cpu_idle_pct\":{},\"phases\":{},\"note\":{}}}",
-          i == 0 ? "" : ",", r.n, r.processes, r.max_per_process, r.hosts, r.failed, r.formed, json_number(r.first_round_s), json_number(r.first_partial_s),
+          i == 0 ? "" : ",", r.n, r.processes, r.max_per_process, r.hosts, r.relays, r.launchers, r.failed, r.formed, json_number(r.first_round_s), json_number(r.first_partial_s),
           json_number(r.retired_s), json_number(r.silent_s), json_number(r.retired_noticed_s),
           json_number(r.silent_noticed_s), json_number(r.idle_client), json_number(r.idle_etcd),
           json_number(r.peak_client), json_number(r.peak_etcd), json_number(r.etcd_cpu_pct), json_text(r.phases), json_text(r.note));
