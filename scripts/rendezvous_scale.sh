@@ -5,13 +5,15 @@
 # the new one. Installs what is missing (Debian packages) first.
 #
 #   scripts/rendezvous_scale.sh [--label TEXT] [--sizes 4,16,...] [--out DIR] [--build DIR]
-#                               [--hb-timeout-ms MS] [--hosts H] [--relays R] [--torch]
+#                               [--hb-timeout-ms MS] [--hosts H] [--relays R] [--launcher] [--torch]
 #
 #   --label    names the run's lines in the plot (default "after: <short commit>")
 #   --sizes    default 4,16,64,128,256,512,1024 (about 7 min on 2 vCPUs; more where sizes do
 #              not form, each wait being capped at 120 s)
 #   --hosts    participant processes in H network namespaces (root)
 #   --relays   the participants reach etcd through R store relays (elastic-run's, one per host)
+#   --launcher with --hosts: each namespace runs its own elastic-run, whose workers are that
+#              host's participant processes (reaching etcd through its relay)
 #   --torch    also runs torchrun's c10d rendezvous (installs python3-torch; about 10 min)
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
@@ -19,7 +21,7 @@ here="$(cd "$(dirname "$0")/.." && pwd)"
 . "$here/scripts/lib.sh"
 
 label="" sizes="4,16,64,128,256,512,1024" out="$here/build-bench/rendezvous-scale" build="$here/build-bench"
-hb_timeout=2000 hosts="" relays="" torch=0
+hb_timeout=2000 hosts="" relays="" launcher=0 torch=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --label) label="$2"; shift 2 ;;
@@ -29,6 +31,7 @@ while [ $# -gt 0 ]; do
     --hb-timeout-ms) hb_timeout="$2"; shift 2 ;;
     --hosts) hosts="$2"; shift 2 ;;
     --relays) relays="$2"; shift 2 ;;
+    --launcher) launcher=1; shift ;;
     --torch) torch=1; shift ;;
     *) echo "rendezvous_scale.sh: unknown argument '$1' (see the comment at the top of this script)" >&2; exit 2 ;;
   esac
@@ -43,13 +46,14 @@ ensure_packages "${packages[@]}"
 
 cmake -S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DELASTIC_BUILD_BENCHMARKS=ON \
   -DELASTIC_BUILD_TESTS=OFF -DELASTIC_BUILD_EXAMPLES=OFF >/dev/null
-ninja -C "$build" -j"$(jobs)" rendezvous_scale
+ninja -C "$build" -j"$(jobs)" rendezvous_scale  # and rendezvous_participant, elastic-run
 mkdir -p "$out"
 
 args=(--sizes="$sizes" --cap-s=120 --hb-timeout-ms="$hb_timeout" --label="$label" --out="$out/rendezvous_scale.json")
 [ "$hb_timeout" -ge 20000 ] && args+=(--hb-interval-ms=$((hb_timeout / 6)))
 [ -n "$hosts" ] && args+=(--hosts="$hosts")
 [ -n "$relays" ] && args+=(--relays="$relays")
+[ "$launcher" = 1 ] && args+=(--launcher)
 "$build/benchmarks/rendezvous_scale" "${args[@]}"
 
 files=("$here/benchmarks/results/rendezvous_scale_before.json" "$out/rendezvous_scale.json")
