@@ -172,6 +172,75 @@ TEST_CASE("a round with min_ranks but not max_ranks closes when the last call ru
   CHECK(got[0].bootstrap == "/elastic/job/round/1/gloo/");  // the default: Gloo's store prefix
 }
 
+namespace {
+
+/// Holds every publication of a round's bootstrap for `hold`: the members that need it wait.
+class slow_bootstrap final : public elastic::test::forwarding_store {
+ public:
+  slow_bootstrap(rdzv::store& s, std::chrono::milliseconds hold) : forwarding_store(s), hold_(hold) {}
+  bool compare_set(std::string_view k, std::optional<std::string_view> expected, std::string_view desired,
+                   rdzv::lease_id l, std::optional<std::string>* actual) override {
+    if (k.find("/bootstrap/") != std::string_view::npos) std::this_thread::sleep_for(hold_);
+    return s_.compare_set(k, expected, desired, l, actual);
+  }
+
+ private:
+  std::chrono::milliseconds hold_;
+};
+
+}  // namespace
+
+TEST_CASE("with the default bootstrap the members take it from the round's outcome, not from the leader") {
+  // The leader's join says it makes the default (the Gloo store prefix), the closer writes so in
+  // the outcome, and every member knows the blob at once: one wake per round, not two. A leader
+  // with a bootstrap of its own is waited for, whatever the members would make.
+  scratch_store t;
+  slow_bootstrap slow(t.s, 1500ms);
+  struct joined {
+    rdzv::round_info info;
+    std::chrono::milliseconds took{0};
+  };
+  auto run = [&](const std::string& run_id, auto bootstrap_of) {
+    std::vector<joined> got(3);
+    auto errors = on_threads(3, [&](int i) {
+      auto o = options(run_id, 3, 3, "p" + std::to_string(i));  // p0 leads: newcomers rank by id
+      rdzv::rendezvous rv(slow, o);
+      const auto start = clock_type::now();
+      got[i].info = rv.join(bootstrap_of(i));
+      got[i].took = std::chrono::duration_cast<std::chrono::milliseconds>(clock_type::now() - start);
+    });
+    REQUIRE(errors.empty());
+    return got;
+  };
+  SECTION("everyone the default: the members do not wait for its publication") {
+    const auto got = run("dflt", [](int) { return rdzv::bootstrap_fn{}; });
+    for (const auto& g : got) {
+      INFO("rank " << g.info.rank << " took " << g.took.count() << " ms");
+      CHECK(g.info.bootstrap == "/elastic/dflt/round/1/gloo/");
+      if (g.info.rank == 0) CHECK(g.took >= 1500ms);  // it published
+      else CHECK(g.took < 1500ms);
+    }
+    const auto closed = t.s.get("/elastic/dflt/closed/1");
+    REQUIRE(closed);
+    CHECK(closed->starts_with("members gloo\n"));
+    CHECK(t.s.get("/elastic/dflt/bootstrap/1") == "/elastic/dflt/round/1/gloo/");  // published all the same
+  }
+  SECTION("a leader with its own bootstrap: the members wait for its blob, though theirs would be the default") {
+    const auto got = run("own", [](int i) {
+      return i == 0 ? rdzv::bootstrap_fn([](const rdzv::round_info& r) { return "own:" + std::to_string(r.round); })
+                    : rdzv::bootstrap_fn{};
+    });
+    for (const auto& g : got) {
+      INFO("rank " << g.info.rank << " took " << g.took.count() << " ms");
+      CHECK(g.info.bootstrap == "own:1");
+      CHECK(g.took >= 1500ms);
+    }
+    const auto closed = t.s.get("/elastic/own/closed/1");
+    REQUIRE(closed);
+    CHECK(closed->starts_with("members\n"));
+  }
+}
+
 TEST_CASE("a SIGKILLed participant is declared dead within the heartbeat timeout and survivors keep their order") {
   scratch_store t;
   std::vector<child_process> ps;

@@ -14,15 +14,20 @@
 //                             declares other bounds is refused (mismatch).
 //   P/round                   the current round number r (1, 2, ...). Only ever moves r -> r+1,
 //                             by compare_set, so concurrent bumps make one step.
-//   P/round/<r>/join/<id>     "<incarnation> new" or "<incarnation> <prev round>:<prev rank>".
-//                             Leased: a joiner that dies stops counting.
+//   P/round/<r>/join/<id>     "<incarnation> new" or "<incarnation> <prev round>:<prev rank>",
+//                             with "+gloo" after either when the joiner makes the default
+//                             bootstrap if it leads. Leased: a joiner that dies stops counting.
 //   P/closer/<r>              "<id>", leased: the one joiner of round r that follows the joins and
 //                             closes it (the first to claim it; another claims it if it dies).
 //   P/closed/<r>              the outcome of round r, written once by compare_set from absent, so
 //                             of two would-be closers the store picks exactly one:
 //                               "members\n<id> <incarnation>\n..."   in rank order, or
-//                               "abandoned\n<why>"                    the join timeout ran out.
+//                               "abandoned\n<why>"                    the join timeout ran out;
+//                             "members gloo\n..." when the leader's join said "+gloo".
 //   P/bootstrap/<r>           the blob rank 0 publishes (NCCL unique id, Gloo store prefix, ...).
+//                             With the default bootstrap (its outcome says "gloo") every member
+//                             knows the blob, P/round/<r>/gloo/, and takes it without waiting:
+//                             a round reaches its members in one wake instead of two.
 //   P/alive/<id>              "<incarnation>", leased: the heartbeat. It vanishes at most
 //                             heartbeat_timeout after the participant's last keep_alive.
 //   P/pending/<id>            "<incarnation>", leased: a late joiner waiting for the next round.
@@ -69,7 +74,7 @@
 // Store requests per round: each joiner sets its join record and tries once to claim the
 // closer; the closer reads the joins once and follows them; one compare_set closes the round,
 // one more publishes the bootstrap; the leader erases round r-2's keys in a few requests. Each
-// member reads the outcome and the bootstrap from its feed.
+// member reads the outcome and (unless it is the default) the bootstrap from its feed.
 //
 // The store must be safe to call from two threads: a background thread renews the lease.
 #pragma once
@@ -184,6 +189,7 @@ class rendezvous {
   /// participant the last round never admitted, or one started again under a finished run's
   /// id; finished() says how it ended); errc::corrupt naming a damaged key.
   round_info join(const bootstrap_fn& make_bootstrap = {}) {
+    default_bootstrap_ = !make_bootstrap;
     const auto start = std::chrono::steady_clock::now();
     const auto deadline = start + opts_.join_timeout;
     try {
@@ -656,8 +662,12 @@ class rendezvous {
           std::map<std::string, std::string, std::less<>> addresses;
           for (const auto& j : joins) addresses.emplace(j.who.id, j.address);
           const std::string key = key_of("closed", r);
-          std::string value = detail::format_members(
-              detail::rank_order(joins, r, static_cast<std::size_t>(opts_.max_ranks)), addresses);
+          const auto members = detail::rank_order(joins, r, static_cast<std::size_t>(opts_.max_ranks));
+          const auto leader = std::find_if(joins.begin(), joins.end(), [&](const detail::join_entry& j) {
+            return !members.empty() && j.who == members.front();
+          });
+          std::string value =
+              detail::format_members(members, addresses, leader != joins.end() && leader->default_bootstrap);
           std::optional<std::string> actual;
           if (store_.compare_set(key, std::nullopt, value, 0, &actual)) {
             view_.learn(key, std::move(value));
@@ -736,7 +746,8 @@ class rendezvous {
   std::string publish_join(std::int64_t r) {
     const std::string mine = key_round(r, "join/" + opts_.participant_id);
     const std::string prev =
-        current_.round > 0 ? fmt::format("{}:{}", current_.round, current_.rank) : std::string("new");
+        (current_.round > 0 ? fmt::format("{}:{}", current_.round, current_.rank) : std::string("new")) +
+        (default_bootstrap_ ? "+gloo" : "");
     store_.set(mine, incarnation_ + " " + prev + (beacon_ ? " " + beacon_->address() : std::string()),
                keeper_.lease());
     return mine;
@@ -873,6 +884,10 @@ class rendezvous {
         if (!store_.compare_set(key, std::nullopt, info.bootstrap, 0, &have) && have) info.bootstrap = std::move(*have);
       }
       collect_garbage(r, members);
+    } else if (read_outcome(r)->default_bootstrap) {
+      // The leader's join said it makes the default: the blob is known, its publication is not
+      // waited for (a leader that died meanwhile is a departure the next poll() sees).
+      info.bootstrap = key_round(r, "gloo/");
     } else {
       for (;;) {
         if (preemption_handler::requested()) check_notice(fmt::format("waiting for the bootstrap of round {}", r));
@@ -974,6 +989,7 @@ class rendezvous {
   std::string incarnation_;
   std::string previous_incarnation_;  // this process's life before incarnation_, if any
   std::int64_t bootstrap_tried_ = 0;  // the last round whose bootstrap we made as its leader
+  bool default_bootstrap_ = true;     // this join() makes the default bootstrap if it leads
   round_info current_;
   std::optional<finished_run> finished_;  // P/finished, once a wait met it
   std::vector<detail::member> members_;

@@ -1,8 +1,10 @@
 // The records a rendezvous keeps in the store (the key schema is at the top of
 // rendezvous/rendezvous.hpp): the run's bounds ("min_nodes=M max_nodes=N", a wire name kept for
-// groups already running: both count ranks), a round's outcome ("members\n<id> <incarnation>
-// [<address>]..." or "abandoned\n<why>") and a join ("<incarnation> new|<round>:<rank>
-// [<address>]"; the address is where the participant's peer heartbeats listen) and the run's end
+// groups already running: both count ranks), a round's outcome ("members[ gloo]\n<id>
+// <incarnation> [<address>]..." or "abandoned\n<why>") and a join ("<incarnation>
+// new|<round>:<rank>[+gloo] [<address>]"; the address is where the participant's peer heartbeats
+// listen; "+gloo": it makes the default bootstrap when it leads, and " gloo" in an outcome says
+// its leader does, so the members need not wait for it) and the run's end
 // ("step=S steps=N by=<id> round=R"). Each is written and
 // read here only; a record that does not parse is errc::corrupt naming the key and what to do.
 // Fuzzed by tests/fuzz/fuzz_rendezvous_record.cpp.
@@ -42,6 +44,9 @@ struct round_outcome {
   std::vector<member> members;
   std::vector<std::string> addresses;  ///< each member's peer-heartbeat address ("": none), in rank order
   std::string why;  ///< abandoned: the reason
+  /// The leader makes the default bootstrap (the Gloo store prefix `P/round/<r>/gloo/`): every
+  /// member knows the blob without waiting for its publication.
+  bool default_bootstrap = false;
 };
 
 /// A P/round/<r>/join/<id> entry, parsed.
@@ -50,6 +55,7 @@ struct join_entry {
   std::int64_t prev_round = 0;  ///< 0: a newcomer
   std::int64_t prev_rank = 0;  ///< its rank in prev_round
   std::string address;          ///< where its peer heartbeats listen ("": none)
+  bool default_bootstrap = false;  ///< it makes the default bootstrap if it leads ("+gloo")
 };
 
 /// A peer-heartbeat address as records carry it: "ip:port" or "[ipv6]:port", no spaces.
@@ -143,11 +149,12 @@ inline std::optional<finished_record> parse_finished(std::string_view v) {
 /// Participant ids joined with ',' (the members field of events).
 inline std::string join_names(const std::vector<std::string>& ids) { return fmt::format("{}", fmt::join(ids, ",")); }
 
-/// "members\n<id> <incarnation>[ <address>]\n..." with each member's address from `addresses`
-/// (by id) when it has one.
+/// "members[ gloo]\n<id> <incarnation>[ <address>]\n..." with each member's address from
+/// `addresses` (by id) when it has one; " gloo" when the leader makes the default bootstrap.
 inline std::string format_members(const std::vector<member>& members,
-                                  const std::map<std::string, std::string, std::less<>>& addresses = {}) {
-  std::string out = "members";
+                                  const std::map<std::string, std::string, std::less<>>& addresses = {},
+                                  bool default_bootstrap = false) {
+  std::string out = default_bootstrap ? "members gloo" : "members";
   for (const auto& m : members) {
     out += "\n" + m.id + " " + m.incarnation;
     if (const auto it = addresses.find(m.id); it != addresses.end() && !it->second.empty()) out += " " + it->second;
@@ -165,9 +172,13 @@ inline round_outcome parse_outcome(std::string_view key, const std::optional<std
     out.why = std::string(v.substr(10));
     return out;
   }
-  if (!v.starts_with("members\n")) throw corrupt_key(key, v, "a round outcome ('members' or 'abandoned')", run_prefix);
+  const bool gloo = v.starts_with("members gloo\n");
+  if (!gloo && !v.starts_with("members\n")) {
+    throw corrupt_key(key, v, "a round outcome ('members' or 'abandoned')", run_prefix);
+  }
   out.kind = round_outcome::state::members;
-  std::string_view rest = v.substr(8);
+  out.default_bootstrap = gloo;
+  std::string_view rest = v.substr(gloo ? 13 : 8);
   std::set<std::string, std::less<>> seen;
   while (!rest.empty()) {
     const auto nl = rest.find('\n');
@@ -191,7 +202,7 @@ inline round_outcome parse_outcome(std::string_view key, const std::optional<std
 inline join_entry parse_join(std::string_view key, std::string_view id, std::string_view value,
                              std::string_view run_prefix) {
   auto bad = [&] {
-    return corrupt_key(key, value, "a join record ('<incarnation> new|<round>:<rank> [<address>]')", run_prefix);
+    return corrupt_key(key, value, "a join record ('<incarnation> new|<round>:<rank>[+gloo] [<address>]')", run_prefix);
   };
   const auto sp = value.find(' ');
   if (sp == std::string_view::npos || !valid_participant(id) || !valid_incarnation(value.substr(0, sp))) throw bad();
@@ -199,6 +210,10 @@ inline join_entry parse_join(std::string_view key, std::string_view id, std::str
   std::string_view prev = value.substr(sp + 1), address;
   if (!split_address(prev, address)) throw bad();
   e.address = std::string(address);
+  if (prev.ends_with("+gloo")) {
+    e.default_bootstrap = true;
+    prev.remove_suffix(5);
+  }
   if (prev == "new") return e;
   const auto colon = prev.find(':');
   if (colon == std::string_view::npos) throw bad();
