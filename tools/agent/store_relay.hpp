@@ -217,6 +217,10 @@ class store_relay {
   /// One connection: its hello, then requests until it closes (or a watch, to its end).
   void serve(int fd, const std::stop_token& st) noexcept {
     const std::string what = fmt::format("store relay at '{}'", socket_.string());
+    // A watch's hub this connection was the last follower of: let go of after client_closed, so
+    // a SIGKILLed worker's keys are erased at once, not after a pump's join (up to 100 ms; its
+    // other connections' threads are not waiting on this one).
+    std::shared_ptr<hub> dropped;
     std::string client;
     try {
       std::vector<char> first;
@@ -246,7 +250,7 @@ class store_relay {
         reader req(std::move(frame));
         const auto o = static_cast<op>(req.u8());
         if (o == op::watch) {
-          follow(fd, req, st, what);
+          dropped = follow(fd, req, st, what);
           break;
         }
         std::string reply;
@@ -564,7 +568,9 @@ class store_relay {
   // --- watches ----------------------------------------------------------------------------
 
   /// The rest of a watch connection's life: events from the shared watch, until it closes.
-  void follow(int fd, reader& r, const std::stop_token& st, const std::string& what) {
+  /// Returns the hub this watcher was the last of, for the caller to let go of once the worker's
+  /// leases are settled: its pump takes up to 100 ms to join.
+  [[nodiscard]] std::shared_ptr<hub> follow(int fd, reader& r, const std::stop_token& st, const std::string& what) {
     const auto from = r.str(), to = r.str();
     rendezvous::feed_options o;
     o.snapshot = r.u8() != 0;
@@ -576,7 +582,7 @@ class store_relay {
       h = subscribe(from, to, o, sub);
     } catch (const error& e) {
       rendezvous::detail::relay::send_frame(fd, rendezvous::detail::relay::failure(e), what);
-      return;
+      return nullptr;
     }
     try {
       writer ok;
@@ -599,7 +605,7 @@ class store_relay {
       }
     } catch (...) {
     }
-    unsubscribe(from, to, o, h, sub);
+    return unsubscribe(from, to, o, h, sub);
   }
 
   static std::string hub_key(std::string_view from, std::string_view to, const rendezvous::feed_options& o) {
@@ -654,22 +660,23 @@ class store_relay {
     return h;
   }
 
-  void unsubscribe(const std::string& from, const std::string& to, const rendezvous::feed_options& o,
-                   const std::shared_ptr<hub>& h, const std::shared_ptr<subscriber>& sub) {
+  /// Removes `sub` from `h`; returns `h` when it was the last, out of hubs_, for the caller to
+  /// let go of outside every lock (its pump is joined then).
+  [[nodiscard]] std::shared_ptr<hub> unsubscribe(const std::string& from, const std::string& to,
+                                                 const rendezvous::feed_options& o, const std::shared_ptr<hub>& h,
+                                                 const std::shared_ptr<subscriber>& sub) {
     std::shared_ptr<hub> last;
+    std::lock_guard lk(hubs_mu_);
     {
-      std::lock_guard lk(hubs_mu_);
-      {
-        std::lock_guard hl(h->mu);
-        std::erase(h->subs, sub);
-        if (!h->subs.empty()) return;
-      }
-      if (auto it = hubs_.find(hub_key(from, to, o)); it != hubs_.end() && it->second == h) {
-        last = std::move(it->second);
-        hubs_.erase(it);
-      }
+      std::lock_guard hl(h->mu);
+      std::erase(h->subs, sub);
+      if (!h->subs.empty()) return nullptr;
     }
-    // `last` (with h) goes here, outside the lock: its pump is joined first.
+    if (auto it = hubs_.find(hub_key(from, to, o)); it != hubs_.end() && it->second == h) {
+      last = std::move(it->second);
+      hubs_.erase(it);
+    }
+    return last;
   }
 
   static void pump(hub& h, const std::stop_token& st) noexcept {
