@@ -916,11 +916,9 @@ class rendezvous {
     if (std::exchange(pending_, false)) store_.erase(key_pending());  // only when we set it
     if (beacon_) {
       const auto outcome = read_outcome(r);
-      std::vector<detail::beacon_peer> peers;
-      for (std::size_t i = 0; i < outcome->members.size(); ++i) {
-        peers.push_back({outcome->members[i].id, outcome->members[i].incarnation, outcome->addresses[i]});
-      }
-      beacon_->follow(peers, static_cast<std::size_t>(info.rank));
+      beacon_->follow(outcome->members.size(), static_cast<std::size_t>(info.rank), [&](std::size_t i) {
+        return detail::beacon_peer{outcome->members[i].id, outcome->members[i].incarnation, outcome->addresses[i]};
+      });
     }
     const bool again = current_.round == r;
     current_ = info;

@@ -93,18 +93,26 @@ class peer_beacon {
   /// Beats for the round whose members are `members` (rank order) with us at `self`: we send
   /// to the next `watchers` and watch the previous ones, each given a full `silent_after` from now.
   void follow(const std::vector<beacon_peer>& members, std::size_t self) {
+    follow(members.size(), self, [&](std::size_t i) -> const beacon_peer& { return members[i]; });
+  }
+  /// The same for a round of `n` members where `at(i)` gives member i: only the members around
+  /// `self` are asked for (a round of 1,024 is not copied by each of its members).
+  template <class At>
+  void follow(std::size_t n, std::size_t self, At at) {
     std::lock_guard lk(mu_);
     targets_.clear();
     watched_.clear();
-    const std::size_t n = members.size();
     if (n < 2 || self >= n) return;
     const std::size_t k = std::min(watchers_, n - 1);
     const auto now = clock::now();
     for (std::size_t d = 1; d <= k; ++d) {
-      const auto& next = members[(self + d) % n];
+      const beacon_peer next = at((self + d) % n);
       if (auto a = parse_address(next.address)) targets_.push_back(*a);
-      const auto& prev = members[(self + n - d) % n];
-      if (!prev.address.empty()) watched_.emplace(prev.id, watch{prev, now, false, false});
+      beacon_peer prev = at((self + n - d) % n);
+      if (!prev.address.empty()) {
+        std::string id = prev.id;
+        watched_.emplace(std::move(id), watch{std::move(prev), now, false, false});
+      }
     }
   }
 
