@@ -34,14 +34,13 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
-#include <cerrno>
-
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
 #include <mutex>
+#include <sstream>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -50,6 +49,8 @@
 #include <fmt/format.h>
 
 #include <elastic/internal/env.hpp>
+#include <elastic/internal/file.hpp>
+#include <elastic/internal/unique_fd.hpp>
 #include <elastic/rendezvous/etcd_store.hpp>
 #include <elastic/rendezvous/relay_store.hpp>
 #include <elastic/rendezvous/rendezvous.hpp>
@@ -60,16 +61,10 @@ namespace rdzv = elastic::rendezvous;
 using std::chrono::milliseconds;
 
 std::mutex out_mu;
-int out_fd = STDOUT_FILENO;  // or the --report file
+elastic::internal::unique_fd report_fd;  // the --report file; stdout without one
 void say(const std::string& line) {
   std::lock_guard lk(out_mu);
-  const std::string whole = line + '\n';
-  for (std::size_t at = 0; at < whole.size();) {
-    const ssize_t n = ::write(out_fd, whole.data() + at, whole.size() - at);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) std::_Exit(3);  // the driver is gone: nobody to report to
-    at += static_cast<std::size_t>(n);
-  }
+  elastic::internal::write_all_best_effort(report_fd ? report_fd.get() : STDOUT_FILENO, line + '\n');
 }
 
 std::int64_t now_ns() {
@@ -156,26 +151,24 @@ int main(int argc, char** argv) {
     return 2;
   }
   // Under elastic-run: this slot's group of ids, and nothing at all once restarted.
-  const auto local_rank = elastic::internal::parse_integer(elastic::internal::env_string("ELASTIC_LOCAL_RANK").value_or("0"));
+  const long slot = elastic::internal::env_index_or_none("ELASTIC_LOCAL_RANK").value_or(0);
   if (ids.find(';') != std::string::npos) {
-    std::size_t from = 0;
-    for (long long g = 0; local_rank && g < *local_rank && from != std::string::npos; ++g) {
-      from = ids.find(';', from);
-      if (from != std::string::npos) ++from;
-    }
-    if (!local_rank || from == std::string::npos) {
-      std::fprintf(stderr, "rendezvous_participant: no group of --ids for ELASTIC_LOCAL_RANK\n");
+    std::vector<std::string> groups;
+    std::istringstream in(ids);
+    for (std::string g; std::getline(in, g, ';');) groups.push_back(g);
+    if (static_cast<std::size_t>(slot) >= groups.size()) {
+      std::fprintf(stderr, "rendezvous_participant: no group of --ids for ELASTIC_LOCAL_RANK=%ld\n", slot);
       return 2;
     }
-    ids = ids.substr(from, ids.find(';', from) - from);
+    ids = groups[static_cast<std::size_t>(slot)];
   }
-  if (elastic::internal::env_string("ELASTIC_RESTART_COUNT").value_or("0") != "0") {
+  if (elastic::internal::env_index_or_none("ELASTIC_RESTART_COUNT").value_or(0) > 0) {
     for (;;) std::this_thread::sleep_for(std::chrono::hours(1));  // the launcher ends us
   }
   if (!report.empty()) {
-    const std::string path = report + std::to_string(local_rank.value_or(0));
-    out_fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-    if (out_fd < 0) {
+    const std::string path = report + std::to_string(slot);
+    report_fd = elastic::internal::unique_fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600));
+    if (!report_fd) {
       std::fprintf(stderr, "rendezvous_participant: cannot open %s\n", path.c_str());
       return 2;
     }

@@ -425,8 +425,6 @@ class run_state {
       return;
     }
     for (std::size_t i = 0; i < groups.size(); ++i) {
-      std::string ids;
-      for (const auto& id : groups[i]) ids += (ids.empty() ? "" : ",") + id;
       host_proc h;
       h.ids = groups[i];
       std::vector<std::string> argv;
@@ -438,12 +436,9 @@ class run_state {
       }
       // With relays, processes are dealt to them in turn too (a relay per host).
       const std::string store = relay_urls.empty() ? url : relay_urls[i % relay_urls.size()];
-      argv.insert(argv.end(),
-                  {cfg.participant, "--store=" + store, "--run=scale", fmt::format("--min={}", std::max(1, n - 2)),
-                   fmt::format("--max={}", n), "--ids=" + ids, "--go=" + go_, fmt::format("--poll-ms={}", cfg.poll_ms),
-                   fmt::format("--hb-interval-ms={}", cfg.hb_interval_ms),
-                   fmt::format("--hb-timeout-ms={}", cfg.hb_timeout_ms), fmt::format("--sample-ms={}", cfg.sample_ms),
-                   fmt::format("--join-timeout-ms={}", static_cast<long long>(cfg.cap_s * 2000))});
+      argv.push_back(cfg.participant);
+      argv.push_back("--store=" + store);
+      participant_args(argv, fmt::format("{}", fmt::join(groups[i], ",")));
       h.child = child_process::spawn(std::move(argv));
       procs_.push_back(std::move(h));
     }
@@ -630,9 +625,7 @@ class run_state {
       int slot = 0;
       const std::string report = fmt::format("{}/report-h{}-", dir, h);
       for (std::size_t i = static_cast<std::size_t>(h); i < groups.size(); i += static_cast<std::size_t>(nh), ++slot) {
-        std::string ids;
-        for (const auto& id : groups[i]) ids += (ids.empty() ? "" : ",") + id;
-        slots += (slots.empty() ? "" : ";") + ids;
+        slots += fmt::format("{}{}", slots.empty() ? "" : ";", fmt::join(groups[i], ","));
         procs_[i].ids = groups[i];
         procs_[i].report = report_file(report + std::to_string(slot));
       }
@@ -644,15 +637,21 @@ class run_state {
                                cfg_.launcher, "--run-id", "scale-launch", "--rdzv", url, "--nproc-per-node",
                                std::to_string(slot), "--quiet", "--no-timeline", "--log-dir",
                                fmt::format("{}/logs-h{}", dir, h), "--grace", "2", "--", cfg_.participant,
-                               "--run=scale", fmt::format("--min={}", std::max(1, n_ - 2)), fmt::format("--max={}", n_),
-                               "--ids=" + slots, "--go=" + go_, "--report=" + report,
-                               fmt::format("--poll-ms={}", cfg_.poll_ms),
-                               fmt::format("--hb-interval-ms={}", cfg_.hb_interval_ms),
-                               fmt::format("--hb-timeout-ms={}", cfg_.hb_timeout_ms),
-                               fmt::format("--sample-ms={}", cfg_.sample_ms),
-                               fmt::format("--join-timeout-ms={}", static_cast<long long>(cfg_.cap_s * 2000))});
+                               "--report=" + report});  // the store: the launcher's relay (ELASTIC_RDZV)
+      participant_args(argv, slots);
       launchers_.push_back(child_process::spawn(std::move(argv)));
     }
+  }
+
+  /// What every participant process is told besides its store: the run, its ids, the start line
+  /// and the timings.
+  void participant_args(std::vector<std::string>& argv, const std::string& ids) const {
+    argv.insert(argv.end(),
+                {"--run=scale", fmt::format("--min={}", std::max(1, n_ - 2)), fmt::format("--max={}", n_), "--ids=" + ids,
+                 "--go=" + go_, fmt::format("--poll-ms={}", cfg_.poll_ms),
+                 fmt::format("--hb-interval-ms={}", cfg_.hb_interval_ms),
+                 fmt::format("--hb-timeout-ms={}", cfg_.hb_timeout_ms), fmt::format("--sample-ms={}", cfg_.sample_ms),
+                 fmt::format("--join-timeout-ms={}", static_cast<long long>(cfg_.cap_s * 2000))});
   }
 
   const settings& cfg_;

@@ -171,13 +171,14 @@ inline round_outcome parse_outcome(std::string_view key, const std::optional<std
     out.why = std::string(v.substr(10));
     return out;
   }
-  const bool gloo = v.starts_with("members gloo\n");
-  if (!gloo && !v.starts_with("members\n")) {
+  constexpr std::string_view members_head = "members\n", gloo_head = "members gloo\n";
+  const bool gloo = v.starts_with(gloo_head);
+  if (!gloo && !v.starts_with(members_head)) {
     throw corrupt_key(key, v, "a round outcome ('members' or 'abandoned')", run_prefix);
   }
   out.kind = round_outcome::state::members;
   out.default_bootstrap = gloo;
-  std::string_view rest = v.substr(gloo ? 13 : 8);
+  std::string_view rest = v.substr(gloo ? gloo_head.size() : members_head.size());
   const auto lines = static_cast<std::size_t>(std::count(rest.begin(), rest.end(), '\n')) + 1;
   out.members.reserve(lines);
   out.addresses.reserve(lines);
@@ -220,9 +221,10 @@ inline join_entry parse_join(std::string_view key, std::string_view id, std::str
   std::string_view prev = value.substr(sp + 1), address;
   if (!split_address(prev, address)) throw bad();
   e.address = std::string(address);
-  if (prev.ends_with("+gloo")) {
+  constexpr std::string_view gloo_tag = "+gloo";
+  if (prev.ends_with(gloo_tag)) {
     e.default_bootstrap = true;
-    prev.remove_suffix(5);
+    prev.remove_suffix(gloo_tag.size());
   }
   if (prev == "new") return e;
   const auto colon = prev.find(':');
